@@ -1,0 +1,30 @@
+"""The plain-Python description of one forward step, handed from the scheduler to the model runner.
+
+The scheduler never touches tensors: it fills this with lists of ints and the runner turns them into
+tensors. Tokens of all scheduled sequences are flattened in order; sequence i owns
+input_ids[query_start[i]:query_start[i] + query_len[i]].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: list[int]  # flattened new tokens of every scheduled sequence
+    positions: list[int]  # position of each of those tokens in its sequence
+    slot_mapping: list[int]  # KV slot (block_id * block_size + offset) each new token is written to
+    query_start: list[int]  # per sequence: offset of its first new token in input_ids
+    query_len: list[int]  # per sequence: number of new tokens this step (prefill chunk or 1)
+    context_len: list[int]  # per sequence: tokens in the KV cache after this step (cached + new)
+    block_tables: list[list[int]]  # per sequence: its block ids, in order
+    sample_indices: list[int]  # sequences whose last new token produces a next token this step
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_len)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)

