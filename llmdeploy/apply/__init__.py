@@ -1,0 +1,1 @@
+"""Applying rendered artifacts: a local process (`local`) or a Kubernetes cluster (`kubernetes`)."""
