@@ -1,0 +1,220 @@
+"""The local target: run the engine as a background process on this machine.
+
+apply = prepare the model, start the engine (its own process group, output to a log file), stream
+its start-up while waiting for /health, smoke-test it, and keep state so `status`, `logs` and
+`down` work. Applying an unchanged recipe whose engine is up is a no-op; a changed recipe restarts
+it after asking.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import httpx
+
+from llmdeploy.apply.local_state import (
+    LocalState,
+    clear_state,
+    instance_dir,
+    pid_alive,
+    read_state,
+    write_state,
+)
+from llmdeploy.apply.model_source import prepare_model
+from llmdeploy.apply.startup_watch import wait_for_health
+from llmdeploy.errors import UserError
+from llmdeploy.recipe.schema import Recipe
+
+STOP_DEADLINE_S = 30.0
+
+
+def _echo(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _confirm(assume_yes: bool) -> object:
+    def ask(question: str) -> bool:
+        if assume_yes:
+            _echo(f"{question} yes (--yes)")
+            return True
+        if not sys.stdin.isatty():
+            _echo(f"{question} no: standard input is not a terminal (pass --yes to agree)")
+            return False
+        return click.confirm(question, default=True, err=True)
+
+    return ask
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host if host not in ("0.0.0.0", "") else "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _resolve_argv(argv: list[str]) -> list[str]:
+    # The engine's console script may not be on PATH when llmdeploy runs from a venv by full path.
+    if argv and argv[0] == "llmdeploy-engine" and shutil.which("llmdeploy-engine") is None:
+        return [sys.executable, "-m", "llmdeploy_engine.cli", *argv[1:]]
+    return argv
+
+
+def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
+    from llmdeploy.planner import make_plan
+    from llmdeploy.recipe import recipe_digest
+    from llmdeploy.render import engine_command
+
+    digest = recipe_digest(recipe)
+    confirm = _confirm(assume_yes)
+    state = read_state(recipe)
+    if state is not None and state.process_alive():
+        if state.recipe_digest == digest and _healthy(state.url):
+            _echo(f"{recipe.name}: already running at {state.url} (pid {state.pid}) with this recipe; nothing to do")
+            return 0
+        reason = "the recipe changed" if state.recipe_digest != digest else "it is not healthy"
+        if not confirm(f"{recipe.name} is running (pid {state.pid}) but {reason}; restart it?"):  # type: ignore[operator]
+            _echo("left as it is")
+            return 1
+        _stop(state)
+    elif state is not None:
+        clear_state(recipe)
+
+    plan = make_plan(recipe)
+    prepared = prepare_model(recipe.model, confirm, _echo)  # type: ignore[arg-type]
+    command = engine_command(recipe, plan, model_ref=prepared.ref)
+    host, port = recipe.server.host, recipe.server.port
+    if not _port_free(host, port):
+        raise UserError.one(
+            f"port {port} on {host} is already in use by another process",
+            path="server.port",
+            value=port,
+            fix=f"stop what listens there, or pick another port: --set server.port={port + 1}",
+        )
+
+    folder = instance_dir(recipe)
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / "engine.log"
+    argv = _resolve_argv(list(command.argv))
+    env = {**os.environ, **command.env, "PYTHONUNBUFFERED": "1"}
+    _echo(f"==> starting {recipe.engine.type} engine: {' '.join(argv)}")
+    _echo(f"    log: {log_path}")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+    state = LocalState(
+        name=recipe.name,
+        pid=proc.pid,
+        host=host,
+        port=port,
+        log_path=str(log_path),
+        recipe_digest=digest,
+        argv=argv,
+        model=prepared.ref,
+        started_at=time.time(),
+    )
+    write_state(recipe, state)
+
+    ok = wait_for_health(state.url, proc, log_path, budget_s=recipe.smoke.startup_timeout_s, echo=_echo)
+    if not ok:
+        if proc.poll() is None:
+            _stop(state)
+        clear_state(recipe)
+        _echo(f"the engine did not become healthy; its log is {log_path}")
+        return 1
+    _echo(f"==> {recipe.name} is up at {state.url} (pid {proc.pid})")
+
+    from llmdeploy.smoke import smoke
+
+    report = smoke(state.url, recipe=recipe, plan=plan)
+    _echo(report.render())
+    served = recipe.server.served_model_name or recipe.model.id
+    _echo(
+        "\nCall it:\n"
+        f"  curl {state.url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"    -d '{{\"model\": \"{served}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n"
+        f"See it:   llmdeploy status {recipe_path}    llmdeploy logs {recipe_path}\n"
+        f"Stop it:  llmdeploy down {recipe_path}"
+    )
+    return 0 if report.ok else 1
+
+
+def _stop(state: LocalState) -> None:
+    try:
+        os.killpg(state.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_DEADLINE_S
+    while time.monotonic() < deadline and pid_alive(state.pid):
+        time.sleep(0.2)
+    if pid_alive(state.pid):
+        _echo(f"pid {state.pid} did not stop within {STOP_DEADLINE_S:.0f} s; killing it")
+        try:
+            os.killpg(state.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def status_local(recipe: Recipe) -> int:
+    state = read_state(recipe)
+    if state is None:
+        click.echo(f"{recipe.name}: not running (no local state)")
+        return 3
+    alive = state.process_alive()
+    healthy = alive and _healthy(state.url)
+    uptime = time.time() - state.started_at
+    click.echo(f"{recipe.name}: {'running' if alive else 'exited'}, {'healthy' if healthy else 'not healthy'}")
+    click.echo(f"  url:    {state.url}\n  pid:    {state.pid}\n  model:  {state.model}")
+    click.echo(f"  log:    {state.log_path}\n  uptime: {uptime:.0f} s")
+    return 0 if healthy else 1
+
+
+def logs_local(recipe: Recipe, follow: bool, lines: int) -> int:
+    state = read_state(recipe)
+    log_path = Path(state.log_path) if state else instance_dir(recipe) / "engine.log"
+    if not log_path.is_file():
+        click.echo(f"{recipe.name}: no log at {log_path}", err=True)
+        return 1
+    with open(log_path, errors="replace") as f:
+        for line in f.readlines()[-lines:] if lines > 0 else f.readlines():
+            click.echo(line.rstrip("\n"))
+        while follow:
+            line = f.readline()
+            if line:
+                click.echo(line.rstrip("\n"))
+                continue
+            if state is None or not state.process_alive():
+                break
+            time.sleep(0.5)
+    return 0
+
+
+def down_local(recipe: Recipe) -> int:
+    state = read_state(recipe)
+    if state is None:
+        click.echo(f"{recipe.name}: not running; nothing to stop")
+        return 0
+    if state.process_alive():
+        click.echo(f"stopping {recipe.name} (pid {state.pid})")
+        _stop(state)
+    clear_state(recipe)
+    click.echo(f"{recipe.name}: stopped")
+    return 0
