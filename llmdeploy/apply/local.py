@@ -8,6 +8,7 @@ it after asking.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -40,7 +42,7 @@ def _echo(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def _confirm(assume_yes: bool) -> object:
+def _confirm(assume_yes: bool) -> Callable[[str], bool]:
     def ask(question: str) -> bool:
         if assume_yes:
             _echo(f"{question} yes (--yes)")
@@ -87,10 +89,12 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     state = read_state(recipe)
     if state is not None and state.process_alive():
         if state.recipe_digest == digest and _healthy(state.url):
-            _echo(f"{recipe.name}: already running at {state.url} (pid {state.pid}) with this recipe; nothing to do")
+            _echo(
+                f"{recipe.name}: already running at {state.url} (pid {state.pid}) with this recipe; nothing to do"
+            )
             return 0
         reason = "the recipe changed" if state.recipe_digest != digest else "it is not healthy"
-        if not confirm(f"{recipe.name} is running (pid {state.pid}) but {reason}; restart it?"):  # type: ignore[operator]
+        if not confirm(f"{recipe.name} is running (pid {state.pid}) but {reason}; restart it?"):
             _echo("left as it is")
             return 1
         _stop(state)
@@ -98,7 +102,7 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
         clear_state(recipe)
 
     plan = make_plan(recipe)
-    prepared = prepare_model(recipe.model, confirm, _echo)  # type: ignore[arg-type]
+    prepared = prepare_model(recipe.model, confirm, _echo)
     command = engine_command(recipe, plan, model_ref=prepared.ref)
     host, port = recipe.server.host, recipe.server.port
     if not _port_free(host, port):
@@ -118,7 +122,12 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     _echo(f"    log: {log_path}")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
         )
     state = LocalState(
         name=recipe.name,
@@ -150,7 +159,7 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     _echo(
         "\nCall it:\n"
         f"  curl {state.url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-        f"    -d '{{\"model\": \"{served}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n"
+        f'    -d \'{{"model": "{served}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'\n'
         f"See it:   llmdeploy status {recipe_path}    llmdeploy logs {recipe_path}\n"
         f"Stop it:  llmdeploy down {recipe_path}"
     )
@@ -167,10 +176,8 @@ def _stop(state: LocalState) -> None:
         time.sleep(0.2)
     if pid_alive(state.pid):
         _echo(f"pid {state.pid} did not stop within {STOP_DEADLINE_S:.0f} s; killing it")
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(state.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def status_local(recipe: Recipe) -> int:
@@ -181,7 +188,9 @@ def status_local(recipe: Recipe) -> int:
     alive = state.process_alive()
     healthy = alive and _healthy(state.url)
     uptime = time.time() - state.started_at
-    click.echo(f"{recipe.name}: {'running' if alive else 'exited'}, {'healthy' if healthy else 'not healthy'}")
+    click.echo(
+        f"{recipe.name}: {'running' if alive else 'exited'}, {'healthy' if healthy else 'not healthy'}"
+    )
     click.echo(f"  url:    {state.url}\n  pid:    {state.pid}\n  model:  {state.model}")
     click.echo(f"  log:    {state.log_path}\n  uptime: {uptime:.0f} s")
     return 0 if healthy else 1

