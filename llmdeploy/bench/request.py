@@ -1,0 +1,181 @@
+"""One benchmark request: send it streamed, time every token, and say why it failed if it did.
+
+Token timing follows vLLM's serving benchmark: TTFT is the time to the first chunk carrying text,
+inter-token latencies are the gaps between later text chunks. The output token count comes from the
+usage chunk (`stream_options.include_usage`); without one, each text chunk counts as one token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from llmdeploy.bench.options import Endpoint
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    prompt: str
+    output_len: int
+    target_input_len: int | None = None  # what the prompt was sized for; actual length comes from usage
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    ok: bool
+    error: str | None = None  # a short reason, grouped in the report
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    usage_reported: bool = False
+    ttft_s: float = 0.0
+    itl_s: tuple[float, ...] = field(default_factory=tuple)
+    latency_s: float = 0.0
+    generated_text: str = ""
+
+
+def request_body(model: str, spec: RequestSpec, endpoint: Endpoint, ignore_eos: bool) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": model,
+        "max_tokens": spec.output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    if ignore_eos:
+        # not in the OpenAI API; vLLM and the built-in engine take it as an extra body field
+        body["ignore_eos"] = True
+    return body
+
+
+def endpoint_path(endpoint: Endpoint) -> str:
+    return "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+
+
+def _chunk_text(choice: dict[str, object], endpoint: Endpoint) -> str:
+    if endpoint == "chat":
+        delta = choice.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else None
+        return content if isinstance(content, str) else ""
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+class _StreamFailure(Exception):
+    pass
+
+
+async def send_request(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    spec: RequestSpec,
+    endpoint: Endpoint,
+    ignore_eos: bool,
+) -> RequestResult:
+    """Never raises for anything the server or network does; the reason goes into the result."""
+    body = request_body(model, spec, endpoint, ignore_eos)
+    start = time.perf_counter()
+    ttft_s = 0.0
+    last_token_at = start
+    itl: list[float] = []
+    pieces: list[str] = []
+    num_chunks = 0
+    usage: dict[str, object] | None = None
+    done = False
+    try:
+        async with client.stream("POST", base_url + endpoint_path(endpoint), json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode("utf-8", "replace")
+                raise _StreamFailure(f"HTTP {response.status_code}: {_error_message(text)}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[len("data:") :].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(payload)
+                if not isinstance(chunk, dict):
+                    raise _StreamFailure("stream chunk is not a JSON object")
+                if "error" in chunk:
+                    raise _StreamFailure(f"error event in stream: {_error_message(json.dumps(chunk))}")
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    text = _chunk_text(choice, endpoint)
+                    if not text:
+                        continue
+                    now = time.perf_counter()
+                    if num_chunks == 0:
+                        ttft_s = now - start
+                    else:
+                        itl.append(now - last_token_at)
+                    last_token_at = now
+                    num_chunks += 1
+                    pieces.append(text)
+        if not done:
+            raise _StreamFailure("stream ended without data: [DONE]")
+    except _StreamFailure as e:
+        return RequestResult(ok=False, error=str(e), latency_s=time.perf_counter() - start)
+    except httpx.TimeoutException:
+        return RequestResult(ok=False, error="timed out", latency_s=time.perf_counter() - start)
+    except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+        return RequestResult(
+            ok=False, error=f"connection dropped ({type(e).__name__})", latency_s=time.perf_counter() - start
+        )
+    except httpx.ConnectError:
+        return RequestResult(ok=False, error="connection refused", latency_s=time.perf_counter() - start)
+    except httpx.HTTPError as e:
+        return RequestResult(
+            ok=False, error=f"HTTP error ({type(e).__name__})", latency_s=time.perf_counter() - start
+        )
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return RequestResult(
+            ok=False, error="malformed stream chunk (not JSON)", latency_s=time.perf_counter() - start
+        )
+    latency_s = time.perf_counter() - start
+    if num_chunks == 0:
+        return RequestResult(ok=False, error="no tokens generated", latency_s=latency_s)
+    prompt_tokens, output_tokens = _usage_counts(usage)
+    return RequestResult(
+        ok=True,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens if usage is not None else num_chunks,
+        usage_reported=usage is not None,
+        ttft_s=ttft_s,
+        itl_s=tuple(itl),
+        latency_s=latency_s,
+        generated_text="".join(pieces),
+    )
+
+
+def _usage_counts(usage: dict[str, object] | None) -> tuple[int, int]:
+    if usage is None:
+        return 0, 0
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    return (prompt if isinstance(prompt, int) else 0, completion if isinstance(completion, int) else 0)
+
+
+def _error_message(text: str) -> str:
+    """The server's own message when the body is an OpenAI-style error, else the body's start."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip()[:120] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])[:120]
+        if isinstance(err, str):
+            return err[:120]
+        if isinstance(data.get("detail"), str):
+            return str(data["detail"])[:120]
+    return text.strip()[:120]
