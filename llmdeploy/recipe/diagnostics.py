@@ -1,0 +1,299 @@
+"""pydantic validation errors -> `Problem`s that name file:line, field path, bad value and a fix.
+
+pydantic's error locations include union member tags (`ApiKeyFromEnv`, `int`, `kubernetes`) that
+are not keys in the YAML; we drop them by walking the location against the data, and collapse the
+per-member errors of one union into the member that came closest (or one summary problem).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from llmdeploy.errors import Problem
+from llmdeploy.recipe.schema import Recipe
+from llmdeploy.recipe.yaml_source import FieldPath, Mark
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def problems_from_validation(
+    error: ValidationError, data: Mapping[str, Any], marks: Mapping[FieldPath, Mark], skip: set[FieldPath]
+) -> list[Problem]:
+    """One problem per user mistake; errors at or under a path in `skip` (already reported) are dropped."""
+    direct: list[tuple[FieldPath, ErrorDetails]] = []
+    unions: dict[FieldPath, dict[str, list[tuple[FieldPath, ErrorDetails]]]] = {}
+    for err in error.errors(include_url=False):
+        clean, tag_at = _clean_location(err["loc"], data, err["type"] == "missing")
+        if tag_at is None:
+            direct.append((clean, err))
+        else:
+            prefix, tag = tag_at
+            unions.setdefault(prefix, {}).setdefault(tag, []).append((clean, err))
+    problems = []
+    for clean, err in direct:
+        problems.append(_problem(clean, err, marks))
+    for prefix, branches in unions.items():
+        chosen = _closest_branch(prefix, branches)
+        if chosen is not None:
+            problems += [_problem(clean, err, marks) for clean, err in chosen]
+        else:
+            problems.append(_union_summary(prefix, branches, data, marks))
+    return [p for p in problems if not _skipped(p, skip)]
+
+
+def _skipped(problem: Problem, skip: set[FieldPath]) -> bool:
+    if problem.path is None:
+        return False
+    parts = tuple(problem.path.split("."))
+    return any(parts[: len(s)] == tuple(str(x) for x in s) for s in skip)
+
+
+def _clean_location(
+    loc: tuple[str | int, ...], data: Any, missing: bool
+) -> tuple[FieldPath, tuple[FieldPath, str] | None]:
+    clean: list[str | int] = []
+    first_tag: tuple[FieldPath, str] | None = None
+    node = data
+    for i, part in enumerate(loc):
+        if _contains(node, part):
+            node = node[part]
+            clean.append(part)
+        elif missing and i == len(loc) - 1:
+            clean.append(part)
+        else:
+            if first_tag is None:
+                first_tag = (tuple(clean), str(part))
+    return tuple(clean), first_tag
+
+
+def _contains(node: Any, part: str | int) -> bool:
+    if isinstance(node, dict):
+        return part in node
+    return isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+
+
+def _closest_branch(
+    prefix: FieldPath, branches: dict[str, list[tuple[FieldPath, ErrorDetails]]]
+) -> list[tuple[FieldPath, ErrorDetails]] | None:
+    if len(branches) == 1:
+        return next(iter(branches.values()))
+    # a member "came close" when its errors are all inside it, i.e. the value had its shape
+    close = [errs for errs in branches.values() if all(len(clean) > len(prefix) for clean, _ in errs)]
+    if not close:
+        return None
+    fewest = min(len(errs) for errs in close)
+    best = [errs for errs in close if len(errs) == fewest]
+    return best[0] if len(best) == 1 else None
+
+
+def _union_summary(
+    prefix: FieldPath,
+    branches: dict[str, list[tuple[FieldPath, ErrorDetails]]],
+    data: Any,
+    marks: Mapping[FieldPath, Mark],
+) -> Problem:
+    members = {m.__name__: m for m in _model_classes(_annotation_at(prefix))}
+    forms = " or ".join(_form_name(tag, members) for tag in branches)
+    value = _value_at(data, prefix)
+    description = _description_at(prefix)
+    return _make(
+        prefix,
+        f"does not match any accepted form ({forms})",
+        marks,
+        value=value,
+        fix=description or f"write it as one of: {forms}",
+    )
+
+
+def _form_name(tag: str, members: Mapping[str, type[BaseModel]]) -> str:
+    if tag in members:
+        return "{" + ", ".join(members[tag].model_fields) + "}"
+    return {"int": "an integer", "str": "a string", "float": "a number", "bool": "true/false"}.get(tag, tag)
+
+
+def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark]) -> Problem:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        key = str(clean[-1])
+        allowed = _fields_at(err["loc"][:-1])
+        return _make(clean, f"unknown field {key!r}", marks, fix=_unknown_key_fix(key, allowed, clean[:-1]))
+    if kind == "missing":
+        description = _description_at(clean)
+        fix = f"add `{clean[-1]}:`" + (f" ({description})" if description else "")
+        return _make(clean, "required field is missing", marks, fix=fix)
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        return _make(clean, "not an allowed value", marks, value=value, fix=_choice_fix(str(value), allowed))
+    if kind == "union_tag_invalid":
+        allowed = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+        tag = ctx.get("tag")
+        return _make((*clean, "type"), "unknown type", marks, value=tag, fix=_choice_fix(str(tag), allowed))
+    if kind == "union_tag_not_found":
+        allowed = _literal_tags(clean)
+        return _make(
+            (*clean, "type"), "required field is missing", marks, fix=f"add `type:` ({' | '.join(allowed)})"
+        )
+    message = str(err["msg"])
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+        return _make(clean, message, marks)
+    if kind == "string_pattern_mismatch" and clean == ("name",):
+        return _make(
+            clean,
+            "must be a DNS label: lowercase letters, digits and '-', at most 52 characters",
+            marks,
+            value=value,
+            fix="e.g. name: my-llama-8b",
+        )
+    message = message[:1].lower() + message[1:]
+    if kind == "string_type" and isinstance(value, bool | int | float):
+        return _make(clean, message, marks, value=value, fix=f'quote it so YAML reads it as text: "{value}"')
+    return _make(clean, message, marks, value=value if isinstance(value, _SCALARS) else _NO_VALUE)
+
+
+_NO_VALUE = object()
+
+
+def _make(
+    path: FieldPath,
+    message: str,
+    marks: Mapping[FieldPath, Mark],
+    value: Any = _NO_VALUE,
+    fix: str | None = None,
+) -> Problem:
+    mark = _mark_for(path, marks)
+    return Problem(
+        message,
+        file=mark.file if mark else None,
+        line=mark.line if mark else None,
+        path=".".join(str(p) for p in path) or None,
+        value=None if value is _NO_VALUE else value,
+        has_value=value is not _NO_VALUE,
+        fix=fix,
+    )
+
+
+def _mark_for(path: FieldPath, marks: Mapping[FieldPath, Mark]) -> Mark | None:
+    for end in range(len(path), -1, -1):
+        if path[:end] in marks:
+            return marks[path[:end]]
+    return None
+
+
+def _value_at(data: Any, path: FieldPath) -> Any:
+    for part in path:
+        data = data[part]
+    return data if isinstance(data, _SCALARS) else _NO_VALUE
+
+
+def _choice_fix(value: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.5)
+    listed = ", ".join(allowed)
+    if close:
+        return f"did you mean {close[0]!r}? (allowed: {listed})"
+    return f"use one of: {listed}"
+
+
+def _unknown_key_fix(key: str, allowed: list[str], parent: FieldPath) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    elsewhere = [p for p in _all_field_paths(Recipe, ()) if p[-1] == key and p[:-1] != parent]
+    if elsewhere:
+        home = ".".join(elsewhere[0][:-1])
+        return f"{key!r} belongs under `{home}:`" if home else f"{key!r} belongs at the top level"
+    return f"allowed fields here: {', '.join(allowed)}" if allowed else "remove it"
+
+
+# --- the schema side: which model sits at a pydantic location ---
+
+
+def _model_classes(annotation: Any) -> list[type[BaseModel]]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _model_classes(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _model_classes(arg)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _step(annotation: Any, part: str | int) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _step(typing.get_args(annotation)[0], part)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if arg is type(None):
+                continue
+            for model in _model_classes(arg):
+                if part in (model.__name__, *_own_tags(model)):
+                    return model
+        for arg in typing.get_args(annotation):
+            found = None if arg is type(None) else _step(arg, part)
+            if found is not None:
+                return found
+        return None
+    if origin is list and isinstance(part, int):
+        return typing.get_args(annotation)[0]
+    if origin is dict:
+        return typing.get_args(annotation)[1]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
+        return annotation.model_fields[str(part)].annotation
+    return None
+
+
+def _own_tags(model: type[BaseModel]) -> tuple[str, ...]:
+    field = model.model_fields.get("type")
+    if field is not None and typing.get_origin(field.annotation) is typing.Literal:
+        return tuple(str(a) for a in typing.get_args(field.annotation))
+    return ()
+
+
+def _annotation_at(loc: tuple[str | int, ...]) -> Any:
+    annotation: Any = Recipe
+    for part in loc:
+        annotation = _step(annotation, part)
+        if annotation is None:
+            return None
+    return annotation
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    models = _model_classes(_annotation_at(loc))
+    return sorted({name for model in models for name in model.model_fields})
+
+
+def _literal_tags(loc: FieldPath) -> list[str]:
+    return [tag for model in _model_classes(_annotation_at(loc)) for tag in _own_tags(model)]
+
+
+def _description_at(path: FieldPath) -> str | None:
+    if not path:
+        return None
+    for model in _model_classes(_annotation_at(path[:-1])):
+        field = model.model_fields.get(str(path[-1]))
+        if field is not None and field.description:
+            return field.description
+    return None
+
+
+def _all_field_paths(model: type[BaseModel], prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
+    paths = []
+    for name, field in model.model_fields.items():
+        paths.append((*prefix, name))
+        for sub in _model_classes(field.annotation):
+            if len(prefix) < 4:
+                paths += _all_field_paths(sub, (*prefix, name))
+    return paths

@@ -1,0 +1,83 @@
+"""`${VAR}` and `${VAR:-default}` in recipe strings; `$${` writes a literal `${`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from llmdeploy.errors import Problem
+from llmdeploy.recipe.yaml_source import FieldPath, Mark
+
+_TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}?")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def interpolate(
+    data: Any, marks: Mapping[FieldPath, Mark], env: Mapping[str, str], path: FieldPath = ()
+) -> tuple[Any, list[Problem]]:
+    """Return `data` with every string value interpolated, and the problems found (keys are left alone)."""
+    problems: list[Problem] = []
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out[key], found = interpolate(value, marks, env, (*path, key))
+            problems += found
+        return out, problems
+    if isinstance(data, list):
+        items = []
+        for index, value in enumerate(data):
+            item, found = interpolate(value, marks, env, (*path, index))
+            items.append(item)
+            problems += found
+        return items, problems
+    if isinstance(data, str) and "$" in data:
+        return _substitute(data, marks, env, path)
+    return data, problems
+
+
+def _substitute(
+    text: str, marks: Mapping[FieldPath, Mark], env: Mapping[str, str], path: FieldPath
+) -> tuple[str, list[Problem]]:
+    problems: list[Problem] = []
+    mark = marks.get(path)
+
+    def problem(message: str, fix: str, with_value: bool = True) -> None:
+        problems.append(
+            Problem(
+                message,
+                file=mark.file if mark else None,
+                line=mark.line if mark else None,
+                path=".".join(str(p) for p in path) or None,
+                value=text if with_value else None,
+                has_value=with_value,
+                fix=fix,
+            )
+        )
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        body = match.group(1)
+        if not match.group(0).endswith("}"):
+            problem("unclosed '${' in value", "close it with '}'")
+            return match.group(0)
+        name, sep, default = body.partition(":-")
+        if not _NAME.fullmatch(name):
+            problem(
+                f"'${{{body}}}' is not a variable reference",
+                "write ${NAME} or ${NAME:-default}; write $${ for a literal '${'",
+            )
+            return match.group(0)
+        if name in env:
+            return env[name]
+        if sep:
+            return default
+        problem(
+            f"environment variable {name} is not set",
+            f"export {name}=..., or give a default: ${{{name}:-value}}",
+            False,
+        )
+        return ""
+
+    return _TOKEN.sub(replace, text), problems

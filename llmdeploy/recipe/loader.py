@@ -1,0 +1,208 @@
+"""Recipe file -> `Recipe`: `extends:` chains, `${ENV}` interpolation, `--set` overrides, validation.
+
+Every problem found in any layer is collected and raised together as one `UserError`; each names
+the file and line that wrote the value (or the `--set` item), the dotted field path and a fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmdeploy.errors import Problem, UserError
+from llmdeploy.recipe.diagnostics import problems_from_validation
+from llmdeploy.recipe.interpolation import interpolate
+from llmdeploy.recipe.overlay import Layer, apply_overrides, merge
+from llmdeploy.recipe.schema import Recipe
+from llmdeploy.recipe.yaml_source import FieldPath, Mark, parse_yaml
+
+# fields holding file paths, resolved against the folder of the recipe file that wrote them
+_RELATIVE_PATH_FIELDS: tuple[FieldPath, ...] = (("model", "path"), ("bench", "dataset"))
+
+
+def load_recipe(
+    path: str | os.PathLike[str], overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Recipe:
+    """Load, layer and validate a recipe; raise `UserError` listing every problem found."""
+    env = os.environ if env is None else env
+    file = Path(path)
+    problems: list[Problem] = []
+    layer = _load_layer(file, env, (), problems)
+    if layer is None:
+        raise UserError(_sorted(problems))
+    layer, override_problems = apply_overrides(layer, overrides)
+    problems += override_problems
+    # top-level `x-...` keys are free space for YAML anchors, as in Docker Compose files
+    data = {k: v for k, v in layer.data.items() if not k.startswith("x-")}
+    if "name" not in data:
+        data["name"] = default_name(file)
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        reported = {_path_tuple(p.path) for p in problems if p.path}
+        problems += problems_from_validation(e, data, layer.marks, reported)
+        raise UserError(_sorted(problems)) from None
+    if problems:
+        raise UserError(_sorted(problems))
+    return recipe
+
+
+def recipe_digest(recipe: Recipe) -> str:
+    """sha256 of the recipe's canonical JSON (sorted keys, no whitespace): equal recipes, equal digests."""
+    canonical = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def default_name(file: Path) -> str:
+    """The file stem made into a DNS label: `Long_Context.yaml` -> `long-context`."""
+    name = re.sub(r"[^a-z0-9-]+", "-", file.stem.lower()).strip("-")
+    return name[:52].rstrip("-") or "recipe"
+
+
+def _load_layer(
+    file: Path, env: Mapping[str, str], chain: tuple[Path, ...], problems: list[Problem]
+) -> Layer | None:
+    shown = _display(file)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        problems.append(Problem("recipe file not found", file=shown, fix="check the path"))
+        return None
+    except IsADirectoryError:
+        problems.append(Problem("is a folder, not a recipe file", file=shown, fix="give a .yaml file"))
+        return None
+    except UnicodeDecodeError as e:
+        problems.append(Problem(f"not UTF-8 text ({e.reason})", file=shown, fix="save the file as UTF-8"))
+        return None
+    except OSError as e:
+        problems.append(Problem(f"cannot read the file: {e.strerror}", file=shown))
+        return None
+    parsed = parse_yaml(text, shown)
+    problems += parsed.problems
+    if parsed.problems:
+        return None
+    if parsed.data is None:
+        problems.append(
+            Problem(
+                "the recipe is empty",
+                file=shown,
+                fix="start from recipes/quickstart.yaml (at least `model: {id: ...}`)",
+            )
+        )
+        return None
+    if not isinstance(parsed.data, dict):
+        kind = "a list" if isinstance(parsed.data, list) else f"a single value ({parsed.data!r})"
+        problems.append(
+            Problem(
+                f"a recipe must be a YAML mapping of sections (model:, hardware:, ...), but this file is {kind}",
+                file=shown,
+                line=1,
+                fix="start from recipes/quickstart.yaml",
+            )
+        )
+        return None
+    data, found = interpolate(parsed.data, parsed.marks, env)
+    problems += found
+    data = _resolve_relative_paths(data, file.parent)
+    layer = Layer(data, parsed.marks)
+    if "extends" not in data:
+        return layer
+    return _extend(layer, file, env, chain, problems)
+
+
+def _extend(
+    layer: Layer, file: Path, env: Mapping[str, str], chain: tuple[Path, ...], problems: list[Problem]
+) -> Layer | None:
+    data = dict(layer.data)
+    target = data.pop("extends")
+    marks = {k: m for k, m in layer.marks.items() if k[:1] != ("extends",)}
+    mark = layer.marks.get(("extends",), Mark(_display(file), None))
+    own = Layer(data, marks)
+    if not isinstance(target, str) or not target.strip():
+        problems.append(
+            Problem(
+                "must be the path of another recipe file",
+                file=mark.file,
+                line=mark.line,
+                path="extends",
+                value=target,
+                has_value=True,
+                fix="e.g. extends: production.yaml (relative to this file)",
+            )
+        )
+        return own
+    base_file = file.parent / target
+    here = file.resolve()
+    seen = (*chain, here)
+    if base_file.resolve() in seen:
+        cycle = [*seen[seen.index(base_file.resolve()) :], base_file.resolve()]
+        problems.append(
+            Problem(
+                "extends cycle: " + " -> ".join(_display(p) for p in cycle),
+                file=mark.file,
+                line=mark.line,
+                path="extends",
+                value=target,
+                has_value=True,
+                fix="remove one `extends:` so the chain ends in a recipe that extends nothing",
+            )
+        )
+        return own
+    before = len(problems)
+    base = _load_layer(base_file, env, seen, problems)
+    if base is None:
+        problems.insert(
+            before,
+            Problem(
+                f"cannot use the extended recipe {_display(base_file)} (problems below)",
+                file=mark.file,
+                line=mark.line,
+                path="extends",
+                value=target,
+                has_value=True,
+                fix="fix the extended file, or the path (relative to this recipe's folder)",
+            ),
+        )
+        return own
+    # the instance name belongs to the leaf recipe: a derived recipe never inherits its base's name
+    base_data = {k: v for k, v in base.data.items() if k != "name"}
+    base_marks = {k: m for k, m in base.marks.items() if k[:1] != ("name",)}
+    return merge(Layer(base_data, base_marks), own)
+
+
+def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    out = dict(data)
+    for section, key in _RELATIVE_PATH_FIELDS:
+        assert isinstance(section, str) and isinstance(key, str)
+        part = out.get(section)
+        if isinstance(part, dict) and isinstance(part.get(key), str) and part[key]:
+            value = os.path.expanduser(part[key])
+            if not os.path.isabs(value):
+                value = os.path.normpath(os.path.join(folder.resolve(), value))
+            out[section] = {**part, key: value}
+    return out
+
+
+def _display(file: Path) -> str:
+    try:
+        relative = os.path.relpath(file)
+    except ValueError:
+        return str(file)
+    return relative if not relative.startswith("../../..") else str(file.resolve())
+
+
+def _path_tuple(dotted: str) -> FieldPath:
+    return tuple(dotted.split("."))
+
+
+def _sorted(problems: list[Problem]) -> list[Problem]:
+    # stable: problems of one file stay in line order, other sources (--set) keep their order
+    order = {p.file: i for i, p in reversed(list(enumerate(problems)))}
+    return sorted(problems, key=lambda p: (order.get(p.file, 0), p.line or 0))

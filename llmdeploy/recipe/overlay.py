@@ -1,0 +1,173 @@
+"""Layering recipe data: `extends:` deep merges and `--set a.b.c=value` overrides.
+
+Mappings merge key by key; anything else (lists, scalars, null) in the overlay replaces the base
+value whole. The marks (file:line of each field) follow the same rule, so an error in a merged
+recipe still points at the file that wrote the offending value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from llmdeploy.errors import Problem
+from llmdeploy.recipe.yaml_source import FieldPath, Mark
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Recipe data before validation, with where each field came from."""
+
+    data: dict[str, Any]
+    marks: dict[FieldPath, Mark]
+
+
+def merge(base: Layer, overlay: Layer) -> Layer:
+    data = _merge_data(base.data, overlay.data)
+    marks = dict(base.marks)
+    for path in overlay.marks:
+        if path and not isinstance(_get(overlay.data, path), dict):
+            marks = {k: m for k, m in marks.items() if not (len(k) > len(path) and k[: len(path)] == path)}
+    marks.update(overlay.marks)
+    if () in base.marks:
+        marks[()] = overlay.marks.get((), base.marks[()])
+    return Layer(data, marks)
+
+
+def _merge_data(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge_data(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _get(data: Any, path: FieldPath) -> Any:
+    for part in path:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+            continue
+        if isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+            continue
+        return None
+    return data
+
+
+def apply_overrides(layer: Layer, overrides: Sequence[str]) -> tuple[Layer, list[Problem]]:
+    """Apply `a.b.c=value` items in order; the value is read as a YAML scalar (or flow list/mapping)."""
+    data = layer.data
+    marks = dict(layer.marks)
+    problems: list[Problem] = []
+    for item in overrides:
+        source = f"--set {item}"
+        dotted, sep, raw = item.partition("=")
+        dotted = dotted.strip()
+        if not sep or not dotted or any(not part for part in dotted.split(".")):
+            problems.append(
+                Problem("expected PATH=VALUE", file=source, fix="write e.g. --set limits.max_model_len=8192")
+            )
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        path: FieldPath = tuple(int(p) if p.isdigit() else p for p in dotted.split("."))
+        data, problem = _set(data, path, value, source)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        path = _normalize(data, path)
+        marks = {k: m for k, m in marks.items() if k[: len(path)] != path}
+        marks[path] = Mark(source, None)
+        if isinstance(value, dict | list):
+            for sub in _leaf_paths(value, path):
+                marks[sub] = Mark(source, None)
+    return Layer(data, marks), problems
+
+
+def _set(
+    data: dict[str, Any], path: FieldPath, value: Any, source: str
+) -> tuple[dict[str, Any], Problem | None]:
+    root: Any = _copy(data)
+    node = root
+    for depth, part in enumerate(path[:-1]):
+        key = str(part) if isinstance(node, dict) else part
+        child = node[key] if _has(node, part) else None
+        if child is None:
+            if isinstance(node, list):
+                return data, _index_problem(path, depth, len(node), source)
+            child = {}
+            node[key] = child
+        if not isinstance(child, dict | list):
+            here = ".".join(str(p) for p in path[: depth + 1])
+            return data, Problem(
+                f"cannot set {'.'.join(str(p) for p in path)}: {here} is a value, not a section",
+                file=source,
+                path=here,
+                value=child,
+                has_value=True,
+                fix=f"set {here} itself, e.g. --set {here}=...",
+            )
+        node = child
+    last = path[-1]
+    if isinstance(node, list):
+        if not isinstance(last, int) or last >= len(node):
+            return data, _index_problem(path, len(path) - 1, len(node), source)
+        node[last] = value
+    else:
+        node[str(last)] = value
+    return root, None
+
+
+def _normalize(data: Any, path: FieldPath) -> FieldPath:
+    # digits name a list index only where the value is a list; in a mapping they are a key
+    out: list[str | int] = []
+    for part in path:
+        key = str(part) if isinstance(data, dict) else part
+        out.append(key)
+        data = _get(data, (key,))
+    return tuple(out)
+
+
+def _has(node: Any, part: str | int) -> bool:
+    if isinstance(node, dict):
+        return str(part) in node
+    return isinstance(part, int) and 0 <= part < len(node)
+
+
+def _index_problem(path: FieldPath, depth: int, length: int, source: str) -> Problem:
+    here = ".".join(str(p) for p in path[:depth])
+    return Problem(
+        f"{here} is a list of {length} item(s); {path[depth]!r} is not one of its indexes",
+        file=source,
+        path=here,
+        fix=f"use an index from 0 to {length - 1}" if length else f"set the whole list: --set {here}=[...]",
+    )
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _leaf_paths(value: Any, prefix: FieldPath) -> list[FieldPath]:
+    if isinstance(value, dict):
+        items: list[tuple[str | int, Any]] = list(value.items())
+    elif isinstance(value, list):
+        items = list(enumerate(value))
+    else:
+        return []
+    paths: list[FieldPath] = []
+    for key, sub in items:
+        paths.append((*prefix, key))
+        paths += _leaf_paths(sub, (*prefix, key))
+    return paths

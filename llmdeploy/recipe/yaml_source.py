@@ -1,0 +1,199 @@
+"""YAML text -> plain data plus the file:line of every key, with readable errors.
+
+PyYAML's composer gives us nodes that carry marks; we build the data ourselves from them so that
+each field path can be traced back to its line, duplicate keys are caught (PyYAML silently keeps
+the last one) and merge keys (`<<: *anchor`) still work. Scalars are typed by PyYAML's safe
+constructor, so nothing beyond plain YAML types is ever built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from llmdeploy.errors import Problem
+
+FieldPath = tuple[str | int, ...]
+
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a value came from: a file and 1-based line, or an override such as `--set a.b=1`."""
+
+    file: str
+    line: int | None
+
+
+@dataclass(frozen=True)
+class ParsedYaml:
+    data: Any
+    marks: dict[FieldPath, Mark]
+    problems: tuple[Problem, ...]
+
+
+def parse_yaml(text: str, file: str) -> ParsedYaml:
+    """Parse one YAML document; `problems` is non-empty when it could not be read cleanly."""
+    tab_problems = _leading_tabs(text, file)
+    if tab_problems:
+        return ParsedYaml(None, {}, tuple(tab_problems))
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.MarkedYAMLError as e:
+        return ParsedYaml(None, {}, (_syntax_problem(e, file),))
+    except yaml.YAMLError as e:
+        return ParsedYaml(None, {}, (Problem(f"not valid YAML: {e}", file=file),))
+    finally:
+        loader.dispose()
+    if node is None:
+        return ParsedYaml(None, {}, ())
+    builder = _Builder(loader, file)
+    data = builder.build(node, (), 0)
+    builder.marks[()] = Mark(file, None)
+    return ParsedYaml(data, builder.marks, tuple(builder.problems))
+
+
+def _leading_tabs(text: str, file: str) -> list[Problem]:
+    problems = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in indent and line.strip():
+            problems.append(
+                Problem(
+                    "tab character in indentation; YAML indents with spaces only",
+                    file=file,
+                    line=number,
+                    fix="replace the tab(s) at the start of this line with spaces",
+                )
+            )
+    return problems
+
+
+def _syntax_problem(e: yaml.MarkedYAMLError, file: str) -> Problem:
+    mark = e.problem_mark or e.context_mark
+    line = mark.line + 1 if mark is not None else None
+    what = " ".join(part for part in (e.context, e.problem) if part)
+    fix = "check the indentation and quoting on this line and the one above"
+    if "expected a single document" in what:
+        what = "the file holds more than one YAML document"
+        fix = "keep one recipe per file (remove the '---' separator)"
+    elif e.problem and "found duplicate anchor" in e.problem:
+        fix = "give each anchor (&name) a unique name"
+    elif e.problem and "found undefined alias" in e.problem:
+        fix = "define the anchor (&name) before using the alias (*name)"
+    elif e.problem and "mapping values are not allowed" in e.problem:
+        fix = "put a space after each ':' and quote values that contain ': '"
+    return Problem(f"not valid YAML: {what}", file=file, line=line, fix=fix)
+
+
+class _Builder:
+    def __init__(self, loader: yaml.SafeLoader, file: str) -> None:
+        self.loader = loader
+        self.file = file
+        self.marks: dict[FieldPath, Mark] = {}
+        self.problems: list[Problem] = []
+        self._active: set[int] = set()
+
+    def _problem(self, node: Node, path: FieldPath, message: str, fix: str | None = None) -> None:
+        dotted = ".".join(str(p) for p in path) or None
+        self.problems.append(
+            Problem(message, file=self.file, line=node.start_mark.line + 1, path=dotted, fix=fix)
+        )
+
+    def build(self, node: Node, path: FieldPath, depth: int) -> Any:
+        if id(node) in self._active or depth > _MAX_DEPTH:
+            self._problem(
+                node, path, "recursive alias: a value refers to itself", "remove the self-reference"
+            )
+            return None
+        self._active.add(id(node))
+        try:
+            if isinstance(node, MappingNode):
+                return self._mapping(node, path, depth)
+            if isinstance(node, SequenceNode):
+                if node.tag != _SEQ_TAG:
+                    self._problem(node, path, f"unsupported YAML tag {node.tag!r}", "remove the tag")
+                items = []
+                for index, item in enumerate(node.value):
+                    self.marks[(*path, index)] = Mark(self.file, item.start_mark.line + 1)
+                    items.append(self.build(item, (*path, index), depth + 1))
+                return items
+            assert isinstance(node, ScalarNode)
+            return self._scalar(node, path)
+        finally:
+            self._active.discard(id(node))
+
+    def _scalar(self, node: ScalarNode, path: FieldPath) -> Any:
+        try:
+            return self.loader.construct_object(node)
+        except yaml.constructor.ConstructorError as e:
+            self._problem(
+                node, path, f"unsupported YAML value: {e.problem}", "write a plain string, number or bool"
+            )
+            return None
+
+    def _mapping(self, node: MappingNode, path: FieldPath, depth: int) -> dict[str, Any]:
+        if node.tag != _MAP_TAG:
+            self._problem(node, path, f"unsupported YAML tag {node.tag!r}", "remove the tag")
+        result: dict[str, Any] = {}
+        first_line: dict[str, int] = {}
+        merges: list[Node] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                merges.append(value_node)
+                continue
+            if not isinstance(key_node, ScalarNode):
+                self._problem(key_node, path, "a key must be a plain name, not a list or mapping")
+                continue
+            key = self._scalar(key_node, path)
+            if not isinstance(key, str):
+                self._problem(
+                    key_node,
+                    path,
+                    f"key {key_node.value!r} is read as {type(key).__name__}, not a name",
+                    f"quote it: '{key_node.value}'",
+                )
+                continue
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                self._problem(
+                    key_node,
+                    (*path, key),
+                    f"duplicate key {key!r} (first given on line {first_line[key]})",
+                    "keep only one of them; YAML would silently use the last",
+                )
+                continue
+            first_line[key] = line
+            self.marks[(*path, key)] = Mark(self.file, line)
+            result[key] = self.build(value_node, (*path, key), depth + 1)
+        for merge_node in merges:
+            self._merge_into(result, merge_node, path, depth)
+        return result
+
+    def _merge_into(self, result: dict[str, Any], node: Node, path: FieldPath, depth: int) -> None:
+        # `<<: *base` or `<<: [*a, *b]`: keys written in this mapping win, earlier merges beat later ones.
+        sources = node.value if isinstance(node, SequenceNode) else [node]
+        for source in sources:
+            if not isinstance(source, MappingNode):
+                self._problem(source, path, "'<<' merge needs a mapping or a list of mappings")
+                continue
+            saved = dict(self.marks)
+            merged = self._mapping(source, path, depth + 1)
+            for key, value in merged.items():
+                if key in result:
+                    self.marks = {k: v for k, v in self.marks.items() if not _under(k, (*path, key))}
+                    self.marks.update({k: v for k, v in saved.items() if _under(k, (*path, key))})
+                else:
+                    result[key] = value
+
+
+def _under(path: FieldPath, prefix: FieldPath) -> bool:
+    return path[: len(prefix)] == prefix
