@@ -1,0 +1,228 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Plain Python, no torch. Policy: vLLM V1's unified token budget. Each step has
+`max_num_batched_tokens` tokens to give. Running sequences are served first, in admission order:
+a decoding sequence takes 1 token, a sequence in the middle of a chunked prefill takes the rest of its
+prompt (or what is left of the budget). If the block pool cannot hold a running sequence's new tokens,
+the most recently admitted running sequence is preempted (its blocks freed, put back at the head of
+the waiting queue, recomputed later) until it fits. Then, if nothing was preempted, waiting sequences
+join in FCFS order while the budget, `max_num_seqs` and the block pool allow; a prompt longer than
+the remaining budget is split into chunks across steps. Finished sequences leave every step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from llmdeploy_engine.block_manager import BlockManager
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+
+    @classmethod
+    def from_engine(cls, config: EngineConfig, max_model_len: int) -> SchedulerConfig:
+        budget = config.max_num_batched_tokens or min(max(max_model_len, 2048), 8192)
+        if not config.enable_chunked_prefill:
+            budget = max(budget, max_model_len)  # a whole prompt must fit in one step
+        return cls(config.max_num_seqs, budget, max_model_len, config.enable_chunked_prefill)
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+    samples: bool  # the chunk reaches the sequence's last token, so a next token is sampled
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    batch: ForwardBatch
+    preempted: list[Sequence]
+
+    @property
+    def sampled_seqs(self) -> list[Sequence]:
+        return [s.seq for s in self.scheduled if s.samples]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        assert config.enable_chunked_prefill or config.max_num_batched_tokens >= config.max_model_len, (
+            "without chunked prefill the token budget must hold a whole max_model_len prompt"
+        )
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ---- queue --------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        assert seq.status is SequenceStatus.WAITING
+        assert seq.num_tokens <= self.config.max_model_len
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Remove every sequence of the request, running or waiting, and free its blocks."""
+        aborted = [s for s in (*self.running, *self.waiting) if s.request_id == request_id]
+        for seq in aborted:
+            self._remove(seq)
+            self.block_manager.free(seq)
+            seq.status = SequenceStatus.FINISHED_ABORTED
+        return aborted
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        assert status.is_finished
+        self._remove(seq)
+        self.block_manager.free(seq)
+        seq.status = status
+
+    def _remove(self, seq: Sequence) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+
+        # running sequences first, preempting the newest when the pool is full
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append(self._entry(seq, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break
+
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled)
+        return SchedulerOutput(scheduled, self._build_batch(scheduled), preempted)
+
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
+        bm = self.block_manager
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.waits_for_parent:
+                skipped.append(self.waiting.popleft())
+                continue
+            cached = bm.find_cached_blocks(seq)
+            num_new = seq.num_tokens - seq.num_computed_tokens - len(cached) * bm.block_size
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not bm.allocate_slots(seq, num_new, cached):
+                if self.running or scheduled or not self._release_waiting_blocks(seq):
+                    break
+                continue  # blocks held by waiting forks were released; try again
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(self._entry(seq, num_new))
+            budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _release_waiting_blocks(self, keep: Sequence) -> bool:
+        """Nothing runs but waiting forks hold blocks the head needs: make them recompute instead."""
+        holders = [s for s in self.waiting if s is not keep and s.block_table]
+        for seq in holders:
+            self.block_manager.free(seq)
+        return bool(holders)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    @staticmethod
+    def _entry(seq: Sequence, num_new: int) -> ScheduledSeq:
+        return ScheduledSeq(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens)
+
+    def _build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
+        bs = self.block_manager.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        query_start: list[int] = []
+        query_len: list[int] = []
+        context_len: list[int] = []
+        block_tables: list[list[int]] = []
+        sample_indices: list[int] = []
+        for idx, entry in enumerate(scheduled):
+            seq = entry.seq
+            start = seq.num_computed_tokens
+            end = start + entry.num_new_tokens
+            table = seq.block_table
+            query_start.append(len(input_ids))
+            query_len.append(entry.num_new_tokens)
+            context_len.append(end)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            block_tables.append(list(table))
+            if entry.samples:
+                sample_indices.append(idx)
+        return ForwardBatch(
+            input_ids,
+            positions,
+            slot_mapping,
+            query_start,
+            query_len,
+            context_len,
+            block_tables,
+            sample_indices,
+        )
+
+    # ---- after the forward pass ---------------------------------------------------------------
+    def update_computed(self, output: SchedulerOutput) -> None:
+        """Mark the step's tokens as cached; register full blocks; fork n > 1 children."""
+        bm = self.block_manager
+        for entry in output.scheduled:
+            seq = entry.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted between schedule and update
+            seq.num_computed_tokens += entry.num_new_tokens
+            bm.cache_full_blocks(seq)
+            crossed_prompt_end = (
+                seq.num_computed_tokens - entry.num_new_tokens
+                < seq.num_prompt_tokens
+                <= seq.num_computed_tokens
+            )
+            if crossed_prompt_end and seq.index == 0:
+                for child in self.waiting:
+                    if child.parent is seq:
+                        bm.fork(seq, child)
+                        child.parent = None
