@@ -1,0 +1,57 @@
+"""The GPU catalog (`gpus.json`): memory as CUDA reports it, bandwidth, tensor rates, fp8 support."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from llmdeploy.errors import UserError
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_gib: float  # as CUDA reports it (what vLLM logs as total GPU memory)
+    marketing_gb: int
+    bandwidth_gb_s: float
+    bf16_tflops: float
+    fp8_tflops: float | None
+    fp8_support: bool
+    compute_capability: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+
+def _norm(name: str) -> str:
+    s = re.sub(r"[\s_]+", "-", name.strip().lower()).removeprefix("nvidia-")
+    return s.replace("geforce-", "")
+
+
+@cache
+def list_gpus() -> tuple[GPUSpec, ...]:
+    raw = json.loads(resources.files("llmdeploy.catalog").joinpath("gpus.json").read_text())
+    return tuple(GPUSpec(**{**g, "aliases": tuple(g.get("aliases", ()))}) for g in raw["gpus"])
+
+
+def resolve_gpu(name: str) -> GPUSpec:
+    """Forgiving lookup: case, spaces/underscores, an 'NVIDIA ' prefix and common aliases."""
+    wanted = _norm(name)
+    compact = wanted.replace("-", "")
+    for gpu in list_gpus():
+        for candidate in (gpu.name, *gpu.aliases):
+            c = _norm(candidate)
+            if wanted == c or compact == c.replace("-", ""):
+                return gpu
+    names = ", ".join(g.name for g in list_gpus())
+    raise UserError.one(
+        f"unknown GPU {name!r}",
+        path="hardware.gpu",
+        value=name,
+        fix=f"use one of: {names}; or give hardware.gpu_memory_gib (memory as CUDA reports it)",
+    )

