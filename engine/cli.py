@@ -1,0 +1,103 @@
+"""`llmdeploy-engine serve ...` (also `python -m llmdeploy_engine.cli serve ...`) and `flags --json`.
+
+The parser lives in `cli_args` (no torch); the engine and the HTTP server are imported only when
+serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from llmdeploy_engine.cli_args import (
+    build_parser,
+    config_from_args,
+    flag_catalogue,
+    flags_json,
+    resolve_api_key,
+)
+from llmdeploy_engine.config import EngineConfig
+
+LOG_FORMAT = "%(levelname)s %(asctime)s %(name)s: %(message)s"
+
+
+def _check_model_path(config: EngineConfig, parser: argparse.ArgumentParser) -> None:
+    if config.model.startswith("random:"):
+        return
+    if not os.path.exists(config.model):
+        parser.error(
+            f"--model {config.model!r}: no such file or folder (give a GGUF file, a checkpoint "
+            f"folder, or random:<catalog id>)"
+        )
+    if config.tokenizer and not os.path.exists(config.tokenizer):
+        parser.error(f"--tokenizer {config.tokenizer!r}: no such file or folder")
+
+
+def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    serve_cli = serve_parser()  # its usage line names the `serve` command
+    config = config_from_args(args, serve_cli)
+    _check_model_path(config, serve_cli)
+    logging.basicConfig(
+        level=getattr(logging, args.uvicorn_log_level.upper(), logging.INFO)
+        if args.uvicorn_log_level != "trace"
+        else logging.DEBUG,
+        format=LOG_FORMAT,
+    )
+
+    import uvicorn
+    from llmdeploy_engine import async_engine
+    from llmdeploy_engine.server.app import build_app
+    from llmdeploy_engine.server.state import ServerSettings
+
+    names = tuple(args.served_model_name or (config.model,))
+    settings = ServerSettings(
+        served_model_names=names,
+        model_path=config.model,
+        api_key=resolve_api_key(args),
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_queue_len=config.max_queue_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        dtype=config.dtype,
+        device=config.device,
+        queue_full_errors=(async_engine.QueueFullError,),
+        log_requests=not args.disable_log_requests,
+    )
+
+    def make_engine() -> async_engine.AsyncLLMEngine:
+        return async_engine.AsyncLLMEngine(config)
+
+    app = build_app(settings, engine_factory=make_engine)
+    logging.getLogger("llmdeploy_engine").info(
+        "starting the engine for %s on http://%s:%d", config.model, args.host, args.port
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=5,
+        access_log=not args.disable_log_requests,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "flags":
+        if args.json:
+            print(flags_json())
+        else:
+            for row in flag_catalogue():
+                print(f"{', '.join(row['option_strings']):<40} {row['help']}")
+        return
+    if args.command == "serve":
+        serve(args, parser)
+        return
+    parser.error(f"unknown command {args.command!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

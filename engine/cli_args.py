@@ -1,0 +1,281 @@
+"""The `llmdeploy-engine` argument parser, with vLLM's flag names.
+
+Kept free of torch (and of every engine module that imports it) so `llmdeploy-engine flags --json`
+and the toolkit's flag catalogue can read the flags cheaply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Any
+
+from llmdeploy_engine.config import EngineConfig
+
+API_KEY_ENV_VARS = ("LLMDEPLOY_API_KEY", "VLLM_API_KEY")
+DTYPES = ("auto", "float16", "bfloat16", "float32", "half", "float", "fp16", "bf16")
+KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
+DEVICES = ("auto", "cuda", "cpu")
+_DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32"}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)\s*(?:[iI]?[bB])?\s*$")
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(text: str) -> int:
+    """Parse '4096', '32k' (x1000) or '4G' (x2^30) like vLLM: lower-case suffixes are decimal,
+    upper-case binary."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected an integer such as 4096, 32k or 4G, got {text!r}")
+    number, suffix = match.groups()
+    scale = _BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]
+    value = float(number) * scale
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def _positive_int(text: str) -> int:
+    value = human_readable_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535 (0: any free port), got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig(model="")
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "model_tag", nargs="?", default=None, metavar="MODEL", help="model to serve (same as --model)"
+    )
+    model.add_argument(
+        "--model",
+        default=None,
+        help="GGUF file, checkpoint folder, or 'random:<catalog id>' for random weights",
+    )
+    model.add_argument("--tokenizer", default=None, help="tokenizer folder or file (default: from the model)")
+    model.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="model name(s) the API accepts; the first is reported (default: --model)",
+    )
+    model.add_argument(
+        "--dtype",
+        default=d.dtype,
+        choices=DTYPES,
+        help="weight and activation dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    model.add_argument(
+        "--quantization",
+        "-q",
+        default=None,
+        help="weight quantization method (GGUF files are dequantized at load)",
+    )
+    model.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=None,
+        help="context length in tokens; accepts 32k / 4K (default: the model's, capped by the KV cache)",
+    )
+    model.add_argument(
+        "--seed", type=int, default=d.seed, help="random seed for sampling without a per-request seed"
+    )
+    model.add_argument("--device", default=d.device, choices=DEVICES, help="where to run")
+    model.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
+
+    cache = p.add_argument_group("KV cache")
+    cache.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        default=d.gpu_memory_utilization,
+        help="fraction of GPU memory for weights, activations and the KV cache",
+    )
+    cache.add_argument(
+        "--kv-cache-memory-bytes",
+        type=_positive_int,
+        default=None,
+        help="explicit KV cache size (bytes; accepts 512M / 2G); overrides --gpu-memory-utilization; "
+        "needed on CPU",
+    )
+    cache.add_argument(
+        "--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPES, help="KV cache dtype"
+    )
+    cache.add_argument("--block-size", type=_positive_int, default=d.block_size, help="tokens per KV block")
+    cache.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_prefix_caching,
+        help="reuse KV blocks of shared prompt prefixes",
+    )
+
+    sched = p.add_argument_group("scheduler")
+    sched.add_argument(
+        "--max-num-seqs", type=_positive_int, default=d.max_num_seqs, help="most sequences in one batch"
+    )
+    sched.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        default=None,
+        help="most tokens in one step (default: max(max_model_len, 2048) capped at 8192)",
+    )
+    sched.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_chunked_prefill,
+        help="split long prompts across steps",
+    )
+    sched.add_argument(
+        "--max-queue-len",
+        type=_positive_int,
+        default=d.max_queue_len,
+        help="waiting requests beyond this are refused with HTTP 503",
+    )
+    sched.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_positive_int,
+        default=d.tensor_parallel_size,
+        help="number of GPUs to shard the model over",
+    )
+
+    server = p.add_argument_group("HTTP server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    server.add_argument("--port", type=_port, default=8000, help="port to listen on")
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: env LLMDEPLOY_API_KEY or VLLM_API_KEY)",
+    )
+    server.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="log level of the HTTP server",
+    )
+    server.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmdeploy-engine",
+        description="llmdeploy's built-in inference engine (OpenAI- and TGI-compatible HTTP server).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP",
+        description="Serve a model over an OpenAI- and TGI-compatible HTTP API.",
+    )
+    _add_serve_flags(serve)
+    flags = sub.add_parser("flags", help="list the serve flags", description="List the flags of `serve`.")
+    flags.add_argument("--json", action="store_true", help="print them as JSON")
+    return parser
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve = sub.choices["serve"]
+    assert isinstance(serve, argparse.ArgumentParser)
+    return serve
+
+
+def flag_catalogue() -> list[dict[str, Any]]:
+    """Every serve flag: names, destination, kind, default, choices and help."""
+    rows = []
+    for action in serve_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            kind = "bool_optional"
+        elif isinstance(action, argparse._StoreTrueAction):
+            kind = "flag"
+        else:
+            kind = "value"
+        type_name = getattr(action.type, "__name__", None) if action.type else "str"
+        rows.append(
+            {
+                "flag": next(o for o in action.option_strings if o.startswith("--")),
+                "option_strings": list(action.option_strings),
+                "dest": action.dest,
+                "kind": kind,
+                "type": {"_positive_int": "int", "_port": "int", "_fraction": "float"}.get(
+                    str(type_name), type_name
+                ),
+                "nargs": action.nargs,
+                "default": action.default,
+                "choices": list(action.choices) if action.choices else None,
+                "help": action.help,
+            }
+        )
+    return rows
+
+
+def flags_json() -> str:
+    return json.dumps(flag_catalogue(), indent=2)
+
+
+def resolve_api_key(args: argparse.Namespace, env: dict[str, str] | None = None) -> str | None:
+    env = dict(os.environ) if env is None else env
+    if args.api_key:
+        return str(args.api_key)
+    return next((env[k] for k in API_KEY_ENV_VARS if env.get(k)), None)
+
+
+def model_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    if args.model and args.model_tag and args.model != args.model_tag:
+        parser.error(f"two different models given: {args.model_tag!r} and --model {args.model!r}")
+    model = args.model or args.model_tag
+    if not model:
+        parser.error("no model given: pass --model PATH (a GGUF file, a checkpoint folder or random:<id>)")
+    return str(model)
+
+
+def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
+    names = args.served_model_name
+    return EngineConfig(
+        model=model_of(args, parser),
+        tokenizer=args.tokenizer,
+        served_model_name=names[0] if names else None,
+        dtype=_DTYPE_ALIASES.get(args.dtype, args.dtype),
+        device=args.device,
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        kv_cache_dtype=args.kv_cache_dtype,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        tensor_parallel_size=args.tensor_parallel_size,
+        seed=args.seed,
+        max_queue_len=args.max_queue_len,
+        enforce_eager=args.enforce_eager,
+    )

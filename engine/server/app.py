@@ -1,0 +1,97 @@
+"""The FastAPI application: OpenAI and TGI routes, /health, /metrics, errors and the API key.
+
+`build_app` takes the engine (tests pass a small stand-in) or a factory that the lifespan calls
+before the socket opens; either way /health answers 200 only once the engine is ready.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
+from llmdeploy_engine.server import openai_routes, tgi_routes
+from llmdeploy_engine.server.auth import APIKeyMiddleware
+from llmdeploy_engine.server.errors import install_error_handlers
+from llmdeploy_engine.server.metrics import ServerMetrics, read
+from llmdeploy_engine.server.state import ServedEngine, ServerSettings, ServerState, server_state
+
+logger = logging.getLogger("llmdeploy_engine.server")
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+VERSION = "0.1.0"
+
+
+def startup_report_lines(engine: ServedEngine) -> list[str]:
+    report = read(engine.stats(), "startup_report", None)
+    if report is None:
+        return []
+    lines = report.log_lines() if hasattr(report, "log_lines") else []
+    return [str(line) for line in lines]
+
+
+async def _shutdown(engine: ServedEngine) -> None:
+    stop = getattr(engine, "shutdown", None)
+    if stop is None:
+        return
+    result = stop()
+    if inspect.isawaitable(result):
+        await result
+
+
+def build_app(
+    settings: ServerSettings,
+    engine: ServedEngine | None = None,
+    engine_factory: Callable[[], ServedEngine] | None = None,
+) -> FastAPI:
+    state = ServerState(settings=settings, metrics=ServerMetrics(settings.model_name), engine=engine)
+    state.extra["started"] = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if state.engine is None and engine_factory is not None:
+            state.engine = engine_factory()
+        if state.engine is not None:
+            for line in startup_report_lines(state.engine):
+                logger.info("%s", line)
+            logger.info("serving %s as %s", settings.model_path, ", ".join(settings.served_model_names))
+        try:
+            yield
+        finally:
+            if state.engine is not None:
+                await _shutdown(state.engine)
+
+    app = FastAPI(
+        title="llmdeploy built-in engine",
+        version=VERSION,
+        lifespan=lifespan,
+        description="OpenAI- and TGI-compatible text generation with Prometheus metrics.",
+    )
+    app.state.serving = state
+    install_error_handlers(app)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        ready = server_state(request).engine is not None
+        return Response(status_code=200 if ready else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VERSION}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics(request: Request) -> Response:
+        st = server_state(request)
+        stats: Any = st.engine.stats() if st.engine is not None else None
+        text = st.metrics.render(stats, st.settings.block_size)
+        return Response(content=text, media_type=PROMETHEUS_CONTENT_TYPE)
+
+    app.include_router(openai_routes.router)
+    app.include_router(tgi_routes.router)
+    return app

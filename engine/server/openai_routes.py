@@ -1,0 +1,325 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from llmdeploy_engine.outputs import RequestOutput
+from llmdeploy_engine.server.errors import APIError, bad_request, error_body
+from llmdeploy_engine.server.generation import (
+    check_model,
+    check_prompt_ids,
+    encode,
+    last_output,
+    make_params,
+    merge,
+    resolve_max_tokens,
+    stream_outputs,
+    until_disconnect,
+)
+from llmdeploy_engine.server.openai_format import (
+    StreamTracker,
+    chat_choice,
+    chat_logprobs,
+    completion_choice,
+    completion_logprobs,
+    sse,
+    usage,
+)
+from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest
+from llmdeploy_engine.server.state import ServerState, server_state
+
+logger = logging.getLogger("llmdeploy_engine.server")
+router = APIRouter()
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def primed(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """Pull the first output now, so a full queue or a bad request is still a plain HTTP error."""
+    first = await stream.__anext__()
+
+    async def rest() -> AsyncIterator[RequestOutput]:
+        try:
+            yield first
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    return rest()
+
+
+async def _start_streams(
+    request: Request, streams: list[AsyncIterator[RequestOutput]]
+) -> list[AsyncIterator[RequestOutput]]:
+    started: list[AsyncIterator[RequestOutput]] = await until_disconnect(
+        request, asyncio.gather(*(primed(s) for s in streams))
+    )
+    return started
+
+
+async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """An error after the 200 header went out can only be reported as an event."""
+    try:
+        async for event in events:
+            yield event
+    except APIError as e:
+        yield sse(e.body())
+        yield sse("[DONE]")
+    except Exception as e:
+        logger.exception("stream failed")
+        yield sse(error_body(500, f"internal server error: {type(e).__name__}", code="internal_error"))
+        yield sse("[DONE]")
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    max_len = state.engine.max_model_len if state.engine is not None else None
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": state.extra.get("started", 0),
+                "owned_by": "llmdeploy",
+                "root": state.settings.model_path,
+                "parent": None,
+                "max_model_len": max_len,
+            }
+            for name in state.settings.served_model_names
+        ],
+    }
+
+
+def _completion_inputs(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str]]:
+    out = []
+    for prompt in body.prompts():
+        if isinstance(prompt, str):
+            out.append((encode(state, prompt, add_special_tokens=True), prompt))
+        else:
+            ids = check_prompt_ids(state, prompt, "prompt")
+            text = str(state.ready_engine().tokenizer.decode(ids)) if body.echo else ""
+            out.append((ids, text))
+    return out
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    state = server_state(request)
+    check_model(state, body.model)
+    tokenizer = state.ready_engine().tokenizer
+    inputs = _completion_inputs(state, body)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = body.model or state.settings.model_name
+    streams = []
+    for i, (ids, _) in enumerate(inputs):
+        max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens", "prompt")
+        params = make_params(**body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.logprobs)
+        streams.append(stream_outputs(state, ids, params, f"{request_id}-{i}"))
+    if body.stream:
+        started = await _start_streams(request, streams)
+        return StreamingResponse(
+            _guarded(_completion_events(state, body, inputs, started, request_id, created, model)),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    finals = await until_disconnect(request, asyncio.gather(*(last_output(s) for s in streams)))
+    choices, num_prompt, num_completion = [], 0, 0
+    for i, (final, (_, text)) in enumerate(zip(finals, inputs, strict=True)):
+        num_prompt += len(final.prompt_token_ids)
+        for c in final.outputs:
+            num_completion += len(c.token_ids)
+            prefix = text if body.echo else ""
+            choices.append(completion_choice(tokenizer, i * body.n + c.index, c, body.logprobs, prefix))
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage(num_prompt, num_completion),
+    }
+
+
+async def _completion_events(
+    state: ServerState,
+    body: CompletionRequest,
+    inputs: list[tuple[list[int], str]],
+    streams: list[AsyncIterator[RequestOutput]],
+    request_id: str,
+    created: int,
+    model: str,
+) -> AsyncIterator[str]:
+    tokenizer = state.ready_engine().tokenizer
+    trackers = [StreamTracker(index_base=i * body.n) for i in range(len(streams))]
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+    if body.echo:
+        for i, (_, text) in enumerate(inputs):
+            for j in range(body.n):
+                yield sse(
+                    {
+                        **head,
+                        "choices": [
+                            {"index": i * body.n + j, "text": text, "logprobs": None, "finish_reason": None}
+                        ],
+                    }
+                )
+    async for i, output in merge(streams):
+        tracker = trackers[i]
+        for index, d in tracker.deltas(output):
+            offset = tracker.cursors[index - tracker.index_base].num_chars - len(d.text)
+            lps = None
+            if body.logprobs is not None and d.logprobs is not None:
+                lps = completion_logprobs(tokenizer, d.token_ids, d.logprobs, body.logprobs, offset)
+            if d.text or d.token_ids:
+                yield sse(
+                    {
+                        **head,
+                        "choices": [{"index": index, "text": d.text, "logprobs": lps, "finish_reason": None}],
+                    }
+                )
+            if d.finish_reason is not None:
+                yield sse(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": index,
+                                "text": "",
+                                "logprobs": None,
+                                "finish_reason": d.finish_reason,
+                                "stop_reason": d.stop_reason,
+                            }
+                        ],
+                    }
+                )
+    if body.include_usage:
+        num_prompt = sum(t.num_prompt_tokens for t in trackers)
+        num_completion = sum(t.num_completion_tokens for t in trackers)
+        yield sse({**head, "choices": [], "usage": usage(num_prompt, num_completion)})
+    yield sse("[DONE]")
+
+
+def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    tokenizer = state.ready_engine().tokenizer
+    messages = [
+        {"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages
+    ]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+    except (ValueError, TypeError, KeyError) as e:
+        raise bad_request(f"the chat template failed on these messages: {e}", "messages") from e
+    if isinstance(rendered, str):
+        return encode(state, rendered, add_special_tokens=False)
+    return [int(t) for t in rendered]
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    state = server_state(request)
+    check_model(state, body.model)
+    tokenizer = state.ready_engine().tokenizer
+    ids = chat_prompt_ids(state, body)
+    max_tokens = resolve_max_tokens(
+        state, len(ids), body.completion_budget, "max_completion_tokens", "messages"
+    )
+    params = make_params(**body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.num_logprobs())
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = body.model or state.settings.model_name
+    stream = stream_outputs(state, ids, params, request_id)
+    if body.stream:
+        started = await _start_streams(request, [stream])
+        return StreamingResponse(
+            _guarded(_chat_events(state, body, started[0], request_id, created, model)),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    final = await until_disconnect(request, last_output(stream))
+    choices = [chat_choice(tokenizer, c.index, c, body.num_logprobs()) for c in final.outputs]
+    num_completion = sum(len(c.token_ids) for c in final.outputs)
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage(len(final.prompt_token_ids), num_completion),
+    }
+
+
+async def _chat_events(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    stream: AsyncIterator[RequestOutput],
+    request_id: str,
+    created: int,
+    model: str,
+) -> AsyncIterator[str]:
+    tokenizer = state.ready_engine().tokenizer
+    tracker = StreamTracker()
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    num_logprobs = body.num_logprobs()
+    async for output in stream:
+        for index, d in tracker.deltas(output):
+            if d.first:
+                yield sse(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": index,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
+            if d.text or d.token_ids:
+                lps = None
+                if num_logprobs is not None and d.logprobs is not None:
+                    lps = chat_logprobs(tokenizer, d.token_ids, d.logprobs, num_logprobs)
+                yield sse(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": index,
+                                "delta": {"content": d.text},
+                                "logprobs": lps,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
+            if d.finish_reason is not None:
+                yield sse(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": index,
+                                "delta": {},
+                                "logprobs": None,
+                                "finish_reason": d.finish_reason,
+                                "stop_reason": d.stop_reason,
+                            }
+                        ],
+                    }
+                )
+    if body.include_usage:
+        yield sse(
+            {**head, "choices": [], "usage": usage(tracker.num_prompt_tokens, tracker.num_completion_tokens)}
+        )
+    yield sse("[DONE]")
