@@ -17,6 +17,7 @@ from llmdeploy_engine.cli_args import (
     flag_catalogue,
     flags_json,
     resolve_api_key,
+    serve_parser,
 )
 from llmdeploy_engine.config import EngineConfig
 
