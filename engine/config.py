@@ -30,3 +30,52 @@ class EngineConfig:
     seed: int = 0
     max_queue_len: int = 1024  # waiting requests beyond this are refused (HTTP 503)
     enforce_eager: bool = False
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling, as Hugging Face `rope_scaling` names it (only the types the model applies)."""
+
+    rope_type: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 8192  # llama3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a decoder-only model, read once from a GGUF header, a config.json or the catalog."""
+
+    architecture: str  # llama | mistral | qwen2 | qwen3
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling()
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # RMSNorm on q and k per head before RoPE (Qwen3)
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def num_params(self) -> int:
+        embed = self.vocab_size * self.hidden_size
+        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        head = 0 if self.tie_word_embeddings else embed
+        return embed + head + self.num_hidden_layers * (attn + mlp + 2 * self.hidden_size) + self.hidden_size

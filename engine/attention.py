@@ -1,0 +1,148 @@
+"""Paged attention, pure torch (CPU and CUDA).
+
+Each layer's KV pool is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim]. A step
+writes its new K/V into the slots the scheduler chose, then reads every sequence's context back
+through its block table. Decodes (one new token) run as one padded SDPA call for the whole batch;
+prefill chunks run one SDPA call each (causal, offset by the cached prefix when there is one).
+
+GQA in decode without copying K/V: the query heads that share a KV head are folded into the
+query-length axis, so q is [n, num_kv_heads, group, head_dim] against k/v [n, num_kv_heads, ctx,
+head_dim]. Prefill chunks use SDPA's own GQA support (enable_gqa).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from llmdeploy_engine.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    token_start: int  # first of this sequence's new tokens in the flattened batch
+    query_len: int
+    context_len: int  # cached + new tokens
+    context_slots: torch.Tensor | None  # [context_len] KV slots to read; None: no cached prefix
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor | None  # [num_tokens] where new K/V go; None: no KV cache (profiling)
+    decode_token_index: torch.Tensor  # [num_decodes] token index of each decode in the flat batch
+    decode_slots: torch.Tensor  # [num_decodes, max_context] KV slots to read (padded with slot 0)
+    decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_context] True where the key is real
+    prefills: tuple[PrefillChunk, ...]
+
+    @property
+    def num_decodes(self) -> int:
+        return int(self.decode_token_index.numel())
+
+
+def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch.device) -> AttentionMetadata:
+    decode_rows = [i for i, n in enumerate(batch.query_len) if n == 1 and batch.context_len[i] > 1]
+    decode_set = set(decode_rows)
+    prefills = []
+    for i in range(batch.num_seqs):
+        if i in decode_set:
+            continue
+        start, qlen, ctx = batch.query_start[i], batch.query_len[i], batch.context_len[i]
+        slots = None
+        if ctx > qlen:
+            slots = _context_slots([batch.block_tables[i]], [ctx], block_size, device)[0]
+        prefills.append(PrefillChunk(start, qlen, ctx, slots))
+    contexts = [batch.context_len[i] for i in decode_rows]
+    tables = [batch.block_tables[i] for i in decode_rows]
+    decode_slots = _context_slots(tables, contexts, block_size, device)
+    max_ctx = decode_slots.shape[1]
+    lengths = torch.tensor(contexts, dtype=torch.long, device=device)
+    mask = torch.arange(max_ctx, device=device)[None, :] < lengths[:, None]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=device),
+        decode_token_index=torch.tensor(
+            [batch.query_start[i] for i in decode_rows], dtype=torch.long, device=device
+        ),
+        decode_slots=decode_slots,
+        decode_mask=mask[:, None, None, :],
+        prefills=tuple(prefills),
+    )
+
+
+def build_profile_metadata(num_tokens: int, max_seq_len: int, device: torch.device) -> AttentionMetadata:
+    """Metadata for a cache-free prefill of num_tokens tokens split into sequences of max_seq_len."""
+    chunks = []
+    for start in range(0, num_tokens, max_seq_len):
+        n = min(max_seq_len, num_tokens - start)
+        chunks.append(PrefillChunk(start, n, n, None))
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    return AttentionMetadata(
+        slot_mapping=None,
+        decode_token_index=empty,
+        decode_slots=torch.zeros(0, 0, dtype=torch.long, device=device),
+        decode_mask=torch.zeros(0, 1, 1, 0, dtype=torch.bool, device=device),
+        prefills=tuple(chunks),
+    )
+
+
+def _context_slots(
+    tables: list[list[int]], lengths: list[int], block_size: int, device: torch.device
+) -> torch.Tensor:
+    """[num_seqs, max(lengths)] KV slot of every context position, padded with slot 0."""
+    if not tables:
+        return torch.zeros(0, 0, dtype=torch.long, device=device)
+    max_len = max(lengths)
+    max_blocks = -(-max_len // block_size)
+    padded = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
+    table = torch.tensor(padded, dtype=torch.long, device=device)
+    pos = torch.arange(max_len, device=device)
+    slots = table[:, pos // block_size] * block_size + pos % block_size
+    valid = pos[None, :] < torch.tensor(lengths, dtype=torch.long, device=device)[:, None]
+    return torch.where(valid, slots, torch.zeros_like(slots))
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    k_flat = v_flat = None
+    if kv_cache is not None:
+        assert meta.slot_mapping is not None
+        k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+        v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+        k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
+    out = torch.empty_like(q)
+
+    if meta.num_decodes:
+        assert k_flat is not None and v_flat is not None, "decode needs a KV cache"
+        n = meta.num_decodes
+        qd = q[meta.decode_token_index].view(n, num_kv_heads, group, head_dim)
+        kd = k_flat[meta.decode_slots].transpose(1, 2).to(q.dtype)  # [n, kv_heads, ctx, head_dim]
+        vd = v_flat[meta.decode_slots].transpose(1, 2).to(q.dtype)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+        out[meta.decode_token_index] = od.reshape(n, num_heads, head_dim)
+
+    for chunk in meta.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
+        qp = q[rows].transpose(0, 1)  # [num_heads, qlen, head_dim]
+        if chunk.context_slots is None:
+            kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            assert k_flat is not None and v_flat is not None
+            kp = k_flat[chunk.context_slots].transpose(0, 1).to(q.dtype)
+            vp = v_flat[chunk.context_slots].transpose(0, 1).to(q.dtype)
+            offset = chunk.context_len - chunk.query_len
+            token_pos = torch.arange(chunk.query_len, device=q.device) + offset
+            mask = torch.arange(chunk.context_len, device=q.device)[None, :] <= token_pos[:, None]
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[rows] = op.transpose(0, 1)
+    return out

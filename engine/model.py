@@ -1,0 +1,204 @@
+"""Llama / Mistral / Qwen2 / Qwen3 decoder over a paged KV cache.
+
+One module covers the four families; they differ only in a q/k/v bias (Qwen2) and a per-head
+RMSNorm on q and k (Qwen3). Parameter names follow Hugging Face checkpoints, so a safetensors state
+dict loads as is and transformers can load ours. Numerics follow transformers' order of operations
+(RMSNorm and RoPE tables in float32, then cast) so float32 logits agree closely.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from llmdeploy_engine.attention import AttentionMetadata, paged_attention
+from llmdeploy_engine.config import ModelConfig, RopeScaling
+from torch import nn
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling.rope_type == "default":
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type == "llama3":
+        # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
+        old_len = scaling.original_max_position_embeddings
+        low_wavelen = old_len / scaling.low_freq_factor
+        high_wavelen = old_len / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(
+        f"unsupported rope_scaling type {scaling.rope_type!r}; supported: default, linear, llama3"
+    )
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        h, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(h, config.q_size, bias=bias)
+        self.k_proj = nn.Linear(h, config.kv_size, bias=bias)
+        self.v_proj = nn.Linear(h, config.kv_size, bias=bias)
+        self.o_proj = nn.Linear(config.q_size, h, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.scale = config.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        c = self.config
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(n, c.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """`model.*` + `lm_head`, as in Hugging Face checkpoints."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"architecture {config.architecture!r} is not supported by the built-in engine; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+
+    def _inv_freq(self) -> torch.Tensor:
+        c = self.config
+        return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
+
+    def reset_rope(self) -> None:
+        """Recompute the float32 RoPE frequencies on the model's device (after meta construction)."""
+        self.inv_freq = self._inv_freq().to(self.model.norm.weight.device)
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, [num_tokens, hidden_size]."""
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope_tables(positions, h.dtype)
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, cos, sin, None if kv_caches is None else kv_caches[i], meta)
+        normed: torch.Tensor = self.model.norm(h)
+        return normed
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy a Hugging Face-named state dict in; every parameter must be present exactly once."""
+        params = dict(self.named_parameters())
+        if self.config.tie_word_embeddings:
+            params.pop("lm_head.weight", None)
+            weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+        missing = sorted(set(params) - set(weights))
+        unexpected = sorted(k for k in set(weights) - set(params) if not k.endswith("rotary_emb.inv_freq"))
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                w = weights[name]
+                if tuple(w.shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"{name}: checkpoint shape {tuple(w.shape)} != model shape {tuple(p.shape)}"
+                    )
+                p.copy_(w)

@@ -1,0 +1,236 @@
+"""ModelRunner: load the model on its device, size and allocate the paged KV cache, run forward steps.
+
+Start-up, in order: load weights (measure their bytes), run one profiling forward pass of
+max_num_batched_tokens tokens without a KV cache (CUDA: the allocator's peak is the activation
+peak), size the KV pool with the planner's rule (`llmdeploy.planner.builtin_rule`), allocate one K and
+one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer. On CPU there is no memory to
+measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLLM's CPU KV space).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from llmdeploy_engine.attention import build_attention_metadata, build_profile_metadata
+from llmdeploy_engine.config import EngineConfig, ModelConfig
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.model import CausalLM
+from llmdeploy_engine.startup_report import StartupReport
+
+logger = logging.getLogger("llmdeploy_engine")
+
+CPU_DEFAULT_KV_CACHE_BYTES = 4 * 2**30
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_DTYPES = {
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def load_model_config(model: str) -> ModelConfig:
+    """Shape of a GGUF file, a checkpoint folder or `random:<catalog id>`, without loading weights."""
+    from llmdeploy_engine import random_weights
+
+    if random_weights.is_random(model):
+        return random_weights.random_model_config(model)
+    if Path(model).is_file() and model.endswith(".gguf"):
+        from llmdeploy_engine.gguf_loader import load_gguf_config
+
+        return load_gguf_config(model)
+    if Path(model).is_dir():
+        from llmdeploy_engine.hf_loader import load_hf_config
+
+        return load_hf_config(model)
+    raise ValueError(f"model {model!r}: not a .gguf file, a checkpoint folder or random:<catalog id>")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda requested but no CUDA GPU is visible")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r}: use auto, float16, bfloat16 or float32")
+    return _DTYPES[name]
+
+
+def default_max_num_batched_tokens(max_model_len: int) -> int:
+    return min(max(max_model_len, 2048), 8192)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        start = time.perf_counter()
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.kv_dtype = self._kv_dtype(config.kv_cache_dtype)
+        self.block_size = config.block_size
+        torch.manual_seed(config.seed)
+
+        self.model_config = load_model_config(config.model)
+        self.model = self._load_model()
+        weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        load_time_s = time.perf_counter() - start
+
+        model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.max_num_batched_tokens = config.max_num_batched_tokens or default_max_num_batched_tokens(
+            model_len
+        )
+        peak_activation_bytes, non_torch_bytes, total_bytes = self._profile(model_len)
+
+        from llmdeploy.planner import builtin_rule
+
+        mc = self.model_config
+        self.kv_bytes_per_token = builtin_rule.kv_bytes_per_token(
+            mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, self.kv_dtype.itemsize
+        )
+        explicit = config.kv_cache_memory_bytes
+        if self.device.type == "cpu" and explicit is None:
+            explicit = CPU_DEFAULT_KV_CACHE_BYTES
+        kv_budget = builtin_rule.kv_cache_bytes(
+            total_bytes,
+            config.gpu_memory_utilization,
+            weights_bytes,
+            peak_activation_bytes,
+            non_torch_bytes,
+            kv_cache_memory_bytes=explicit,
+        )
+        self.num_kv_blocks = builtin_rule.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
+        if self.num_kv_blocks < 1:
+            raise ValueError(
+                f"no memory left for the KV cache (budget {kv_budget / 2**30:.2f} GiB after "
+                f"{weights_bytes / 2**30:.2f} GiB weights and {peak_activation_bytes / 2**30:.2f} GiB activations); "
+                "raise gpu_memory_utilization or kv_cache_memory_bytes, or use a smaller model"
+            )
+        self.max_model_len = self._max_model_len(model_len)
+        self.kv_caches = self._allocate_kv_cache()
+        self.startup_report = StartupReport(
+            device=self.device.type,
+            dtype=str(self.dtype).removeprefix("torch."),
+            weights_bytes=weights_bytes,
+            peak_activation_bytes=peak_activation_bytes,
+            non_torch_bytes=non_torch_bytes,
+            kv_cache_bytes=kv_budget,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            max_concurrency=builtin_rule.max_concurrency(
+                self.num_kv_blocks, self.block_size, self.max_model_len
+            ),
+            load_time_s=load_time_s,
+        )
+        for line in self.startup_report.log_lines():
+            logger.info(line)
+
+    # phase: load
+    def _kv_dtype(self, name: str) -> torch.dtype:
+        if name == "auto":
+            return self.dtype
+        if name not in _KV_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype {name!r} is not supported by the built-in engine; use auto, fp16 or bf16"
+            )
+        return _KV_DTYPES[name]
+
+    def _load_model(self) -> CausalLM:
+        from llmdeploy_engine import random_weights
+
+        mc = self.model_config
+        with torch.device("meta"):
+            model = CausalLM(mc).to(self.dtype)
+        model = model.to_empty(device=self.device)
+        if mc.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.reset_rope()
+        if random_weights.is_random(self.config.model):
+            random_weights.init_random_weights(model, self.config.seed)
+        else:
+            model.load_weights(self._checkpoint_weights())
+        return model.eval()
+
+    def _checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        if self.config.model.endswith(".gguf"):
+            from llmdeploy_engine.gguf_loader import load_gguf
+
+            return load_gguf(self.config.model)[1]
+        from llmdeploy_engine.hf_loader import load_hf
+
+        return load_hf(self.config.model)[1]
+
+    # phase: measure
+    def _profile(self, model_len: int) -> tuple[int, int, int]:
+        """(peak activation bytes, non-torch bytes, total device bytes)."""
+        if self.device.type != "cuda":
+            return 0, 0, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        n = self.max_num_batched_tokens
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        positions = torch.arange(n, device=self.device) % model_len
+        meta = build_profile_metadata(n, model_len, self.device)
+        num_rows = min(self.config.max_num_seqs, n)
+        with torch.inference_mode():
+            hidden = self.model(ids, positions, meta, None)
+            self.model.compute_logits(hidden[:num_rows])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
+        torch.cuda.empty_cache()
+        return peak, non_torch, total
+
+    def _max_model_len(self, model_len: int) -> int:
+        capacity = self.num_kv_blocks * self.block_size
+        if self.config.max_model_len is None:
+            return min(model_len, capacity)
+        if self.config.max_model_len > self.model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {self.config.max_model_len} exceeds the model's context "
+                f"({self.model_config.max_position_embeddings}); lower max_model_len"
+            )
+        if self.config.max_model_len > capacity:
+            raise ValueError(
+                f"max_model_len {self.config.max_model_len} needs more KV cache than is available "
+                f"({capacity} tokens); lower max_model_len or raise gpu_memory_utilization / kv_cache_memory_bytes"
+            )
+        return self.config.max_model_len
+
+    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        mc = self.model_config
+        shape = (self.num_kv_blocks, self.block_size, mc.num_key_value_heads, mc.head_dim)
+        # zeros, not empty: padded context positions read slot 0 and must never hold NaN
+        return [
+            (
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+            )
+            for _ in range(mc.num_hidden_layers)
+        ]
+
+    # phase: run
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits [len(batch.sample_indices), vocab]; writes the new K/V to batch.slot_mapping."""
+        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
+        positions = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
+        meta = build_attention_metadata(batch, self.block_size, self.device)
+        hidden = self.model(ids, positions, meta, self.kv_caches)
+        last = [batch.query_start[i] + batch.query_len[i] - 1 for i in batch.sample_indices]
+        rows = torch.tensor(last, dtype=torch.long, device=self.device)
+        return self.model.compute_logits(hidden[rows])

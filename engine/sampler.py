@@ -1,0 +1,154 @@
+"""Batched sampling with per-request SamplingParams.
+
+Order per row, as in vLLM: min_tokens masks the stop/eos ids, then repetition, frequency and
+presence penalties; greedy rows take the argmax of those logits; the others are divided by the
+temperature, filtered by top-k, top-p and min-p, and sampled.
+
+Logprobs follow vLLM's default (`logprobs_mode="raw_logprobs"`): the log-softmax of the model's raw
+logits, before penalties, temperature and filtering. Each row's dict holds the chosen token plus the
+top-N, with 1-based ranks in that raw distribution.
+
+Seeded requests draw their noise from their own torch.Generator, one full-vocabulary draw per step,
+so their tokens do not depend on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from llmdeploy_engine.outputs import Logprob
+from llmdeploy_engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob] | None]
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: set[int], device: torch.device | str = "cpu") -> None:
+        self.eos_token_ids = set(eos_token_ids)
+        self.device = torch.device(device)
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        """The per-request generator for a seeded request, on the sampler's device."""
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+    ) -> SamplerOutput:
+        num_rows, vocab = logits.shape
+        assert len(params) == len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_rows
+        raw = logits.float()
+        x = raw.clone()
+        self._mask_min_tokens(x, params, output_token_ids)
+        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+
+        greedy = torch.tensor([p.greedy for p in params], device=x.device)
+        chosen = x.argmax(dim=-1)
+        if not bool(greedy.all()):
+            temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=x.device)
+            x = x / temps[:, None]
+            x = _filter(x, params)
+            probs = torch.softmax(x, dim=-1)
+            noise = torch.empty_like(probs)
+            unseeded = [i for i, g in enumerate(generators) if g is None]
+            if unseeded:
+                noise[unseeded] = torch.empty(len(unseeded), vocab, device=x.device).exponential_()
+            for i, g in enumerate(generators):
+                if g is not None:
+                    noise[i] = torch.empty(vocab, device=g.device).exponential_(generator=g).to(x.device)
+            # Gumbel-style trick: argmax(p / Exp(1)) is a draw from p
+            sampled = (probs / noise).argmax(dim=-1)
+            chosen = torch.where(greedy, chosen, sampled)
+
+        token_ids = [int(t) for t in chosen.tolist()]
+        return SamplerOutput(token_ids, self._logprobs(raw, params, token_ids))
+
+    def _mask_min_tokens(
+        self, x: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
+    ) -> None:
+        for i, p in enumerate(params):
+            if len(outputs[i]) < p.min_tokens:
+                ids = set(p.stop_token_ids or [])
+                if not p.ignore_eos:
+                    ids |= self.eos_token_ids
+                ids = {t for t in ids if 0 <= t < x.shape[1]}
+                if ids:
+                    x[i, sorted(ids)] = -float("inf")
+
+    def _apply_penalties(
+        self,
+        x: torch.Tensor,
+        params: list[SamplingParams],
+        prompts: list[list[int]],
+        outputs: list[list[int]],
+    ) -> None:
+        vocab = x.shape[1]
+        for i, p in enumerate(params):
+            if p.repetition_penalty != 1.0:
+                seen = torch.tensor(
+                    sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long, device=x.device
+                )
+                seen = seen[seen < vocab]
+                vals = x[i, seen]
+                x[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and outputs[i]:
+                ids = torch.tensor(outputs[i], dtype=torch.long, device=x.device)
+                counts = torch.zeros(vocab, device=x.device).scatter_add_(
+                    0, ids, torch.ones_like(ids, dtype=x.dtype)
+                )
+                x[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
+
+    def _logprobs(
+        self, raw: torch.Tensor, params: list[SamplingParams], token_ids: list[int]
+    ) -> list[dict[int, Logprob] | None]:
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        result: list[dict[int, Logprob] | None] = [None] * len(params)
+        if not rows:
+            return result
+        lp = torch.log_softmax(raw[rows], dim=-1)
+        max_n = max(params[i].logprobs or 0 for i in rows)
+        top_vals, top_ids = lp.topk(max(max_n, 1), dim=-1)
+        chosen = torch.tensor([token_ids[i] for i in rows], device=raw.device)
+        chosen_lp = lp.gather(1, chosen[:, None]).squeeze(1)
+        chosen_rank = (lp > chosen_lp[:, None]).sum(dim=-1) + 1
+        for j, i in enumerate(rows):
+            n = params[i].logprobs or 0
+            entry = {token_ids[i]: Logprob(float(chosen_lp[j]), int(chosen_rank[j]))}
+            for r in range(n):
+                tid = int(top_ids[j, r])
+                if tid not in entry:
+                    entry[tid] = Logprob(float(top_vals[j, r]), r + 1)
+            result[i] = entry
+        return result
+
+
+def _filter(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """top-k, top-p, min-p over temperature-scaled logits; masked entries become -inf."""
+    vocab = x.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    if all(k == vocab for k in top_k) and all(p >= 1.0 for p in top_p) and all(m <= 0 for m in min_p):
+        return x
+    dev = x.device
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=dev)[None, :]
+    remove = ranks >= torch.tensor(top_k, device=dev)[:, None]
+    sorted_x = sorted_x.masked_fill(remove, -float("inf"))
+    probs = torch.softmax(sorted_x, dim=-1)
+    # drop a token when the tokens ranked above it already reach top_p (the first one always stays)
+    before = probs.cumsum(dim=-1) - probs
+    remove = remove | (before >= torch.tensor(top_p, device=dev)[:, None])
+    remove = remove | (probs < torch.tensor(min_p, device=dev)[:, None] * probs[:, :1])
+    remove[:, 0] = False
+    sorted_x = sorted_x.masked_fill(remove, -float("inf"))
+    return torch.empty_like(x).scatter_(1, order, sorted_x)

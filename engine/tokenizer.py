@@ -1,0 +1,171 @@
+"""Tokenizer: encode/decode, incremental detokenization and the chat template, from a GGUF or a folder.
+
+The fast tokenizer comes from transformers (it builds one offline from a GGUF's vocabulary and
+merges, or reads tokenizer.json from a folder). The chat template is rendered here with a sandboxed
+Jinja2 environment, the way transformers renders it, so GGUF and folder models behave alike.
+
+End-of-sequence ids: the model's eos token plus every end-of-turn token the chat template writes
+(`<|im_end|>`, `<|eot_id|>`, `<|end|>`, `<end_of_turn>`, ...) and that exists in the vocabulary. A chat
+model ends its turn with that token even when its config names a different eos (SmolLM2's GGUF
+says eos = `<|im_end|>` = 2; its `<|endoftext|>` = 0 is not written by the template and is not added).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Tokens that end an assistant turn in common chat templates.
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+)
+
+
+class Tokenizer:
+    def __init__(self, hf_tokenizer: Any, chat_template: str | None) -> None:
+        self.hf = hf_tokenizer
+        self.chat_template = chat_template
+        self.bos_token_id: int | None = hf_tokenizer.bos_token_id
+        self.eos_token_id: int | None = hf_tokenizer.eos_token_id
+        self.vocab_size: int = len(hf_tokenizer)
+        self.eos_token_ids: set[int] = self._end_ids()
+        self.all_special_ids: set[int] = set(hf_tokenizer.all_special_ids)
+
+    @classmethod
+    def from_model(cls, path: str | Path) -> Tokenizer:
+        """From a GGUF file or a folder with tokenizer.json (random:<id> models have no tokenizer)."""
+        from transformers import AutoTokenizer
+
+        text = str(path)
+        if text.startswith("random:"):
+            raise ValueError(
+                f"{text} has random weights and no tokenizer; pass a tokenizer (GGUF file or folder) explicitly"
+            )
+        p = Path(path)
+        if p.is_file() and p.suffix == ".gguf":
+            hf = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+            template = getattr(hf, "chat_template", None) or _gguf_chat_template(p)
+        elif p.is_dir():
+            hf = AutoTokenizer.from_pretrained(str(p))
+            template = getattr(hf, "chat_template", None)
+        else:
+            raise ValueError(f"{path}: not a GGUF file or a model folder")
+        if isinstance(template, dict):  # several named templates: use the default one
+            template = template.get("default")
+        return cls(hf, template)
+
+    def _end_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self.eos_token_id is not None:
+            ids.add(int(self.eos_token_id))
+        vocab = self.hf.get_vocab()
+        for token in END_OF_TURN_TOKENS:
+            if token in vocab and self.chat_template and token in self.chat_template:
+                ids.add(int(vocab[token]))
+        return ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def token_text(self, token_id: int) -> str:
+        """How one token reads on its own (for logprobs' decoded_token)."""
+        return str(self.hf.decode([token_id], skip_special_tokens=False))
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; use completions instead of chat")
+        template = _jinja_env().from_string(self.chat_template)
+        return template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.hf.bos_token or "",
+            eos_token=self.hf.eos_token or "",
+            **extra,
+        )
+
+    def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        return IncrementalDecoder(self, skip_special_tokens)
+
+
+class IncrementalDecoder:
+    """Turns a growing list of generated ids into text deltas that never split a character.
+
+    Decodes a short window of recent ids twice (with and without the new ones) and emits the
+    difference, holding it back while it ends in U+FFFD (an incomplete multi-byte character).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self.text = ""
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def add(self, new_ids: list[int]) -> str:
+        """Append generated ids; return the newly stable text (possibly empty)."""
+        self.token_ids.extend(new_ids)
+        decode = self.tokenizer.decode
+        prefix_text = decode(
+            self.token_ids[self._prefix_offset : self._read_offset], self.skip_special_tokens
+        )
+        full_text = decode(self.token_ids[self._prefix_offset :], self.skip_special_tokens)
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            delta = full_text[len(prefix_text) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self.token_ids)
+            self.text += delta
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """At the end of generation: whatever is still held back (an incomplete character as U+FFFD)."""
+        rest = self.tokenizer.decode(self.token_ids[self._prefix_offset :], self.skip_special_tokens)
+        prefix = self.tokenizer.decode(
+            self.token_ids[self._prefix_offset : self._read_offset], self.skip_special_tokens
+        )
+        delta = rest[len(prefix) :]
+        self._prefix_offset = self._read_offset = len(self.token_ids)
+        self.text += delta
+        return delta
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False
+) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
+
+
+def _jinja_env() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _gguf_chat_template(path: Path) -> str | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    return None if field is None else str(field.contents())
