@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llmdeploy_engine.block_manager import BlockManager
+from llmdeploy_engine.outputs import Logprob
 from llmdeploy_engine.scheduler import Scheduler, SchedulerOutput
 from llmdeploy_engine.sequence import Sequence, SequenceStatus
 
@@ -87,3 +90,99 @@ def step(sched: Scheduler, kv: FakeKV) -> SchedulerOutput:
             sched.finish(seq, SequenceStatus.FINISHED_LENGTH)
     check_invariants(sched.block_manager, [*sched.running, *sched.waiting])
     return out
+
+
+# ---- a fake model side for LLMEngine unit tests (plain Python, no torch) --------------------------
+# vocab: 0 = EOS (special, decodes to ""), 1..26 = "a".."z", 27 = " ", 28 = "ab", 29 = "\n"
+VOCAB = 30
+_TEXT = ["", *[chr(ord("a") + i) for i in range(26)], " ", "ab", "\n"]
+
+
+def successor_rule(context: list[int]) -> int:
+    """Next token = the one after the last; so "a" continues "bcdef..." and "y" ends "z", " ", "ab", "\\n", EOS."""
+    return (context[-1] + 1) % VOCAB
+
+
+def mixing_rule(context: list[int]) -> int:
+    """Depends on the whole context, so a wrong KV read changes the output; never EOS."""
+    return (sum(t * (i + 1) for i, t in enumerate(context)) + context[-1]) % (VOCAB - 1) + 1
+
+
+class FakeTokenizer:
+    eos_token_ids = frozenset({0})
+    vocab_size = VOCAB
+
+    def encode(self, text: str) -> list[int]:
+        return [_TEXT.index(c) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join("<eos>" if (t == 0 and not skip_special_tokens) else _TEXT[t] for t in ids)
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id], skip_special_tokens=False)
+
+    def incremental_decoder(self, skip_special_tokens: bool = True) -> FakeDecoder:
+        return FakeDecoder(self, skip_special_tokens)
+
+
+class FakeDecoder:
+    def __init__(self, tok: FakeTokenizer, skip_special_tokens: bool) -> None:
+        self.tok = tok
+        self.skip = skip_special_tokens
+
+    def add(self, new_ids: list[int]) -> str:
+        return self.tok.decode(new_ids, self.skip)
+
+    def flush(self) -> str:
+        return ""
+
+
+class FakeRunner:
+    """Keeps its own paged "KV cache" of (position, token) per slot and reads contexts through it."""
+
+    def __init__(
+        self, num_kv_blocks: int = 64, block_size: int = 4, max_model_len: int = 96, rule=mixing_rule
+    ):
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.rule = rule
+        self.slots: dict[int, tuple[int, int]] = {}
+        self.startup_report = {"num_kv_blocks": num_kv_blocks}
+        self.num_forward_tokens = 0
+
+    def execute(self, batch) -> list[list[float]]:  # type: ignore[no-untyped-def]
+        self.num_forward_tokens += batch.num_tokens
+        for tok, pos, slot in zip(batch.input_ids, batch.positions, batch.slot_mapping, strict=True):
+            self.slots[slot] = (pos, tok)
+        logits = []
+        bs = self.block_size
+        for i in batch.sample_indices:
+            table = batch.block_tables[i]
+            context = []
+            for pos in range(batch.context_len[i]):
+                got_pos, tok = self.slots[table[pos // bs] * bs + pos % bs]
+                assert got_pos == pos, "block table points at another position's KV"
+                context.append(tok)
+            row = [0.0] * VOCAB
+            row[self.rule(context)] = 1.0
+            logits.append(row)
+        return logits
+
+
+class FakeSampler:
+    """Greedy over list logits; 'logprobs' reports the chosen token with logprob 0."""
+
+    def make_generator(self, seed: int) -> object:
+        return ("generator", seed)
+
+    def sample(self, logits, params, prompt_token_ids, output_token_ids, generators):  # type: ignore[no-untyped-def]
+        ids = [max(range(len(row)), key=row.__getitem__) for row in logits]
+        lps = [None if p.logprobs is None else {t: Logprob(0.0, 1)} for t, p in zip(ids, params, strict=True)]
+        return FakeSamplerOutput(ids, lps)
+
+
+@dataclass(frozen=True)
+class FakeSamplerOutput:
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob] | None]

@@ -1,0 +1,320 @@
+"""LLMEngine: requests in, one scheduled forward pass per `step()`, cumulative RequestOutputs out.
+
+Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call
+must come from one thread (AsyncLLMEngine runs it on its own loop thread).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from llmdeploy_engine.block_manager import BlockManager
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from llmdeploy_engine.sequence import Sequence
+from llmdeploy_engine.stop_checker import StopChecker
+
+
+class Runner(Protocol):
+    """What the engine needs from `ModelRunner` (tests pass a fake)."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+
+    def execute(self, batch: ForwardBatch) -> Any: ...  # float32 logits [len(sample_indices), vocab]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage: float  # fraction of KV blocks held by live sequences, 0..1
+    num_kv_blocks: int
+    num_free_kv_blocks: int
+    prefix_cache_queries_tokens: int
+    prefix_cache_hits_tokens: int
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_requests_finished: int
+    startup_report: Any = None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    checkers: list[StopChecker]
+    generators: list[Any]
+    metrics: RequestMetrics
+    logprobs: list[list[dict[int, Logprob]] | None] = field(default_factory=list)
+    cumulative_logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        runner: Runner | None = None,
+        tokenizer: Any = None,
+        sampler: Any = None,
+    ) -> None:
+        self.config = config
+        if runner is None:
+            from llmdeploy_engine.model_runner import ModelRunner
+
+            runner = ModelRunner(config)
+        self.runner = runner
+        if tokenizer is None:
+            from llmdeploy_engine.tokenizer import Tokenizer
+
+            tokenizer = Tokenizer.from_model(config.tokenizer or config.model)
+        self.tokenizer = tokenizer
+        if sampler is None:
+            from llmdeploy_engine.sampler import Sampler
+
+            sampler = Sampler(set(tokenizer.eos_token_ids), getattr(runner, "device", "cpu"))
+        self.sampler = sampler
+        self.max_model_len = runner.max_model_len
+        self.block_manager = BlockManager(
+            runner.num_kv_blocks, runner.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig.from_engine(config, self.max_model_len), self.block_manager
+        )
+        self.requests: dict[str, _Request] = {}
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._num_requests_finished = 0
+
+    # ---- requests -----------------------------------------------------------------------------
+    def process_prompt(
+        self, prompt: str | list[int], params: SamplingParams
+    ) -> tuple[str | None, list[int], int]:
+        """Tokenize and validate; returns (prompt text, token ids, effective max_tokens).
+
+        Raises ValueError with a user-facing message (the server answers 400).
+        """
+        if isinstance(prompt, str):
+            text: str | None = prompt
+            ids = self.tokenizer.encode(prompt)
+        else:
+            text, ids = None, [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        n_prompt = len(ids)
+        if n_prompt >= self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens, but the prompt has "
+                f"{n_prompt} tokens; shorten the prompt to at most {self.max_model_len - 1} tokens."
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
+        if n_prompt + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the length of the prompt or max_tokens."
+            )
+        return text, ids, max_tokens
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        text, ids, max_tokens = self.process_prompt(prompt, params)
+        self.add_processed_request(request_id, text, ids, params, max_tokens, arrival_time)
+
+    def add_processed_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        arrival = time.time() if arrival_time is None else arrival_time
+        eos = set() if params.ignore_eos else set(self.tokenizer.eos_token_ids)
+        seqs: list[Sequence] = []
+        for i in range(params.n):
+            parent = seqs[0] if seqs else None
+            seqs.append(
+                Sequence(request_id, prompt_token_ids, params, index=i, arrival_time=arrival, parent=parent)
+            )
+        req = _Request(
+            request_id=request_id,
+            prompt=prompt,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            seqs=seqs,
+            checkers=[
+                StopChecker(
+                    params,
+                    self.tokenizer.incremental_decoder(params.skip_special_tokens),
+                    eos,
+                    max_tokens,
+                    self.max_model_len,
+                )
+                for _ in seqs
+            ],
+            generators=[
+                None if params.seed is None else self.sampler.make_generator(params.seed + i)
+                for i in range(params.n)
+            ],
+            metrics=RequestMetrics(arrival_time=arrival),
+            logprobs=[[] if params.logprobs is not None else None for _ in seqs],
+            cumulative_logprobs=[0.0 for _ in seqs],
+        )
+        self.requests[request_id] = req
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request wherever it is; its blocks are freed. Returns its final output, if it existed."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        req.metrics.finished_time = time.time()
+        self._num_requests_finished += 1
+        return self._make_output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        now = time.time()
+        for entry in out.scheduled:
+            metrics = self.requests[entry.seq.request_id].metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+        logits = self.runner.execute(out.batch)
+        self.scheduler.update_computed(out)
+        return self._process_samples(out, logits)
+
+    def _process_samples(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
+        seqs = out.sampled_seqs
+        if not seqs:
+            return []
+        reqs = [self.requests[s.request_id] for s in seqs]
+        sampled = self.sampler.sample(
+            logits,
+            [s.params for s in seqs],
+            [r.prompt_token_ids for r in reqs],
+            [s.output_token_ids for s in seqs],
+            [r.generators[s.index] for s, r in zip(seqs, reqs, strict=True)],
+        )
+        now = time.time()
+        touched: dict[str, _Request] = {}
+        for seq, req, token_id, lp in zip(seqs, reqs, sampled.token_ids, sampled.logprobs, strict=True):
+            seq.append_token(token_id)
+            self._generation_tokens_total += 1
+            if seq.num_output_tokens == 1 and seq.index == 0:
+                self._prompt_tokens_total += seq.num_prompt_tokens
+                req.metrics.num_cached_prompt_tokens = seq.num_cached_tokens
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            req.metrics.last_token_time = now
+            self._record_logprobs(req, seq.index, token_id, lp)
+            checker = req.checkers[seq.index]
+            status = checker.on_token(token_id, seq.num_output_tokens, seq.num_tokens)
+            if status is not None:
+                seq.stop_reason = checker.stop_reason
+                self.scheduler.finish(seq, status)
+            touched[req.request_id] = req
+        results = []
+        for req in touched.values():
+            if req.finished:
+                req.metrics.finished_time = now
+                del self.requests[req.request_id]
+                self._num_requests_finished += 1
+            results.append(self._make_output(req))
+        return results
+
+    def _record_logprobs(
+        self, req: _Request, index: int, token_id: int, lp: dict[int, Logprob] | None
+    ) -> None:
+        store = req.logprobs[index]
+        if store is None or lp is None:
+            return
+        for tid, entry in lp.items():
+            if entry.decoded_token is None:
+                entry.decoded_token = self.tokenizer.token_text(tid)
+        store.append(lp)
+        if token_id in lp:
+            req.cumulative_logprobs[index] += lp[token_id].logprob
+
+    def _make_output(self, req: _Request) -> RequestOutput:
+        completions = []
+        for seq, checker in zip(req.seqs, req.checkers, strict=True):
+            finished = seq.is_finished
+            lps = req.logprobs[seq.index]
+            completions.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=checker.visible_text(finished),
+                    token_ids=seq.output_token_ids,
+                    cumulative_logprob=req.cumulative_logprobs[seq.index] if lps is not None else None,
+                    logprobs=list(lps) if lps is not None else None,
+                    finish_reason=seq.status.finish_reason,
+                    stop_reason=seq.stop_reason,
+                )
+            )
+        m = req.metrics
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=list(req.prompt_token_ids),
+            outputs=completions,
+            finished=req.finished,
+            metrics=RequestMetrics(**vars(m)),
+            num_cached_tokens=m.num_cached_prompt_tokens,
+        )
+
+    # ---- observability ------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        running = {s.request_id for s in self.scheduler.running}
+        pc = self.block_manager.prefix_cache_stats()
+        return EngineStats(
+            num_requests_running=len(running),
+            num_requests_waiting=len(self.requests) - len(running),
+            kv_cache_usage=self.block_manager.usage,
+            num_kv_blocks=self.block_manager.num_blocks,
+            num_free_kv_blocks=self.block_manager.num_free_blocks,
+            prefix_cache_queries_tokens=pc.num_query_tokens,
+            prefix_cache_hits_tokens=pc.num_hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+            num_requests_finished=self._num_requests_finished,
+            startup_report=getattr(self.runner, "startup_report", None),
+        )

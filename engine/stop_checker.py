@@ -1,0 +1,91 @@
+"""Per-sequence detokenization and stop conditions: EOS, stop token ids, stop strings, length.
+
+Order for each new token, as in vLLM: nothing but length can stop a sequence before `min_tokens`
+outputs; then EOS (unless `ignore_eos`) and `stop_token_ids` (their text is left out of the output
+unless `include_stop_str_in_output`); then stop strings, searched only in the tail that the new text can
+complete, so a stop string split over several tokens is caught; then `max_tokens` and `max_model_len`.
+A matched stop string is cut from the text (kept with `include_stop_str_in_output`). While a sequence
+runs, the last `len(longest stop) - 1` characters are held back so a stream never shows a prefix of a
+stop string that later turns out to end the text.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.sequence import SequenceStatus
+
+
+class TextDecoder(Protocol):
+    def add(self, new_ids: list[int]) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+def find_stop_string(text: str, num_new_chars: int, stops: list[str]) -> tuple[str, int] | None:
+    """The earliest stop string that ends inside the last `num_new_chars` characters, and its start."""
+    best: tuple[str, int] | None = None
+    for stop in stops:
+        if not stop:
+            continue
+        start = max(0, len(text) - num_new_chars - len(stop) + 1)
+        idx = text.find(stop, start)
+        if idx != -1 and (best is None or idx < best[1]):
+            best = (stop, idx)
+    return best
+
+
+class StopChecker:
+    def __init__(
+        self,
+        params: SamplingParams,
+        decoder: TextDecoder,
+        eos_token_ids: set[int],
+        max_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.params = params
+        self.decoder = decoder
+        self.eos_token_ids = eos_token_ids
+        self.stop_token_ids = set(params.stop_token_ids or [])
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+        self.text = ""
+        self.stop_reason: int | str | None = None
+        stops = [s for s in params.stop_strings if s]
+        hold = max((len(s) for s in stops), default=0) - 1
+        self._holdback_chars = 0 if params.include_stop_str_in_output else max(hold, 0)
+
+    def visible_text(self, finished: bool) -> str:
+        if finished or not self._holdback_chars:
+            return self.text
+        return self.text[: max(0, len(self.text) - self._holdback_chars)]
+
+    def on_token(self, token_id: int, num_output_tokens: int, num_tokens: int) -> SequenceStatus | None:
+        """Account for a token already appended to the sequence; return a finished status or None."""
+        p = self.params
+        may_stop = num_output_tokens >= p.min_tokens
+        is_stop_token = may_stop and (
+            (not p.ignore_eos and token_id in self.eos_token_ids) or token_id in self.stop_token_ids
+        )
+        if is_stop_token:
+            if p.include_stop_str_in_output:
+                self.text += self.decoder.add([token_id])
+            if token_id in self.stop_token_ids:
+                self.stop_reason = token_id
+            return SequenceStatus.FINISHED_STOPPED
+
+        delta = self.decoder.add([token_id])
+        self.text += delta
+        if may_stop and delta and p.stop_strings:
+            found = find_stop_string(self.text, len(delta), p.stop_strings)
+            if found is not None:
+                stop, idx = found
+                self.text = self.text[: idx + len(stop)] if p.include_stop_str_in_output else self.text[:idx]
+                self.stop_reason = stop
+                return SequenceStatus.FINISHED_STOPPED
+        if num_output_tokens >= self.max_tokens or num_tokens >= self.max_model_len:
+            self.text += self.decoder.flush()
+            return SequenceStatus.FINISHED_LENGTH
+        return None
