@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,33 @@ from llmdeploy.recipe.yaml_source import FieldPath, Mark, parse_yaml
 _RELATIVE_PATH_FIELDS: tuple[FieldPath, ...] = (("model", "path"), ("bench", "dataset"))
 
 
+@dataclass(frozen=True)
+class LoadedRecipe:
+    """A validated recipe and where each of its fields was written (for locating later problems)."""
+
+    recipe: Recipe
+    marks: Mapping[FieldPath, Mark]
+
+    def mark_for(self, dotted: str | None) -> Mark | None:
+        """The file:line of a dotted field path, or of its nearest written parent."""
+        parts: FieldPath = tuple(int(p) if p.isdigit() else p for p in dotted.split(".")) if dotted else ()
+        for end in range(len(parts), 0, -1):
+            if parts[:end] in self.marks:
+                return self.marks[parts[:end]]
+        return self.marks.get(())
+
+
 def load_recipe(
     path: str | os.PathLike[str], overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
 ) -> Recipe:
     """Load, layer and validate a recipe; raise `UserError` listing every problem found."""
+    return load_layered(path, overrides, env).recipe
+
+
+def load_layered(
+    path: str | os.PathLike[str], overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> LoadedRecipe:
+    """`load_recipe`, keeping the file:line of every field."""
     env = os.environ if env is None else env
     file = Path(path)
     problems: list[Problem] = []
@@ -51,7 +75,7 @@ def load_recipe(
         raise UserError(_sorted(problems)) from None
     if problems:
         raise UserError(_sorted(problems))
-    return recipe
+    return LoadedRecipe(recipe, layer.marks)
 
 
 def recipe_digest(recipe: Recipe) -> str:

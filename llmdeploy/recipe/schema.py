@@ -189,6 +189,14 @@ class Autoscaling(Section):
     metric: Literal["queue_depth", "kv_usage"] = "queue_depth"
     target: float = Field(default=4, gt=0, description="waiting requests per pod, or KV usage fraction")
 
+    @model_validator(mode="after")
+    def _min_le_max(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"autoscaling.min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
+            )
+        return self
+
 
 class KubernetesTarget(Section):
     type: Literal["kubernetes"]
@@ -230,6 +238,12 @@ class SmokeSection(Section):
 class LengthRange(Section):
     min: int = Field(ge=1)
     max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> LengthRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) exceeds max ({self.max})")
+        return self
 
 
 class SLOs(Section):

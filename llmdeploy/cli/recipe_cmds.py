@@ -1,0 +1,91 @@
+"""`llmdeploy validate` and `llmdeploy schema`."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+
+from llmdeploy.errors import Problem, UserError
+from llmdeploy.recipe.json_schema import recipe_json_schema_text
+from llmdeploy.recipe.loader import LoadedRecipe, load_layered
+
+
+@click.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="PATH=VALUE",
+    help="Override a field, e.g. limits.max_model_len=8192.",
+)
+@click.option(
+    "--schema-only", is_flag=True, help="Check the schema only; skip the memory-fit and cross-field rules."
+)
+def validate_command(paths: tuple[Path, ...], overrides: tuple[str, ...], schema_only: bool) -> None:
+    """Check recipes: schema, cross-field rules and memory fit. Exit code 2 on any problem."""
+    problems: list[Problem] = []
+    for path in paths:
+        found = _validate_one(path, overrides, schema_only)
+        if found:
+            click.echo(f"FAIL {path} ({len(found)} problem{'s' if len(found) != 1 else ''})")
+            problems += found
+    if problems:
+        raise UserError(problems)
+
+
+def _validate_one(path: Path, overrides: tuple[str, ...], schema_only: bool) -> list[Problem]:
+    try:
+        loaded = load_layered(path, overrides)
+    except UserError as e:
+        return e.problems
+    if schema_only:
+        click.echo(f"OK   {path} (schema only)")
+        return []
+    try:
+        summary, problems = _check_rules(loaded)
+    except UserError as e:
+        return [_locate(p, loaded, path) for p in e.problems]
+    if problems:
+        return [_locate(p, loaded, path) for p in problems]
+    click.echo(f"OK   {path} ({summary})")
+    return []
+
+
+def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem]]:
+    from llmdeploy.planner import make_plan
+    from llmdeploy.recipe.rules import check_recipe
+
+    recipe = loaded.recipe
+    plan = make_plan(recipe)
+    problems = check_recipe(recipe, plan)
+    where = recipe.hardware.gpu or recipe.hardware.device
+    summary = f"{recipe.engine.type}, {recipe.model.id} on {where}; {plan.kv_cache_tokens:,} KV tokens"
+    return summary, problems
+
+
+def _locate(problem: Problem, loaded: LoadedRecipe, path: Path) -> Problem:
+    """Give a rule's problem the file:line that wrote the field it names."""
+    if problem.file is not None:
+        return problem
+    mark = loaded.mark_for(problem.path)
+    if mark is None:
+        return dataclasses.replace(problem, file=str(path))
+    return dataclasses.replace(problem, file=mark.file, line=mark.line)
+
+
+@click.command("schema")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE instead of stdout."
+)
+def schema_command(output: Path | None) -> None:
+    """Print the recipe JSON Schema (committed as schema/recipe.schema.json for editors)."""
+    text = recipe_json_schema_text()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {output}", err=True)
