@@ -104,6 +104,16 @@ def read(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
+def first(obj: Any, *names: str) -> Any:
+    """The first of several field names present (LLMEngine's EngineStats names, then the short ones)."""
+    for holder in (obj, read(obj, "counters", None)):
+        for name in names:
+            value = read(holder, name, None)
+            if value is not None:
+                return value
+    return None
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -193,28 +203,27 @@ class ServerMetrics:
         def gauge(name: str, help_text: str, value: float) -> None:
             metric(name, "gauge", help_text, [f"{name}{_labels(lab)} {_num(value)}"])
 
-        kv_usage = float(read(stats, "kv_usage", 0.0) or 0.0)
-        gauge(
-            "vllm:num_requests_running", "Requests in the running batch.", read(stats, "num_running", 0) or 0
-        )
-        gauge(
-            "vllm:num_requests_waiting",
-            "Requests waiting to be scheduled.",
-            read(stats, "num_waiting", 0) or 0,
-        )
+        kv_usage = float(first(stats, "kv_cache_usage", "kv_usage") or 0.0)
+        running = first(stats, "num_requests_running", "num_running") or 0
+        waiting = first(stats, "num_requests_waiting", "num_waiting") or 0
+        gauge("vllm:num_requests_running", "Requests in the running batch.", running)
+        gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
         gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 means 100 percent).", kv_usage)
         gauge("vllm:gpu_cache_usage_perc", "KV cache usage (1 means 100 percent); older name.", kv_usage)
-        counters = read(stats, "counters", None) or {}
-        for key, name, help_text in (
-            ("num_preemptions", "vllm:num_preemptions_total", "Preemptions (recompute) so far."),
+        for keys, name, help_text in (
+            (("num_preemptions",), "vllm:num_preemptions_total", "Preemptions (recompute) so far."),
             (
-                "prefix_cache_queries",
+                ("prefix_cache_queries_tokens", "prefix_cache_queries"),
                 "vllm:prefix_cache_queries_total",
                 "Prompt tokens looked up in the prefix cache.",
             ),
-            ("prefix_cache_hits", "vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache."),
+            (
+                ("prefix_cache_hits_tokens", "prefix_cache_hits"),
+                "vllm:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache.",
+            ),
         ):
-            value = read(counters, key, None)
+            value = first(stats, *keys)
             if value is not None:
                 metric(name, "counter", help_text, [f"{name}{_labels(lab)} {_num(value)}"])
         metric(
@@ -251,6 +260,7 @@ class ServerMetrics:
             metric(name, "histogram", help_text, hist.lines(name, lab))
         report = read(stats, "startup_report", None)
         num_blocks = read(report, "num_kv_blocks", None)
+        block_size = read(report, "block_size", None) or block_size
         info = {
             "block_size": str(block_size),
             "num_gpu_blocks": str(num_blocks if num_blocks is not None else ""),

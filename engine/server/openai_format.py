@@ -25,6 +25,8 @@ def finite(value: float) -> float:
 def token_text(tokenizer: Any, token_id: int, entry: Logprob | None) -> str:
     if entry is not None and entry.decoded_token is not None:
         return entry.decoded_token
+    if hasattr(tokenizer, "token_text"):
+        return str(tokenizer.token_text(token_id))
     return str(tokenizer.decode([token_id]))
 
 

@@ -217,7 +217,7 @@ def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int
     ]
     try:
         rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
-    except (ValueError, TypeError, KeyError) as e:
+    except Exception as e:  # the template is user-facing: a failure is about these messages
         raise bad_request(f"the chat template failed on these messages: {e}", "messages") from e
     if isinstance(rendered, str):
         return encode(state, rendered, add_special_tokens=False)
