@@ -1,0 +1,143 @@
+"""The Kubernetes verbs end to end: apply, diff, delete, status, logs for one recipe.
+
+Each takes the rendered objects (or just the instance) and a connected client, prints what it does
+through `echo`, and returns the exit code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmdeploy.apply.capacity import Capacity
+from llmdeploy.apply.discovery import Discovery
+from llmdeploy.apply.kube_client import KubeApiError, KubeClient
+from llmdeploy.apply.kube_config import load_kubeconfig
+from llmdeploy.apply.kubernetes import (
+    INSTANCE_LABEL,
+    Instance,
+    compute_changes,
+    delete_instance,
+    execute,
+    explain_conflict,
+    live_objects,
+    prepare,
+    wait_for_rollouts,
+)
+from llmdeploy.apply.rollout import conditions_of, deployment_state
+
+Echo = Callable[[str], None]
+Confirm = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class ApplyOptions:
+    dry_run: bool = False
+    force_conflicts: bool = False
+    prune: bool = True
+    wait: bool = True
+    timeout_s: float = 600.0
+
+
+def connect(kubeconfig: Path | None = None, context: str | None = None) -> KubeClient:
+    return KubeClient(load_kubeconfig(kubeconfig, context))
+
+
+def apply_kubernetes(client: KubeClient, instance: Instance, objects: Sequence[dict[str, Any]],
+                     capacity: Capacity | None, options: ApplyOptions, confirm: Confirm, echo: Echo) -> int:
+    discovery = Discovery(client)
+    echo(f"cluster {client.config.server} (context {client.config.context}, {discovery.server_version()})")
+    planned, skipped = prepare(discovery, objects, instance, capacity)
+    changes = compute_changes(client, discovery, planned, skipped, instance, capacity, prune=options.prune)
+    echo(changes.render())
+    if not changes.pending:
+        if options.wait and not options.dry_run:
+            wait_for_rollouts(client, planned, options.timeout_s, echo)
+        return 0
+    if options.dry_run:
+        execute(client, changes, dry_run=True, echo=echo)
+        echo("dry run (server side): nothing was changed")
+        return 0
+    if not confirm(f"apply {len(changes.pending)} change(s) to {instance.namespace}?"):
+        echo("nothing applied")
+        return 1
+    try:
+        execute(client, changes, force_conflicts=options.force_conflicts, echo=echo)
+    except KubeApiError as e:
+        raise explain_conflict(e) from e
+    if options.wait:
+        wait_for_rollouts(client, planned, options.timeout_s, echo)
+    return 0
+
+
+def diff_kubernetes(client: KubeClient, instance: Instance, objects: Sequence[dict[str, Any]],
+                    capacity: Capacity | None, echo: Echo, prune: bool = True) -> int:
+    """Print the changes an apply would make; exit code 1 when there are any (like `diff`)."""
+    discovery = Discovery(client)
+    planned, skipped = prepare(discovery, objects, instance, capacity)
+    changes = compute_changes(client, discovery, planned, skipped, instance, capacity, prune=prune)
+    echo(changes.render())
+    return 1 if changes.pending else 0
+
+
+def delete_kubernetes(client: KubeClient, instance: Instance, confirm: Confirm, echo: Echo,
+                      dry_run: bool = False) -> int:
+    discovery = Discovery(client)
+    objects = live_objects(client, discovery, instance)
+    if not objects:
+        echo(f"nothing to delete: no objects labelled {instance.selector} in {instance.namespace}")
+        return 0
+    for obj in objects:
+        echo(f"- {obj.label}")
+    if not dry_run and not confirm(f"delete these {len(objects)} object(s)?"):
+        echo("nothing deleted")
+        return 1
+    delete_instance(client, discovery, instance, dry_run=dry_run, echo=echo)
+    return 0
+
+
+def status_kubernetes(client: KubeClient, instance: Instance, echo: Echo) -> int:
+    """One line per object; Deployments with replica counts and conditions. Exit 1 if not available."""
+    discovery = Discovery(client)
+    objects = live_objects(client, discovery, instance)
+    if not objects:
+        echo(f"{instance.name}: not deployed in {instance.namespace}")
+        return 1
+    healthy = True
+    for obj in objects:
+        if obj.rt.kind == "Deployment":
+            fresh = client.get(obj.rt, obj.name, obj.namespace) or obj.body
+            state = deployment_state(fresh)
+            healthy = healthy and state.done
+            echo(f"{obj.label}: {state.summary}")
+            for cond in conditions_of(fresh):
+                echo(f"    {cond.render()}")
+        else:
+            echo(obj.label)
+    return 0 if healthy else 1
+
+
+def logs_kubernetes(client: KubeClient, instance: Instance, follow: bool, lines: int, echo: Echo) -> int:
+    discovery = Discovery(client)
+    pods_rt = discovery.resolve("v1", "Pod")
+    assert pods_rt is not None, "every cluster serves v1 Pods"
+    pods = client.list(pods_rt, instance.namespace, label_selector=f"{INSTANCE_LABEL}={instance.name}")
+    if not pods:
+        echo(f"{instance.name}: no pods in {instance.namespace}")
+        return 1
+    pods.sort(key=lambda p: str(p["metadata"]["name"]))
+    targets = pods[:1] if follow else pods
+    for pod in targets:
+        name = pod["metadata"]["name"]
+        containers = [c["name"] for c in pod["spec"].get("containers", [])]
+        params = {"tailLines": str(lines), "container": containers[0]}
+        if follow:
+            params["follow"] = "true"
+        if len(targets) > 1:
+            echo(f"==> pod {name} <==")
+        path = f"{pods_rt.path(instance.namespace, name)}/log"
+        for line in client.stream_lines(path, params, what=f"read logs of pod {name}"):
+            echo(line)
+    return 0

@@ -1,0 +1,245 @@
+"""The Kubernetes target: server-side apply of rendered objects, ordered by kind, with a diff first,
+prune of leftovers, rollout wait, and delete.
+
+Every object carries `app.kubernetes.io/instance=<recipe name>` and
+`app.kubernetes.io/managed-by=llmdeploy`; prune and delete only ever touch objects with both.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity, describe_change
+from llmdeploy.apply.discovery import Discovery
+from llmdeploy.apply.kube_client import KubeApiError, KubeClient, ResourceType
+from llmdeploy.apply.object_diff import FieldChange, diff_objects
+from llmdeploy.apply.ordering import KIND_RANK, PRUNABLE_KINDS, apply_order, delete_order
+from llmdeploy.apply.rollout import wait_for_deployment
+from llmdeploy.errors import Problem, UserError
+
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "llmdeploy"
+WORKLOAD_KINDS = frozenset({"Deployment", "LeaderWorkerSet", "StatefulSet"})
+
+# Where to look for leftovers of each prunable kind (discovery may pick an older version).
+DEFAULT_API_VERSIONS: dict[str, str] = {
+    "ServiceAccount": "v1", "Secret": "v1", "ConfigMap": "v1", "PersistentVolumeClaim": "v1", "Service": "v1",
+    "Role": "rbac.authorization.k8s.io/v1", "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "Deployment": "apps/v1", "StatefulSet": "apps/v1", "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+    "PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2",
+    "ScaledObject": "keda.sh/v1alpha1",
+}
+assert set(DEFAULT_API_VERSIONS) >= PRUNABLE_KINDS and set(DEFAULT_API_VERSIONS) <= set(KIND_RANK)
+
+Action = Literal["create", "update", "unchanged", "prune"]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Which deployment of which recipe: the label value and the default namespace."""
+
+    name: str
+    namespace: str
+
+    @property
+    def selector(self) -> str:
+        return f"{INSTANCE_LABEL}={self.name},{MANAGED_BY_LABEL}={MANAGED_BY}"
+
+
+@dataclass(frozen=True)
+class PlannedObject:
+    rt: ResourceType
+    body: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str | None:
+        ns = self.body["metadata"].get("namespace")
+        return str(ns) if ns else None
+
+    @property
+    def label(self) -> str:
+        return f"{self.rt.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.rt.kind} {self.name}"
+
+
+def object_key(rt: ResourceType, namespace: str | None, name: str) -> tuple[str, str, str, str]:
+    return (rt.group, rt.kind, namespace or "", name)
+
+
+@dataclass(frozen=True)
+class ObjectChange:
+    action: Action
+    obj: PlannedObject
+    fields: tuple[FieldChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    changes: tuple[ObjectChange, ...]
+    skipped: tuple[str, ...]  # kinds the cluster does not serve, with the reason
+    capacity_before: Capacity | None
+    capacity_after: Capacity | None
+
+    @property
+    def pending(self) -> tuple[ObjectChange, ...]:
+        return tuple(c for c in self.changes if c.action != "unchanged")
+
+    def render(self, verbose_unchanged: bool = False) -> str:
+        symbol = {"create": "+", "update": "~", "unchanged": "=", "prune": "-"}
+        lines: list[str] = []
+        for c in self.changes:
+            if c.action == "unchanged" and not verbose_unchanged:
+                continue
+            lines.append(f"{symbol[c.action]} {c.obj.label} ({c.action})")
+            lines.extend("    " + f.render() for f in c.fields)
+        unchanged = sum(1 for c in self.changes if c.action == "unchanged")
+        if not self.pending:
+            lines.append(f"no changes ({unchanged} object(s) up to date)")
+        elif unchanged:
+            lines.append(f"({unchanged} object(s) unchanged)")
+        lines.extend(f"skipped: {s}" for s in self.skipped)
+        if self.capacity_after is not None:
+            lines.append(describe_change(self.capacity_before, self.capacity_after))
+        return "\n".join(lines)
+
+
+def prepare(discovery: Discovery, objects: Sequence[dict[str, Any]], instance: Instance,
+            capacity: Capacity | None) -> tuple[list[PlannedObject], list[str]]:
+    """Resolve each rendered object against discovery, add our labels, namespace and capacity note."""
+    planned: list[PlannedObject] = []
+    skipped: list[str] = []
+    for original in apply_order(objects):
+        body = copy.deepcopy(original)
+        kind, api_version = str(body.get("kind")), str(body.get("apiVersion"))
+        rt = discovery.resolve(api_version, kind)
+        if rt is None:
+            skipped.append(f"{kind} {body['metadata'].get('name')}: the cluster does not serve {api_version} "
+                           f"(install its CRDs / controller to use it)")
+            continue
+        body["apiVersion"] = rt.api_version
+        meta = body.setdefault("metadata", {})
+        if rt.namespaced:
+            meta.setdefault("namespace", instance.namespace)
+        labels = meta.setdefault("labels", {})
+        labels.setdefault(INSTANCE_LABEL, instance.name)
+        labels.setdefault(MANAGED_BY_LABEL, MANAGED_BY)
+        if capacity is not None and kind in WORKLOAD_KINDS:
+            meta.setdefault("annotations", {})[CAPACITY_ANNOTATION] = capacity.to_annotation()
+        planned.append(PlannedObject(rt, body))
+    return planned, skipped
+
+
+def _live_capacity(lives: Sequence[tuple[PlannedObject, dict[str, Any] | None]]) -> Capacity | None:
+    for obj, live in lives:
+        if live is not None and obj.rt.kind in WORKLOAD_KINDS:
+            annotations = live["metadata"].get("annotations") or {}
+            return Capacity.from_annotation(annotations.get(CAPACITY_ANNOTATION))
+    return None
+
+
+def find_leftovers(client: KubeClient, discovery: Discovery, planned: Sequence[PlannedObject],
+                   instance: Instance) -> list[PlannedObject]:
+    """Live objects labelled with this instance and managed by llmdeploy that are not planned."""
+    wanted = {object_key(p.rt, p.namespace, p.name) for p in planned}
+    namespaces = {instance.namespace} | {p.namespace for p in planned if p.namespace}
+    leftovers: list[PlannedObject] = []
+    seen_types: set[tuple[str, str]] = set()
+    for kind in sorted(PRUNABLE_KINDS, key=lambda k: -KIND_RANK[k]):
+        rt = discovery.resolve(DEFAULT_API_VERSIONS[kind], kind)
+        if rt is None or (rt.group, rt.kind) in seen_types:
+            continue
+        seen_types.add((rt.group, rt.kind))
+        for ns in sorted(namespaces) if rt.namespaced else [None]:
+            for live in client.list(rt, ns, label_selector=instance.selector):
+                meta = live["metadata"]
+                labels = meta.get("labels") or {}
+                if labels.get(INSTANCE_LABEL) != instance.name or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+                    continue  # the selector already says so; never trust it alone before deleting
+                if meta.get("ownerReferences"):
+                    continue  # made by a controller; it goes with its owner
+                if object_key(rt, meta.get("namespace"), meta["name"]) not in wanted:
+                    leftovers.append(PlannedObject(rt, live))
+    return leftovers
+
+
+def compute_changes(client: KubeClient, discovery: Discovery, planned: Sequence[PlannedObject],
+                    skipped: Sequence[str], instance: Instance, capacity: Capacity | None,
+                    prune: bool = True) -> ChangeSet:
+    """What an apply would do, object by object, from a server-side dry run against the live state."""
+    changes: list[ObjectChange] = []
+    lives: list[tuple[PlannedObject, dict[str, Any] | None]] = []
+    new_namespaces: set[str] = set()
+    for obj in planned:
+        live = client.get(obj.rt, obj.name, obj.namespace)
+        lives.append((obj, live))
+        if live is None:
+            if obj.rt.kind == "Namespace":
+                new_namespaces.add(obj.name)
+            elif obj.namespace not in new_namespaces:
+                client.apply(obj.rt, obj.body, dry_run=True)  # let the server validate it now
+            changes.append(ObjectChange("create", obj))
+            continue
+        after = client.apply(obj.rt, obj.body, dry_run=True, force=True)
+        fields = tuple(diff_objects(live, after))
+        changes.append(ObjectChange("update" if fields else "unchanged", obj, fields))
+    if prune:
+        changes.extend(ObjectChange("prune", o) for o in find_leftovers(client, discovery, planned, instance))
+    return ChangeSet(tuple(changes), tuple(skipped), _live_capacity(lives), capacity)
+
+
+def execute(client: KubeClient, changes: ChangeSet, *, force_conflicts: bool = False, dry_run: bool = False,
+            echo: Callable[[str], None] = print) -> None:
+    """Apply creates and updates in kind order, then delete pruned objects in reverse kind order."""
+    for c in changes.pending:
+        if c.action in ("create", "update"):
+            client.apply(c.obj.rt, c.obj.body, dry_run=dry_run, force=force_conflicts)
+            echo(f"{'checked' if dry_run else 'applied'} {c.obj.label}")
+    pruned = [c.obj for c in changes.pending if c.action == "prune"]
+    for obj in sorted(pruned, key=lambda o: -KIND_RANK.get(o.rt.kind, 0)):
+        client.delete(obj.rt, obj.name, obj.namespace, dry_run=dry_run)
+        echo(f"{'would prune' if dry_run else 'pruned'} {obj.label}")
+
+
+def wait_for_rollouts(client: KubeClient, planned: Sequence[PlannedObject], timeout_s: float,
+                      echo: Callable[[str], None] = print) -> None:
+    for obj in planned:
+        if obj.rt.kind == "Deployment":
+            wait_for_deployment(client, obj.rt, obj.name, obj.namespace or "default", timeout_s, on_progress=echo)
+            echo(f"Deployment {obj.name} is Available")
+
+
+def live_objects(client: KubeClient, discovery: Discovery, instance: Instance) -> list[PlannedObject]:
+    """Every live object of this instance, in apply order (Namespaces excluded)."""
+    found = find_leftovers(client, discovery, [], instance)
+    ordered = apply_order(o.body for o in found)
+    by_id = {id(o.body): o for o in found}
+    return [by_id[id(b)] for b in ordered]
+
+
+def delete_instance(client: KubeClient, discovery: Discovery, instance: Instance, *, dry_run: bool = False,
+                    echo: Callable[[str], None] = print) -> int:
+    """Delete every object of this instance in reverse kind order; returns how many."""
+    objects = live_objects(client, discovery, instance)
+    bodies = delete_order(o.body for o in objects)
+    by_id = {id(o.body): o for o in objects}
+    for body in bodies:
+        obj = by_id[id(body)]
+        client.delete(obj.rt, obj.name, obj.namespace, dry_run=dry_run)
+        echo(f"{'would delete' if dry_run else 'deleted'} {obj.label}")
+    return len(objects)
+
+
+def explain_conflict(error: KubeApiError) -> UserError:
+    """Apply conflicts name the other field manager already; add what to do about it."""
+    if error.status_code != 409:
+        return error
+    return UserError([*error.problems, Problem(
+        "another tool (the field manager named above) changed fields llmdeploy sets",
+        fix="re-run with --force-conflicts to take ownership, or change the recipe to match")])

@@ -1,0 +1,86 @@
+"""Waiting for a Deployment's rollout on its named conditions.
+
+Done means the controller has seen the latest spec (observedGeneration), every replica is updated
+and available, and the `Available` condition is True. A `Progressing` condition that turns False
+(ProgressDeadlineExceeded) fails at once with the controller's own message; a timeout reports the
+conditions as they last stood.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from llmdeploy.apply.kube_client import KubeClient, ResourceType
+from llmdeploy.errors import Problem, UserError
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+    def render(self) -> str:
+        return f"{self.type}={self.status} ({self.reason}): {self.message}"
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    done: bool
+    failed: bool
+    summary: str
+    conditions: tuple[Condition, ...]
+
+
+def conditions_of(obj: dict[str, Any]) -> tuple[Condition, ...]:
+    return tuple(
+        Condition(str(c.get("type", "")), str(c.get("status", "")), str(c.get("reason", "")),
+                  str(c.get("message", "")))
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+def deployment_state(obj: dict[str, Any]) -> RolloutState:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    want = int(spec.get("replicas", 1))
+    updated = int(status.get("updatedReplicas", 0))
+    available = int(status.get("availableReplicas", 0))
+    total = int(status.get("replicas", 0))
+    conds = conditions_of(obj)
+    by_type = {c.type: c for c in conds}
+    seen = int(status.get("observedGeneration", 0)) >= int(obj["metadata"].get("generation", 0))
+    summary = f"{updated}/{want} updated, {available}/{want} available"
+    progressing = by_type.get("Progressing")
+    if seen and progressing is not None and progressing.status == "False":
+        return RolloutState(False, True, summary, conds)
+    avail = by_type.get("Available")
+    done = (seen and updated >= want and available >= want and total <= want
+            and (want == 0 or (avail is not None and avail.status == "True")))
+    return RolloutState(done, False, summary, conds)
+
+
+def wait_for_deployment(client: KubeClient, rt: ResourceType, name: str, namespace: str, timeout_s: float,
+                        on_progress: Callable[[str], None] | None = None, poll_s: float = 1.0) -> RolloutState:
+    deadline = time.monotonic() + timeout_s
+    last_summary = ""
+    while True:
+        obj = client.get(rt, name, namespace)
+        if obj is None:
+            raise UserError.one(f"Deployment {namespace}/{name} disappeared while waiting for its rollout")
+        state = deployment_state(obj)
+        if on_progress and state.summary != last_summary:
+            on_progress(f"Deployment {name}: {state.summary}")
+            last_summary = state.summary
+        if state.done:
+            return state
+        if state.failed or time.monotonic() >= deadline:
+            why = "rollout failed" if state.failed else f"rollout not finished after {timeout_s:.0f} s"
+            details = "; ".join(c.render() for c in state.conditions) or "no conditions reported yet"
+            raise UserError([Problem(
+                f"Deployment {namespace}/{name}: {why} ({state.summary}): {details}",
+                fix="inspect the pods with `llmdeploy status` / `llmdeploy logs`, or raise --timeout")])
+        time.sleep(poll_s)

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Build kube-apiserver and kube-controller-manager 1.20.2 from Debian bookworm's
+# source package (vendored deps, offline build with Debian's golang-1.19), and
+# unpack etcd-server. Everything lives in a cache folder outside the repo; no
+# system-wide install. Idempotent: exits early when the binaries are cached.
+#
+#   tests/cluster/build.sh            # prints the bin directory on the last line
+#   LLMDEPLOY_KUBE_CACHE=/some/dir tests/cluster/build.sh
+set -euo pipefail
+
+CACHE="${LLMDEPLOY_KUBE_CACHE:-$HOME/.cache/llmdeploy/kube-1.20.2}"
+BIN="$CACHE/bin"
+WANT=(kube-apiserver kube-controller-manager etcd)
+
+have_all() {
+  local b
+  for b in "${WANT[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
+}
+if have_all; then echo "$BIN"; exit 0; fi
+
+mkdir -p "$CACHE"/{apt/lists/partial,apt/archives/partial,apt/parts,debs,root,src} "$BIN"
+
+# Private apt configuration: same Debian mirror as the system, plus deb-src.
+SOURCES="$CACHE/apt/sources.list"
+MIRROR="$(awk '/^URIs:/ && $2 ~ /debian$/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+cat > "$SOURCES" <<SRC
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR bookworm main
+deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR bookworm main
+SRC
+APT_OPTS=(
+  -o "Dir::Etc::SourceList=$SOURCES"
+  -o "Dir::Etc::SourceParts=$CACHE/apt/parts"
+  -o "Dir::State::Lists=$CACHE/apt/lists"
+  -o "Dir::Cache::Archives=$CACHE/apt/archives"
+  -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
+  -o "APT::Sandbox::User=root"
+)
+if [[ ! -f "$CACHE/apt/.updated" ]]; then
+  apt-get "${APT_OPTS[@]}" update
+  touch "$CACHE/apt/.updated"
+fi
+
+# Binary packages: Go toolchain and etcd, unpacked with dpkg -x.
+cd "$CACHE/debs"
+for pkg in golang-1.19-go golang-1.19-src etcd-server; do
+  ls "${pkg}"_*.deb >/dev/null 2>&1 || apt-get "${APT_OPTS[@]}" download "$pkg"
+done
+if [[ ! -x "$CACHE/root/usr/lib/go-1.19/bin/go" || ! -x "$CACHE/root/usr/bin/etcd" ]]; then
+  for deb in "$CACHE"/debs/*.deb; do dpkg -x "$deb" "$CACHE/root"; done
+fi
+ETCD="$CACHE/root/usr/bin/etcd"
+[[ -x "$ETCD" ]] || ETCD="$(find "$CACHE/root" -name etcd -type f -perm -u+x | head -n1)"
+install -m 0755 "$ETCD" "$BIN/etcd"
+
+# Source package: fetch without building, unpack with dpkg-source.
+cd "$CACHE/src"
+if ! ls -d kubernetes-*/ >/dev/null 2>&1; then
+  apt-get "${APT_OPTS[@]}" source --download-only kubernetes
+  dpkg-source --no-check -x kubernetes_*.dsc
+fi
+SRCDIR="$(ls -d "$CACHE"/src/kubernetes-*/ | head -n1)"
+
+export GOROOT="$CACHE/root/usr/lib/go-1.19"
+export PATH="$GOROOT/bin:$PATH"
+export GOCACHE="$CACHE/gocache" GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=0
+unset GOFLAGS
+# The Makefile runs Kubernetes' code generators (openapi, deepcopy, ...) before
+# compiling, as Debian's own build does; GOPATH mode with the vendor folder.
+export GOPATH="$SRCDIR/.go"
+mkdir -p "$GOPATH/src/k8s.io"
+[[ -L "$GOPATH/src/k8s.io/kubernetes" ]] || ln -s ../../.. "$GOPATH/src/k8s.io/kubernetes"
+VERSION_FILE="$CACHE/version.env"
+cat > "$VERSION_FILE" <<VER
+KUBE_GIT_COMMIT='faecb196815e248d3ecfb03c680a4507229c2a56'
+KUBE_GIT_TREE_STATE='clean'
+KUBE_GIT_VERSION='v1.20.2'
+KUBE_GIT_MAJOR='1'
+KUBE_GIT_MINOR='20'
+VER
+export KUBE_GIT_VERSION_FILE="$VERSION_FILE"
+# Keep the build gentle on a shared machine unless told otherwise.
+export GOMAXPROCS="${GOMAXPROCS:-2}"
+# hack/lib/golang.sh places binaries with `rsync -pc SRC DEST`; rsync is not
+# always installed, so provide a cp-based stand-in for exactly that use.
+mkdir -p "$CACHE/shim"
+if ! command -v rsync >/dev/null 2>&1; then
+  cat > "$CACHE/shim/rsync" <<'SHIM'
+#!/usr/bin/env bash
+args=(); for a in "$@"; do [[ "$a" == -* ]] || args+=("$a"); done
+exec cp -p "${args[@]}"
+SHIM
+  chmod +x "$CACHE/shim/rsync"
+  export PATH="$CACHE/shim:$PATH"
+fi
+cd "$SRCDIR"
+rm -f _output/bin/*-gen  # empty leftovers from a build without rsync
+need=()
+for b in kube-apiserver kube-controller-manager; do
+  [[ -x "$BIN/$b" ]] || need+=("cmd/$b")
+done
+if (( ${#need[@]} )); then
+  env HOME="$CACHE/home" make WHAT="${need[*]}" GOLDFLAGS="-s -w" GOFLAGS="-p=$GOMAXPROCS"
+  for b in "${need[@]}"; do
+    install -m 0755 "_output/local/bin/linux/amd64/${b#cmd/}" "$BIN/${b#cmd/}"
+  done
+fi
+have_all
+echo "$BIN"
