@@ -1,0 +1,61 @@
+"""`llmdeploy smoke`: check a running endpoint; exit 1 with one line per failed check."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from llmdeploy.cli.endpoint_args import endpoint_options, resolve_endpoint
+
+
+@click.command("smoke")
+@endpoint_options
+@click.option(
+    "--startup-timeout",
+    "startup_timeout_s",
+    type=float,
+    help="Seconds to wait for /health (default: recipe's, else 60).",
+)
+@click.option(
+    "--log-file", type=click.Path(dir_okay=False), help="Engine start-up log to read the KV cache size from."
+)
+@click.option(
+    "--kv-tolerance",
+    type=float,
+    help="Warn when actual KV tokens differ from the plan by more (default 0.10).",
+)
+@click.option("--output-json", type=click.Path(dir_okay=False), help="Also write the report as JSON.")
+def smoke_command(
+    recipe_path: str | None,
+    url: str | None,
+    model: str | None,
+    api_key: str | None,
+    overrides: tuple[str, ...],
+    startup_timeout_s: float | None,
+    log_file: str | None,
+    kv_tolerance: float | None,
+    output_json: str | None,
+) -> None:
+    """Smoke-test an endpoint: health, models, chat, streaming, recipe prompts, TGI client, KV vs plan."""
+    from llmdeploy.smoke import smoke
+
+    endpoint = resolve_endpoint(recipe_path, url, model, api_key, overrides)
+    report = smoke(
+        endpoint.url,
+        model=endpoint.model,
+        recipe=endpoint.recipe,
+        api_key=endpoint.api_key,
+        startup_timeout_s=startup_timeout_s,
+        log_file=log_file,
+        kv_tolerance=kv_tolerance,
+        progress_stream=sys.stderr,
+    )
+    click.echo(report.format())
+    if output_json:
+        Path(output_json).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    if not report.ok:
+        # sys.exit, not ctx.exit: main() runs click with standalone_mode=False, which drops Exit's code
+        sys.exit(1)
