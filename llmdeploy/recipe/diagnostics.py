@@ -70,8 +70,14 @@ def _clean_location(
             clean.append(part)
         else:
             if first_tag is None:
-                first_tag = (tuple(clean), str(part))
+                first_tag = (tuple(clean), _tag_name(str(part)))
     return tuple(clean), first_tag
+
+
+def _tag_name(tag: str) -> str:
+    # a member with a model validator is tagged "function-after[_check(), LengthRange]"
+    wrapped = re.fullmatch(r"function-\w+\[.*, (\w+)\]", tag)
+    return wrapped.group(1) if wrapped else tag
 
 
 def _contains(node: Any, part: str | int) -> bool:
@@ -238,7 +244,7 @@ def _step(annotation: Any, part: str | int) -> Any:
             if arg is type(None):
                 continue
             for model in _model_classes(arg):
-                if part in (model.__name__, *_own_tags(model)):
+                if isinstance(part, str) and _tag_name(part) in (model.__name__, *_own_tags(model)):
                     return model
         for arg in typing.get_args(annotation):
             found = None if arg is type(None) else _step(arg, part)
