@@ -1,0 +1,198 @@
+"""Server-side apply, diff, prune, delete and rollout against a real kube-apiserver 1.20."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import manifests as m
+import pytest
+
+from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity
+from llmdeploy.apply.discovery import Discovery
+from llmdeploy.apply.kube_client import APPLY_PATCH, KubeClient
+from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes, delete_kubernetes, diff_kubernetes
+from llmdeploy.apply.kubernetes import Instance, compute_changes, prepare
+from llmdeploy.errors import UserError
+
+pytestmark = pytest.mark.cluster
+
+CAP = Capacity(kv_cache_tokens=100_000, max_concurrency=12.2, num_gpus=1)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _apply(client: KubeClient, instance: Instance, objects: list[dict[str, Any]], *, wait: bool = False,
+           dry_run: bool = False, capacity: Capacity | None = CAP, force: bool = False) -> Recorder:
+    out = Recorder()
+    options = ApplyOptions(dry_run=dry_run, wait=wait, timeout_s=120, force_conflicts=force)
+    rc = apply_kubernetes(client, instance, objects, capacity, options, lambda _q: True, out)
+    assert rc == 0, out.text
+    return out
+
+
+def _live(client: KubeClient, discovery: Discovery, api_version: str, kind: str, name: str,
+          namespace: str) -> dict[str, Any] | None:
+    rt = discovery.resolve(api_version, kind)
+    assert rt is not None
+    return client.get(rt, name, namespace)
+
+
+def _versions(client: KubeClient, discovery: Discovery, namespace: str) -> dict[str, tuple[str, int]]:
+    out = {}
+    for api_version, kind in [("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment"),
+                              ("policy/v1", "PodDisruptionBudget"), ("autoscaling/v2", "HorizontalPodAutoscaler")]:
+        live = _live(client, discovery, api_version, kind, "demo-config" if kind == "ConfigMap" else "demo", namespace)
+        assert live is not None, kind
+        out[kind] = (live["metadata"]["resourceVersion"], live["metadata"].get("generation", 0))
+    return out
+
+
+def test_apply_creates_everything_and_deployment_becomes_available(
+        client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    out = _apply(client, instance, [*m.full_set(), m.leader_worker_set()], wait=True)
+    assert "Deployment demo is Available" in out.text
+    assert "skipped: LeaderWorkerSet demo: the cluster does not serve leaderworkerset.x-k8s.io/v1" in out.text
+    dep = _live(client, discovery, "apps/v1", "Deployment", "demo", instance.namespace)
+    assert dep is not None
+    assert dep["status"]["availableReplicas"] == 1
+    assert dep["metadata"]["annotations"][CAPACITY_ANNOTATION] == CAP.to_annotation()
+    managers = {f["manager"] for f in dep["metadata"]["managedFields"] if f["operation"] == "Apply"}
+    assert managers == {"llmdeploy"}
+    # 1.20 serves neither policy/v1 nor autoscaling/v2: discovery picked the older schema-twins
+    pdb = _live(client, discovery, "policy/v1", "PodDisruptionBudget", "demo", instance.namespace)
+    hpa = _live(client, discovery, "autoscaling/v2", "HorizontalPodAutoscaler", "demo", instance.namespace)
+    assert pdb is not None and pdb["apiVersion"] == "policy/v1beta1"
+    assert hpa is not None and hpa["apiVersion"] == "autoscaling/v2beta2"
+
+
+def test_reapply_unchanged_changes_nothing(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    _apply(client, instance, m.full_set())
+    before = _versions(client, discovery, instance.namespace)
+    out = _apply(client, instance, m.full_set())
+    assert "no changes (5 object(s) up to date)" in out.text
+    assert "applied" not in out.text
+    assert _versions(client, discovery, instance.namespace) == before
+
+
+def test_changing_a_knob_changes_only_that_field(client: KubeClient, discovery: Discovery,
+                                                 instance: Instance) -> None:
+    _apply(client, instance, m.full_set(max_num_seqs=64))
+    before = _versions(client, discovery, instance.namespace)
+    planned, skipped = prepare(discovery, m.full_set(max_num_seqs=32), instance, CAP)
+    changes = compute_changes(client, discovery, planned, skipped, instance, CAP)
+    assert [(c.action, c.obj.rt.kind) for c in changes.pending] == [("update", "Deployment")]
+    fields = changes.pending[0].fields
+    assert [(f.op, f.path, f.before, f.after) for f in fields] == [
+        ("~", "spec.template.spec.containers[name=engine].args[3]", "64", "32")]
+    _apply(client, instance, m.full_set(max_num_seqs=32))
+    after = _versions(client, discovery, instance.namespace)
+    for kind in ("ConfigMap", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"):
+        assert after[kind] == before[kind], kind
+    assert after["Deployment"][1] == before["Deployment"][1] + 1
+
+
+def test_dry_run_persists_nothing(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    out = _apply(client, instance, m.full_set(), dry_run=True)
+    assert "+ Deployment" in out.text and "nothing was changed" in out.text
+    for api_version, kind, name in [("v1", "ConfigMap", "demo-config"), ("apps/v1", "Deployment", "demo"),
+                                    ("policy/v1", "PodDisruptionBudget", "demo")]:
+        assert _live(client, discovery, api_version, kind, name, instance.namespace) is None
+    # a dry run of a change leaves the live object as it was
+    _apply(client, instance, m.full_set())
+    before = _versions(client, discovery, instance.namespace)
+    _apply(client, instance, m.full_set(max_num_seqs=8), dry_run=True)
+    assert _versions(client, discovery, instance.namespace) == before
+
+
+def test_dry_run_reports_server_side_validation_errors(client: KubeClient, instance: Instance) -> None:
+    bad = m.deployment()
+    bad["spec"]["template"]["metadata"]["labels"] = {"other": "labels"}  # selector no longer matches
+    with pytest.raises(UserError, match="selector"):
+        _apply(client, instance, [bad], dry_run=True)
+
+
+def test_diff_shows_fields_objects_and_capacity(client: KubeClient, instance: Instance) -> None:
+    _apply(client, instance, m.full_set(max_num_seqs=64))
+    new_cap = Capacity(kv_cache_tokens=150_000, max_concurrency=18.3, num_gpus=2)
+    objects = [m.config_map(), m.service(), m.deployment(max_num_seqs=128, gpus=2), m.pdb(),
+               m.config_map(name="demo-extra")]
+    out = Recorder()
+    assert diff_kubernetes(client, instance, objects, new_cap, out) == 1
+    text = out.text
+    assert f"~ Deployment {instance.namespace}/demo (update)" in text
+    assert '~ spec.template.spec.containers[name=engine].args[3]: "64" -> "128"' in text
+    assert '~ spec.template.spec.containers[name=engine].resources.limits.nvidia.com/gpu: "1" -> "2"' in text
+    assert f"+ ConfigMap {instance.namespace}/demo-extra (create)" in text
+    assert f"- HorizontalPodAutoscaler {instance.namespace}/demo (prune)" in text
+    assert "ConfigMap " + instance.namespace + "/demo-config" not in text  # unchanged objects stay quiet
+    assert ("capacity: KV cache tokens 100,000 -> 150,000 (+50,000), max concurrency 12.2 -> 18.3 (+6.1), "
+            "GPUs 1 -> 2 (+1)") in text
+    same = Recorder()
+    assert diff_kubernetes(client, instance, m.full_set(max_num_seqs=64), CAP, same) == 0
+    assert "no changes" in same.text
+
+
+def test_prune_removes_only_our_leftovers(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    cm_rt = discovery.resolve("v1", "ConfigMap")
+    assert cm_rt is not None
+    ns = instance.namespace
+    other_instance = m.config_map(instance="other", name="other-config")
+    hand_made = m.config_map(name="hand-made")
+    hand_made["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "someone-else"
+    for obj in (other_instance, hand_made):
+        client.apply(cm_rt, {**obj, "metadata": {**obj["metadata"], "namespace": ns}})
+    _apply(client, instance, [*m.full_set(), m.config_map(name="demo-old")])
+    out = _apply(client, instance, m.full_set())
+    assert f"pruned ConfigMap {ns}/demo-old" in out.text
+    assert client.get(cm_rt, "demo-old", ns) is None
+    assert client.get(cm_rt, "demo-config", ns) is not None
+    assert client.get(cm_rt, "other-config", ns) is not None
+    assert client.get(cm_rt, "hand-made", ns) is not None
+
+
+def test_delete_removes_the_instance_only(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    cm_rt = discovery.resolve("v1", "ConfigMap")
+    assert cm_rt is not None
+    ns = instance.namespace
+    client.apply(cm_rt, {**m.config_map(instance="other", name="other-config"),
+                         "metadata": {**m.config_map(instance="other")["metadata"], "name": "other-config",
+                                      "namespace": ns}})
+    _apply(client, instance, m.full_set())
+    out = Recorder()
+    assert delete_kubernetes(client, instance, lambda _q: True, out) == 0
+    assert f"deleted Deployment {ns}/demo" in out.text
+    for api_version, kind, name in [("v1", "ConfigMap", "demo-config"), ("v1", "Service", "demo"),
+                                    ("apps/v1", "Deployment", "demo"), ("policy/v1", "PodDisruptionBudget", "demo"),
+                                    ("autoscaling/v2", "HorizontalPodAutoscaler", "demo")]:
+        assert _live(client, discovery, api_version, kind, name, ns) is None, kind
+    assert client.get(cm_rt, "other-config", ns) is not None
+    again = Recorder()
+    assert delete_kubernetes(client, instance, lambda _q: True, again) == 0
+    assert "nothing to delete" in again.text
+
+
+def test_conflict_names_the_other_manager_and_force_takes_over(
+        client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    _apply(client, instance, [m.config_map(data={"mode": "a"})])
+    cm_rt = discovery.resolve("v1", "ConfigMap")
+    assert cm_rt is not None
+    other = {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "demo-config", "namespace": instance.namespace}, "data": {"mode": "b"}}
+    client.request("PATCH", cm_rt.path(instance.namespace, "demo-config"), what="apply as ops-team",
+                   params={"fieldManager": "ops-team", "force": "true"}, body=other, content_type=APPLY_PATCH)
+    with pytest.raises(UserError) as err:
+        _apply(client, instance, [m.config_map(data={"mode": "c"})])
+    assert "ops-team" in str(err.value) and "--force-conflicts" in str(err.value)
+    _apply(client, instance, [m.config_map(data={"mode": "c"})], force=True)
+    live = client.get(cm_rt, "demo-config", instance.namespace)
+    assert live is not None and live["data"]["mode"] == "c"

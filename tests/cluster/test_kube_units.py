@@ -1,0 +1,105 @@
+"""Unit tests of the Kubernetes apply pieces that need no cluster."""
+
+from __future__ import annotations
+
+import base64
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmdeploy.apply.capacity import Capacity, describe_change
+from llmdeploy.apply.kube_client import KubeApiError, KubeClient, ResourceType
+from llmdeploy.apply.kube_config import load_kubeconfig
+from llmdeploy.apply.object_diff import diff_objects
+from llmdeploy.apply.ordering import apply_order, delete_order
+from llmdeploy.errors import UserError
+
+
+def test_apply_order_follows_kind_rank_and_keeps_order_within_a_kind() -> None:
+    objs = [{"kind": k, "n": i} for i, k in enumerate(
+        ["HorizontalPodAutoscaler", "Deployment", "ConfigMap", "Namespace", "ConfigMap", "Service",
+         "PodDisruptionBudget", "PersistentVolumeClaim", "Secret", "ServiceAccount", "Widget"])]
+    kinds = [o["kind"] for o in apply_order(objs)]
+    assert kinds == ["Namespace", "ServiceAccount", "Secret", "ConfigMap", "ConfigMap", "PersistentVolumeClaim",
+                     "Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler", "Widget"]
+    assert [o["n"] for o in apply_order(objs) if o["kind"] == "ConfigMap"] == [2, 4]
+    assert [o["kind"] for o in delete_order(objs)][:2] == ["Widget", "HorizontalPodAutoscaler"]
+
+
+def test_diff_ignores_server_managed_fields_and_keys_named_lists() -> None:
+    live = {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "x", "resourceVersion": "5", "generation": 2, "managedFields": [{"a": 1}],
+                         "annotations": {"deployment.kubernetes.io/revision": "2"}, "labels": {"a": "1"}},
+            "spec": {"template": {"spec": {"containers": [{"name": "a", "image": "i:1"},
+                                                          {"name": "b", "image": "j:1"}]}}},
+            "status": {"replicas": 1}}
+    after = {"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"name": "x", "resourceVersion": "6", "generation": 3, "labels": {"b": "2"}},
+             "spec": {"template": {"spec": {"containers": [{"name": "b", "image": "j:2"},
+                                                           {"name": "a", "image": "i:1"}]}}}}
+    rendered = [c.render() for c in diff_objects(live, after)]
+    assert rendered == ['- metadata.labels.a: "1"', '+ metadata.labels.b: "2"',
+                        '~ spec.template.spec.containers[name=b].image: "j:1" -> "j:2"']
+    assert diff_objects(live, {**live, "status": {"replicas": 3}}) == []
+
+
+def test_capacity_change_is_described_with_deltas() -> None:
+    before = Capacity(1000, 2.0, 1)
+    assert describe_change(before, Capacity(3000, 6.0, 2)) == (
+        "capacity: KV cache tokens 1,000 -> 3,000 (+2,000), max concurrency 2.0 -> 6.0 (+4.0), GPUs 1 -> 2 (+1)")
+    assert "unchanged" in describe_change(before, before)
+    assert Capacity.from_annotation(before.to_annotation()) == before
+    assert Capacity.from_annotation("not json") is None
+
+
+def test_resource_paths() -> None:
+    dep = ResourceType("apps", "v1", "Deployment", "deployments", True)
+    assert dep.path("ns", "x") == "/apis/apps/v1/namespaces/ns/deployments/x"
+    ns = ResourceType("", "v1", "Namespace", "namespaces", False)
+    assert ns.path("ignored", "x") == "/api/v1/namespaces/x"
+    assert ns.api_version == "v1" and dep.api_version == "apps/v1"
+
+
+def _kubeconfig(tmp_path: Path, user: dict[str, object], server: str = "https://127.0.0.1:6443") -> Path:
+    cfg = {"clusters": [{"name": "c", "cluster": {"server": server,
+                                                  "certificate-authority-data": base64.b64encode(b"CA").decode()}}],
+           "users": [{"name": "u", "user": user}],
+           "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+           "current-context": "ctx"}
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_kubeconfig_token_and_inline_ca(tmp_path: Path) -> None:
+    cfg = load_kubeconfig(_kubeconfig(tmp_path, {"token": "abc"}))
+    assert cfg.server == "https://127.0.0.1:6443" and cfg.token == "abc" and cfg.context == "ctx"
+    assert cfg.ca_file is not None and Path(cfg.ca_file).read_bytes() == b"CA"
+
+
+def test_kubeconfig_client_cert_files_are_relative_to_the_file(tmp_path: Path) -> None:
+    cfg = load_kubeconfig(_kubeconfig(tmp_path, {"client-certificate": "a.crt", "client-key": "a.key"}))
+    assert cfg.client_cert_file == str(tmp_path / "a.crt") and cfg.client_key_file == str(tmp_path / "a.key")
+
+
+def test_kubeconfig_problems_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no kubeconfig found"):
+        load_kubeconfig(tmp_path / "missing")
+    with pytest.raises(UserError, match="no such context"):
+        load_kubeconfig(_kubeconfig(tmp_path, {"token": "abc"}), context="nope")
+    with pytest.raises(UserError, match="exec/auth-provider"):
+        load_kubeconfig(_kubeconfig(tmp_path, {"exec": {"command": "aws"}}))
+
+
+def test_unreachable_server_is_a_clear_user_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_kubeconfig(_kubeconfig(tmp_path, {"token": "abc"}, server=f"https://127.0.0.1:{port}"))
+    cfg = type(cfg)(**{**cfg.__dict__, "ca_file": None, "insecure_skip_tls_verify": True})
+    with KubeClient(cfg, timeout_s=2) as client, pytest.raises(KubeApiError) as err:
+        client.request("GET", "/version", what="read version")
+    assert f"cannot reach the Kubernetes API at https://127.0.0.1:{port}" in str(err.value)
+    assert "fix:" in str(err.value)
