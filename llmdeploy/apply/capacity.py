@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
 
+from llmdeploy.planner.memory_plan import MemoryPlan
 from llmdeploy.recipe.schema import Recipe
 
 CAPACITY_ANNOTATION = "llmdeploy.io/capacity"
@@ -33,14 +33,11 @@ class Capacity:
             return None
 
 
-def capacity_from_plan(recipe: Recipe, plan: Any) -> Capacity:
-    """From a `MemoryPlan` (its `to_json()` keys, see ARCHITECTURE.md) and the recipe's parallelism."""
-    facts = plan.to_json()
-    if isinstance(facts, str):
-        facts = json.loads(facts)
+def capacity_from_plan(recipe: Recipe, plan: MemoryPlan) -> Capacity:
+    """Per-replica KV tokens and concurrency from the plan; GPUs over all replicas from the recipe."""
     p = recipe.parallelism
     gpus = 0 if recipe.hardware.device == "cpu" else p.tensor * p.pipeline * p.replicas
-    return Capacity(int(facts["kv_cache_tokens"]), float(facts["max_concurrency"]), gpus)
+    return Capacity(plan.kv_cache_tokens, round(plan.max_concurrency, 2), gpus)
 
 
 def _change(label: str, before: float, after: float, fmt: str) -> str:
