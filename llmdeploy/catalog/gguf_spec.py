@@ -38,7 +38,9 @@ def spec_from_gguf(path: str | Path) -> ModelSpec:
     try:
         reader = gguf.GGUFReader(str(path))
     except (OSError, ValueError) as e:
-        raise UserError.one(f"cannot read GGUF file {path}: {e}", fix="check the file is a complete GGUF model") from e
+        raise UserError.one(
+            f"cannot read GGUF file {path}: {e}", fix="check the file is a complete GGUF model"
+        ) from e
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHITECTURES:
         raise UserError.one(

@@ -95,8 +95,16 @@ def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSp
         )
     facts.setdefault("intermediate_size", facts.get("moe_intermediate_size", 4 * facts["hidden_size"]))
     facts.setdefault("max_position_embeddings", 2048)
-    facts["tie_word_embeddings"] = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    facts.update({k: v for k, v in _ARCH_FACTS.get(arch, {}).items() if k != "attention_bias" or "attention_bias" not in facts})
+    facts["tie_word_embeddings"] = bool(
+        config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    )
+    facts.update(
+        {
+            k: v
+            for k, v in _ARCH_FACTS.get(arch, {}).items()
+            if k != "attention_bias" or "attention_bias" not in facts
+        }
+    )
     if not isinstance(facts.get("torch_dtype"), str):
         facts.pop("torch_dtype", None)
     if "layer_types" in text:
@@ -138,7 +146,9 @@ def safetensors_totals(folder: Path) -> tuple[int, int] | None:
 def spec_from_folder(folder: Path, hf_id: str | None = None) -> ModelSpec:
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise UserError.one(f"no config.json in {folder}", fix="point model.path at a Hugging Face checkpoint folder")
+        raise UserError.one(
+            f"no config.json in {folder}", fix="point model.path at a Hugging Face checkpoint folder"
+        )
     config = json.loads(config_path.read_text())
     spec = spec_from_config(config, hf_id or str(folder))
     totals = safetensors_totals(folder)

@@ -214,7 +214,7 @@ def _layer_types(values: Mapping[str, Any]) -> tuple[LayerKind, ...]:
         return tuple("full" if (i + 1) % period == 0 else "sliding" for i in range(n))
     kinds = tuple(raw)
     assert not kinds or len(kinds) == n, "layer_types must list every layer"
-    return kinds  # type: ignore[return-value]
+    return kinds
 
 
 def weights_bytes(spec: ModelSpec, bits_per_linear_param: float, unquantized_bytes: int = 2) -> int:
@@ -222,4 +222,4 @@ def weights_bytes(spec: ModelSpec, bits_per_linear_param: float, unquantized_byt
     (embeddings, lm_head, norms, routers, vision tower) stays in 16-bit, as quantized checkpoints do."""
     p = spec.params
     rest = p.total - p.linear
-    return int(math.ceil(p.linear * bits_per_linear_param / 8)) + rest * unquantized_bytes
+    return math.ceil(p.linear * bits_per_linear_param / 8) + rest * unquantized_bytes

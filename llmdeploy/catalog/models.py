@@ -139,7 +139,9 @@ def resolve_model(model: ModelSection | str) -> ModelSpec:
     if model.path:
         path = Path(model.path).expanduser()
         if not path.exists():
-            raise UserError.one(f"model path {model.path!r} does not exist", path="model.path", value=model.path)
+            raise UserError.one(
+                f"model path {model.path!r} does not exist", path="model.path", value=model.path
+            )
         return spec_from_path(path, model.id)
     if model.pypi:
         found = _site_file(model.pypi.file)

@@ -1,0 +1,179 @@
+"""`llmdeploy plan`: the per-GPU memory budget of a recipe, of vLLM-style flags, or of a bare shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from llmdeploy.errors import UserError
+from llmdeploy.planner.memory_plan import MemoryPlan
+
+_QUANT = ["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
+_KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+
+@click.command("plan")
+@click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a recipe field.")
+@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--model", help="Recipe-free mode: hub id, catalog name, checkpoint folder or GGUF file.")
+@click.option("--gpu", help="GPU catalog name (e.g. H100, A100-80GB, RTX-4090).")
+@click.option("--gpu-memory-gib", type=float, help="Memory per GPU as CUDA reports it, instead of --gpu.")
+@click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
+@click.option("--max-model-len", type=int)
+@click.option("--tensor-parallel-size", "-tp", type=int, default=1, show_default=True)
+@click.option("--pipeline-parallel-size", "-pp", type=int, default=1, show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto")
+@click.option("--quantization", type=click.Choice(_QUANT), default="none")
+@click.option("--kv-cache-dtype", type=click.Choice(_KV), default="auto")
+@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--max-num-batched-tokens", type=int)
+@click.option("--max-num-seqs", type=int)
+@click.option("--kv-cache-memory-gib", type=float, help="Explicit KV budget per GPU (or CPU).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda")
+@click.option("--engine", type=click.Choice(["vllm", "tgi", "builtin"]), default="vllm", show_default=True)
+@click.option("--engine-version", help="Engine release (vLLM >= 0.21 counts CUDA graphs in the budget).")
+@click.option("--params-b", type=float, help="Shape-only mode: parameters in billions.")
+@click.option("--num-layers", type=int, help="Shape-only mode: decoder layers.")
+@click.option("--num-kv-heads", type=int, help="Shape-only mode: KV heads.")
+@click.option("--head-dim", type=int, help="Shape-only mode: head dimension.")
+@click.option(
+    "--weight-bytes", type=float, default=2.0, show_default=True, help="Shape-only mode: bytes/param."
+)
+def plan_command(
+    recipe: Path | None,
+    overrides: tuple[str, ...],
+    output: str,
+    model: str | None,
+    gpu: str | None,
+    gpu_memory_gib: float | None,
+    gpu_memory_utilization: float,
+    max_model_len: int | None,
+    tensor_parallel_size: int,
+    pipeline_parallel_size: int,
+    dtype: str,
+    quantization: str,
+    kv_cache_dtype: str,
+    block_size: int,
+    max_num_batched_tokens: int | None,
+    max_num_seqs: int | None,
+    kv_cache_memory_gib: float | None,
+    device: str,
+    engine: str,
+    engine_version: str | None,
+    params_b: float | None,
+    num_layers: int | None,
+    num_kv_heads: int | None,
+    head_dim: int | None,
+    weight_bytes: float,
+) -> None:
+    """Show the per-GPU memory budget: weights / activations / non-torch / graphs / KV / headroom.
+
+    \b
+    llmdeploy plan recipes/production.yaml [--set limits.max_model_len=32768] [--output json]
+    llmdeploy plan --model meta-llama/Llama-3.1-8B-Instruct --gpu H100 --max-model-len 32768
+    llmdeploy plan --params-b 70 --num-layers 80 --num-kv-heads 8 --head-dim 128 --weight-bytes 0.5 --gpu H100
+    """
+    from llmdeploy.catalog.gpus import resolve_gpu
+    from llmdeploy.planner.plan import make_plan, plan_from_inputs
+    from llmdeploy.planner.plan_inputs import PlanInputs
+
+    plan: MemoryPlan
+    if recipe is not None:
+        if model or params_b:
+            raise click.UsageError("give a RECIPE or --model/--params-b flags, not both")
+        from llmdeploy.recipe import load_recipe
+
+        plan = make_plan(load_recipe(recipe, overrides))
+    elif params_b is not None:
+        plan = _shape_only(
+            params_b,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            weight_bytes,
+            gpu,
+            gpu_memory_gib,
+            kv_cache_dtype,
+            max_model_len,
+            tensor_parallel_size,
+        )
+    elif model is not None:
+        from llmdeploy.catalog.models import resolve_model
+
+        if device == "cuda" and gpu is None and gpu_memory_gib is None:
+            raise UserError.one("the plan needs the GPU", fix="add --gpu NAME or --gpu-memory-gib X")
+        inputs = PlanInputs(
+            spec=resolve_model(model),
+            engine=engine,
+            engine_version=engine_version,
+            device=device,
+            gpu=resolve_gpu(gpu) if gpu else None,
+            gpu_memory_gib=gpu_memory_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            dtype=dtype,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory_gib=kv_cache_memory_gib,
+        )
+        plan = plan_from_inputs(inputs)
+    else:
+        raise click.UsageError(
+            "give a RECIPE, or --model with --gpu, or the shape-only flags (--params-b ...)"
+        )
+    if output == "json":
+        click.echo(json.dumps(plan.to_json(), indent=2))
+    else:
+        click.echo(plan.to_table())
+
+
+def _shape_only(
+    params_b: float,
+    num_layers: int | None,
+    num_kv_heads: int | None,
+    head_dim: int | None,
+    weight_bytes: float,
+    gpu: str | None,
+    gpu_memory_gib: float | None,
+    kv_cache_dtype: str,
+    max_model_len: int | None,
+    tensor_parallel_size: int,
+) -> MemoryPlan:
+    from llmdeploy.catalog.gpus import resolve_gpu
+    from llmdeploy.planner.envelope import GB, GIB, envelope_budget, envelope_plan
+    from llmdeploy.planner.plan_inputs import KV_DTYPE_BYTES
+
+    missing = [
+        f
+        for f, v in (("--num-layers", num_layers), ("--num-kv-heads", num_kv_heads), ("--head-dim", head_dim))
+        if v is None
+    ]
+    if missing:
+        raise click.UsageError(f"shape-only mode also needs {', '.join(missing)}")
+    assert num_layers is not None and num_kv_heads is not None and head_dim is not None
+    if gpu is None and gpu_memory_gib is None:
+        raise UserError.one("the plan needs the GPU", fix="add --gpu NAME or --gpu-memory-gib X")
+    spec = resolve_gpu(gpu) if gpu else None
+    # the rule of thumb uses the GPU's marketing size in decimal GB
+    memory_gb = float(spec.marketing_gb) if spec else (gpu_memory_gib or 0.0) * GIB / GB
+    budget = envelope_budget(
+        params_b,
+        num_layers,
+        num_kv_heads,
+        head_dim,
+        memory_gb,
+        weight_bytes,
+        KV_DTYPE_BYTES.get(kv_cache_dtype, 2),
+        max_model_len or 8192,
+        tensor_parallel_size,
+    )
+    name = f"shape-only {params_b:g}B ({num_layers} layers, {num_kv_heads} KV heads x {head_dim})"
+    return envelope_plan(budget, name, spec.name if spec else f"{memory_gb:.1f} GB", tensor_parallel_size)

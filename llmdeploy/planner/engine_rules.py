@@ -1,0 +1,217 @@
+"""The start-up memory accounting of each engine, from `PlanInputs` to a `MemoryPlan` (no suggestions).
+
+- vLLM (V1): usable = total x gpu_memory_utilization; KV = usable - weights - activation peak -
+  non-torch - CUDA graphs (graphs are profiled and subtracted by default since v0.21; earlier
+  releases capture them afterwards, in the headroom); blocks = floor(KV / (block x bytes/token)).
+- TGI: after warm-up, the free memory (x its 0.95 wiggle room) becomes blocks; "max batch total tokens".
+- builtin: `builtin_rule`, with an explicit KV budget on CPU (like vLLM's CPU KV space).
+"""
+
+from __future__ import annotations
+
+import math
+
+from llmdeploy.planner import builtin_rule
+from llmdeploy.planner.footprint import (
+    CUDA_CONTEXT_GIB,
+    KVLayout,
+    activation_bytes,
+    cuda_graph_bytes,
+    kv_layout,
+    non_torch_bytes,
+    weights_bytes_per_gpu,
+)
+from llmdeploy.planner.memory_plan import MemoryPlan
+from llmdeploy.planner.plan_inputs import CPU_DEFAULT_KV_GIB, GIB, PlanInputs
+
+TGI_WIGGLE_ROOM = 0.95
+TGI_DEFAULT_PREFILL_TOKENS = 4096
+GRAPH_PROFILING_SINCE = (0, 21)
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = []
+    for piece in text.lstrip("v").split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def vllm_defaults(inputs: PlanInputs) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) as vLLM's API server picks them when not given:
+    large GPUs (>= 70 GiB, not A100) get 8192 / 1024, others 2048 / 256."""
+    total = inputs.total_memory_gib if inputs.device == "cuda" else 0.0
+    big = total >= 70 and not (inputs.gpu and inputs.gpu.name.startswith("A100"))
+    seqs = inputs.max_num_seqs or (1024 if big else 256)
+    batched = inputs.max_num_batched_tokens or (8192 if big else 2048)
+    return max(batched, seqs), seqs
+
+
+def _concurrency(layout: KVLayout, kv_bytes: int, block_size: int, max_model_len: int, batched: int) -> float:
+    if layout.num_groups == 1 and layout.sliding_window is None:
+        blocks = builtin_rule.num_kv_blocks(kv_bytes, layout.bytes_per_token, block_size)
+        return builtin_rule.max_concurrency(blocks, block_size, max_model_len)
+    # sliding layers hold at most the window (+ one chunk) of blocks per request
+    full_blocks = -(-max_model_len // block_size)
+    window = layout.sliding_window or max_model_len
+    sliding_blocks = min(full_blocks, -(-(window - 1 + batched) // block_size) + 1)
+    n_full = layout.num_layers - layout.num_sliding_layers
+    per_request = (
+        layout.layer_bytes_per_token
+        * block_size
+        * (n_full * full_blocks + layout.num_sliding_layers * sliding_blocks)
+    )
+    return max(0, kv_bytes) / per_request
+
+
+def _plan(
+    inputs: PlanInputs,
+    usable_bytes: int,
+    weights: int,
+    activation: int,
+    non_torch: int,
+    graphs: int,
+    graphs_in_budget: bool,
+    kv_bytes: int,
+    batched: int,
+    seqs: int,
+    notes: tuple[str, ...] = (),
+) -> MemoryPlan:
+    layout = kv_layout(inputs)
+    block = inputs.block_size
+    if layout.is_mla and inputs.engine == "vllm" and block == 16:
+        block = 64  # vLLM's MLA backends (FlashMLA) use 64-token blocks
+    blocks = builtin_rule.num_kv_blocks(kv_bytes, layout.bytes_per_token, block)
+    tokens = blocks * block
+    max_len = inputs.context_len
+    total_bytes = int(inputs.total_memory_gib * GIB) if inputs.device == "cuda" else usable_bytes
+    planned = weights + activation + non_torch + max(0, kv_bytes) + graphs
+    concurrency = _concurrency(layout, max(0, kv_bytes), block, max_len, batched)
+    problems = []
+    if kv_bytes <= 0:
+        short = (-kv_bytes) / GIB
+        problems.append(
+            f"no memory left for the KV cache: weights, activations and overheads exceed the usable "
+            f"{usable_bytes / GIB:.2f} GiB by {short:.2f} GiB"
+        )
+    elif concurrency < 1 and layout.sliding_window is None:
+        problems.append(f"max_model_len {max_len:,} exceeds the KV cache's {tokens:,} tokens")
+    elif concurrency < 1:
+        need = kv_bytes / concurrency / GIB
+        problems.append(
+            f"one request of max_model_len {max_len:,} needs {need:.2f} GiB of KV cache "
+            f"(sliding-window layers included); only {kv_bytes / GIB:.2f} GiB is available"
+        )
+    spec_max = inputs.spec.max_position_embeddings
+    if inputs.max_model_len and spec_max and inputs.max_model_len > spec_max:
+        problems.append(
+            f"max_model_len {inputs.max_model_len:,} exceeds the model's max_position_embeddings {spec_max:,}"
+        )
+    headroom = total_bytes - planned if inputs.device == "cuda" else 0
+    if inputs.device == "cuda" and headroom / GIB < CUDA_CONTEXT_GIB and not problems:
+        problems.append(
+            f"only {headroom / GIB:.2f} GiB left outside the budget for the CUDA context (~{CUDA_CONTEXT_GIB} GiB); "
+            "lower gpu_memory_utilization"
+        )
+    return MemoryPlan(
+        engine=inputs.engine,
+        model=inputs.spec.hf_id,
+        gpu=inputs.gpu.name if inputs.gpu else ("cpu" if inputs.device == "cpu" else "custom"),
+        device=inputs.device,
+        tensor_parallel_size=inputs.tensor_parallel_size,
+        pipeline_parallel_size=inputs.pipeline_parallel_size,
+        total_gib=total_bytes / GIB,
+        gpu_memory_utilization=inputs.gpu_memory_utilization,
+        usable_gib=usable_bytes / GIB,
+        weights_gib=weights / GIB,
+        activation_gib=activation / GIB,
+        non_torch_gib=non_torch / GIB,
+        cuda_graph_gib=graphs / GIB,
+        kv_cache_gib=max(0, kv_bytes) / GIB,
+        headroom_gib=headroom / GIB,
+        kv_bytes_per_token=layout.bytes_per_token,
+        kv_cache_tokens=tokens,
+        num_kv_blocks=blocks,
+        block_size=block,
+        max_model_len=max_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        max_concurrency=concurrency,
+        kv_cache_dtype=inputs.kv_cache_dtype,
+        quantization=inputs.effective_quantization,
+        fits=not problems,
+        problems=tuple(problems),
+        notes=notes,
+    )
+
+
+def plan_vllm(inputs: PlanInputs) -> MemoryPlan:
+    batched, seqs = vllm_defaults(inputs)
+    weights = weights_bytes_per_gpu(inputs)
+    if inputs.device == "cpu":
+        kv = int((inputs.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB) * GIB)
+        act = activation_bytes(inputs, batched, seqs)
+        note = ("vLLM CPU backend: KV space is fixed (VLLM_CPU_KVCACHE_SPACE), not a share of memory",)
+        return _plan(inputs, kv, weights, act, 0, 0, False, kv, batched, seqs, note)
+    total = int(inputs.total_memory_gib * GIB)
+    usable = int(total * inputs.gpu_memory_utilization)
+    act = activation_bytes(inputs, batched, seqs)
+    non_torch = non_torch_bytes(inputs)
+    graphs = cuda_graph_bytes(inputs, seqs)
+    version = _version(inputs.engine_version)
+    graphs_counted = version is None or version >= GRAPH_PROFILING_SINCE
+    explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
+    kv = builtin_rule.kv_cache_bytes(
+        total,
+        inputs.gpu_memory_utilization,
+        weights,
+        act,
+        non_torch,
+        graphs if graphs_counted else 0,
+        explicit,
+    )
+    return _plan(inputs, usable, weights, act, non_torch, graphs, graphs_counted, kv, batched, seqs)
+
+
+def plan_tgi(inputs: PlanInputs) -> MemoryPlan:
+    seqs = inputs.max_num_seqs or 128
+    prefill = inputs.max_num_batched_tokens or max(TGI_DEFAULT_PREFILL_TOKENS, min(inputs.context_len, 8192))
+    total = int(inputs.total_memory_gib * GIB)
+    usable = int(total * inputs.gpu_memory_utilization)  # TGI's --cuda-memory-fraction
+    weights = weights_bytes_per_gpu(inputs)
+    act = activation_bytes(inputs, prefill, min(seqs, prefill))
+    non_torch = non_torch_bytes(inputs) + int(CUDA_CONTEXT_GIB * GIB)
+    graphs = cuda_graph_bytes(inputs, min(seqs, 128))
+    free = usable - weights - act - non_torch - graphs
+    kv = int(free * TGI_WIGGLE_ROOM) if free > 0 else free
+    note = (f"TGI: --max-batch-total-tokens from the KV cache; --max-batch-prefill-tokens {prefill:,}",)
+    return _plan(inputs, usable, weights, act, non_torch, graphs, True, kv, prefill, seqs, note)
+
+
+def plan_builtin(inputs: PlanInputs) -> MemoryPlan:
+    seqs = inputs.max_num_seqs or 256
+    batched = inputs.max_num_batched_tokens or min(max(inputs.context_len, 2048), 8192)
+    weights = weights_bytes_per_gpu(inputs)
+    act = activation_bytes(inputs, batched, min(seqs, batched))
+    if inputs.device == "cpu":
+        budget = int((inputs.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB) * GIB)
+        kv = builtin_rule.kv_cache_bytes(0, 0.0, 0, 0, 0, 0, budget)
+        note = ("built-in engine on CPU: the KV cache is limits.kv_cache_memory_gib (default 4 GiB)",)
+        return _plan(inputs, budget, weights, act, 0, 0, False, kv, batched, seqs, note)
+    total = int(inputs.total_memory_gib * GIB)
+    usable = int(total * inputs.gpu_memory_utilization)
+    non_torch = non_torch_bytes(inputs)
+    explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
+    kv = builtin_rule.kv_cache_bytes(
+        total, inputs.gpu_memory_utilization, weights, act, non_torch, 0, explicit
+    )
+    return _plan(inputs, usable, weights, act, non_torch, 0, True, kv, batched, seqs)
+
+
+def plan_for(inputs: PlanInputs) -> MemoryPlan:
+    rule = {"vllm": plan_vllm, "tgi": plan_tgi, "builtin": plan_builtin}[inputs.engine]
+    plan = rule(inputs)
+    assert math.isfinite(plan.max_concurrency)
+    return plan

@@ -1,0 +1,155 @@
+"""Per-GPU memory estimates for one model under one set of knobs: weights, activation peak,
+non-torch memory, CUDA graphs, and KV bytes per token (GQA, MLA, sliding-window and hybrid).
+
+The constants marked "calibrated" were fitted on the public vLLM start-up logs in
+tests/planner/fixtures/vllm_logs.json (see docs/planner.md); everything else is arithmetic on the
+architecture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmdeploy.catalog.model_spec import ModelSpec
+from llmdeploy.planner.plan_inputs import PlanInputs
+
+GIB = 2**30
+
+# bits stored per parameter of a quantized linear layer (weights + group scales/zeros)
+LINEAR_BITS = {
+    "fp8": 8.0,
+    "int8": 8.0,
+    "awq": 4.0 + 20 / 128,  # 4-bit weights, fp16 scale + 4-bit zero per group of 128
+    "gptq": 4.0 + 20 / 128,
+    "int4": 4.0 + 20 / 128,
+    "bitsandbytes": 4.0 + 8.5 / 64,  # nf4, double-quantized absmax per 64
+    "gguf": 4.5,  # used only when the file's own size is unknown (Q4_K_M-ish)
+    "mxfp4": 4.25,  # 4-bit values + one e8m0 scale per 32
+}
+
+# calibrated: live activation bytes per token per (2h + MLP width) element in the profile run
+ACTIVATION_FACTOR = 1.1
+# calibrated: bytes per vocab entry per sequence in the sampler warm-up (fp32 logits + softmax/top-k temporaries)
+SAMPLER_BYTES_PER_LOGIT = 12
+NON_TORCH_GIB = 0.15  # calibrated: cuBLAS/cuDNN workspaces and allocator slack outside torch, one GPU
+NON_TORCH_PARALLEL_GIB = 0.1  # calibrated: + NCCL and custom all-reduce buffers when TP/PP > 1
+CUDA_CONTEXT_GIB = 0.5  # outside vLLM's accounting, but it occupies the GPU
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How the KV cache is laid out per GPU, and what one token of 'GPU KV cache size' costs."""
+
+    bytes_per_token: int  # per GPU, what the engine divides the KV memory by
+    layer_bytes_per_token: int  # one layer, one token, per GPU
+    num_layers: int  # attention layers on this GPU (pipeline stage)
+    num_kv_heads_per_gpu: int
+    num_groups: int  # vLLM KV cache groups (1 unless hybrid)
+    sliding_window: int | None
+    num_sliding_layers: int
+    is_mla: bool
+
+
+def expert_matrix_params(spec: ModelSpec) -> int:
+    if not spec.is_moe:
+        return 0
+    per_expert = (3 if spec.mlp_gated else 2) * spec.hidden_size * spec.moe_intermediate_size
+    return (spec.num_layers - spec.first_k_dense_replace) * spec.num_experts * per_expert
+
+
+def weights_bytes_total(spec: ModelSpec, quantization: str, dtype_bytes: int) -> int:
+    """The whole checkpoint as loaded (all GPUs together)."""
+    p = spec.params
+    if (quantization == "gguf" or spec.source == "gguf") and spec.weights_bytes_on_disk:
+        return spec.weights_bytes_on_disk
+    bits = LINEAR_BITS.get(quantization)
+    rest = p.total - p.linear
+    if bits is None and spec.torch_dtype == "mxfp4":  # gpt-oss ships MoE experts in MXFP4
+        experts = expert_matrix_params(spec)
+        return math.ceil(experts * LINEAR_BITS["mxfp4"] / 8) + (p.total - experts) * dtype_bytes
+    if bits is None and spec.torch_dtype.startswith("float8"):  # DeepSeek-V3 ships fp8 blocks
+        bits = LINEAR_BITS["fp8"]
+    if bits is None:
+        return p.total * dtype_bytes
+    return math.ceil(p.linear * bits / 8) + rest * dtype_bytes
+
+
+def weights_bytes_per_gpu(inputs: PlanInputs) -> int:
+    """Tensor parallelism shards every matrix and the (vocab-parallel) embedding and head; pipeline
+    parallelism splits the layers, and the heaviest stage (embedding or head on it) counts."""
+    spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
+    total = weights_bytes_total(spec, inputs.effective_quantization, inputs.model_dtype_bytes)
+    if pp == 1 or spec.num_layers == 0:
+        return math.ceil(total / tp)
+    p = spec.params
+    ends_bytes = (p.embedding + p.head) * inputs.model_dtype_bytes
+    stage_ends = max(p.embedding, p.head) * inputs.model_dtype_bytes
+    layer_share = math.ceil(spec.num_layers / pp) / spec.num_layers
+    return math.ceil((stage_ends + (total - ends_bytes) * layer_share) / tp)
+
+
+def kv_layout(inputs: PlanInputs) -> KVLayout:
+    spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
+    kv_bytes = inputs.kv_dtype_bytes
+    layers = math.ceil(spec.num_layers / pp)
+    if spec.is_mla:
+        # one compressed latent + the rope key per token, replicated on every TP rank
+        per_layer = (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
+        return KVLayout(per_layer * layers, per_layer, layers, 1, 1, None, 0, True)
+    heads = max(1, spec.num_kv_heads // tp)  # replicated when TP exceeds the KV heads
+    per_layer = 2 * heads * spec.head_dim * kv_bytes
+    kinds = spec.kinds[:layers]
+    n_sliding = sum(1 for k in kinds if k == "sliding")
+    n_full = layers - n_sliding
+    groups, group_size = 1, layers
+    if n_sliding and n_full:
+        # vLLM's hybrid allocator: groups of equal size, one shared block pool per group slot
+        group_size = min(n_sliding, n_full)
+        groups = math.ceil(n_sliding / group_size) + math.ceil(n_full / group_size)
+    return KVLayout(
+        bytes_per_token=per_layer * group_size * groups,
+        layer_bytes_per_token=per_layer,
+        num_layers=layers,
+        num_kv_heads_per_gpu=heads,
+        num_groups=groups,
+        sliding_window=spec.sliding_window if n_sliding else None,
+        num_sliding_layers=n_sliding,
+        is_mla=False,
+    )
+
+
+def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int) -> int:
+    """Peak of the profiling pass: the widest per-token tensors of one layer for `num_batched_tokens`
+    tokens, or the sampler warm-up (fp32 logits of `num_seqs` rows), whichever is larger."""
+    spec, tp = inputs.spec, inputs.tensor_parallel_size
+    act = inputs.model_dtype_bytes
+    h = spec.hidden_size
+    if spec.is_moe:
+        mlp = spec.num_experts_per_tok * (3 * spec.moe_intermediate_size // tp + h)
+        mlp = max(mlp, 3 * spec.intermediate_size // tp) if spec.first_k_dense_replace else mlp
+    else:
+        mlp = 3 * spec.intermediate_size // tp
+    q = spec.num_attention_heads * spec.head_dim // tp
+    attention = 2 * q + 2 * max(1, spec.num_kv_heads // tp) * spec.head_dim
+    forward = num_batched_tokens * (2 * h + max(mlp, attention)) * act * ACTIVATION_FACTOR
+    sampler = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT + num_batched_tokens * h * act
+    return int(max(forward, sampler))
+
+
+def non_torch_bytes(inputs: PlanInputs) -> int:
+    parallel = inputs.tensor_parallel_size * inputs.pipeline_parallel_size > 1
+    return int((NON_TORCH_GIB + (NON_TORCH_PARALLEL_GIB if parallel else 0.0)) * GIB)
+
+
+def cuda_graph_bytes(inputs: PlanInputs, max_num_seqs: int) -> int:
+    """Graph pools for the captured decode batch sizes: per-layer intermediates of the largest
+    captured batch (min(max_num_seqs, 512) x 2 for piecewise + full), plus a fixed part per layer."""
+    if inputs.enforce_eager or inputs.device == "cpu":
+        return 0
+    spec = inputs.spec
+    largest = min(max_num_seqs * 2, 512)
+    per_layer = 2 * 2**20  # calibrated: graph bookkeeping and workspaces per captured layer
+    widest = largest * (spec.hidden_size + 3 * spec.intermediate_size // inputs.tensor_parallel_size) * 2
+    layers = math.ceil(spec.num_layers / inputs.pipeline_parallel_size)
+    return int(layers * per_layer + widest + 64 * 2**20)
