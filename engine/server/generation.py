@@ -133,6 +133,11 @@ async def stream_outputs(
             raise APIError(
                 503, f"the server is overloaded: {e}", code="queue_full", headers={"Retry-After": "1"}
             ) from e
+        except ValueError as e:
+            # The engine validates a request before producing anything; its ValueError is the user's.
+            if final is not None:
+                raise
+            raise bad_request(str(e)) from e
     finally:
         done = final is not None and final.finished
         if not done:
