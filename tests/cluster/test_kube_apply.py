@@ -48,12 +48,15 @@ def _live(client: KubeClient, discovery: Discovery, api_version: str, kind: str,
 
 
 def _versions(client: KubeClient, discovery: Discovery, namespace: str) -> dict[str, tuple[str, int]]:
+    """kind -> (resourceVersion, generation). Controllers write the status of Deployments and PDBs
+    (a new resourceVersion), so for those only the generation tells whether we changed them."""
     out = {}
     for api_version, kind in [("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment"),
                               ("policy/v1", "PodDisruptionBudget"), ("autoscaling/v2", "HorizontalPodAutoscaler")]:
         live = _live(client, discovery, api_version, kind, "demo-config" if kind == "ConfigMap" else "demo", namespace)
         assert live is not None, kind
-        out[kind] = (live["metadata"]["resourceVersion"], live["metadata"].get("generation", 0))
+        rv = "" if kind in ("Deployment", "PodDisruptionBudget") else live["metadata"]["resourceVersion"]
+        out[kind] = (rv, live["metadata"].get("generation", 0))
     return out
 
 
@@ -78,10 +81,18 @@ def test_apply_creates_everything_and_deployment_becomes_available(
 def test_reapply_unchanged_changes_nothing(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
     _apply(client, instance, m.full_set())
     before = _versions(client, discovery, instance.namespace)
+    owned_before = _our_managed_fields(client, discovery, instance.namespace)
     out = _apply(client, instance, m.full_set())
     assert "no changes (5 object(s) up to date)" in out.text
     assert "applied" not in out.text
     assert _versions(client, discovery, instance.namespace) == before
+    assert _our_managed_fields(client, discovery, instance.namespace) == owned_before
+
+
+def _our_managed_fields(client: KubeClient, discovery: Discovery, namespace: str) -> list[dict[str, Any]]:
+    dep = _live(client, discovery, "apps/v1", "Deployment", "demo", namespace)
+    assert dep is not None
+    return [f for f in dep["metadata"]["managedFields"] if f["manager"] == "llmdeploy"]
 
 
 def test_changing_a_knob_changes_only_that_field(client: KubeClient, discovery: Discovery,

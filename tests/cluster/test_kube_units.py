@@ -103,3 +103,23 @@ def test_unreachable_server_is_a_clear_user_error(tmp_path: Path) -> None:
         client.request("GET", "/version", what="read version")
     assert f"cannot reach the Kubernetes API at https://127.0.0.1:{port}" in str(err.value)
     assert "fix:" in str(err.value)
+
+
+def _deployment(generation: int, observed: int, replicas: int, updated: int, available: int,
+                conditions: list[dict[str, str]]) -> dict[str, object]:
+    return {"metadata": {"name": "d", "generation": generation}, "spec": {"replicas": replicas},
+            "status": {"observedGeneration": observed, "replicas": updated, "updatedReplicas": updated,
+                       "availableReplicas": available, "conditions": conditions}}
+
+
+def test_rollout_state_reads_named_conditions() -> None:
+    from llmdeploy.apply.rollout import deployment_state
+
+    available = {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "ok"}
+    assert deployment_state(_deployment(2, 2, 2, 2, 2, [available])).done
+    assert not deployment_state(_deployment(3, 2, 2, 2, 2, [available])).done  # new spec not yet seen
+    assert not deployment_state(_deployment(2, 2, 2, 2, 1, [available])).done
+    stuck = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+             "message": 'ReplicaSet "d-1" has timed out progressing.'}
+    state = deployment_state(_deployment(2, 2, 2, 1, 0, [stuck]))
+    assert state.failed and "timed out progressing" in state.conditions[0].render()
