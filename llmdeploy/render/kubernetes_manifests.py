@@ -1,0 +1,154 @@
+"""Kubernetes manifests for a recipe: one template per kind, listed in apply order plus a kustomization."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import yaml
+
+from llmdeploy.errors import UserError
+from llmdeploy.recipe import Recipe, recipe_digest
+from llmdeploy.recipe.schema import KubernetesTarget
+from llmdeploy.render.artifacts import header
+from llmdeploy.render.engine_command import engine_command
+from llmdeploy.render.kubernetes_objects import (
+    PROMETHEUS_ADDRESS,
+    engine_container,
+    labels,
+    leader_worker_argv,
+    pod_shape,
+    pod_spec,
+    quantity,
+    scaling_metric,
+    selector,
+)
+from llmdeploy.render.model_location import container_model_ref
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def _version(target: KubernetesTarget) -> tuple[int, int]:
+    match = re.match(r"^v?(\d+)\.(\d+)", target.kubernetes_version)
+    if not match:
+        raise UserError.one("not a Kubernetes version", path="target.kubernetes_version",
+                            value=target.kubernetes_version, fix="write MAJOR.MINOR, e.g. '1.30'")
+    return int(match.group(1)), int(match.group(2))
+
+
+def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
+                      plan: object) -> tuple[dict[str, str], tuple[dict[str, Any], ...]]:
+    from llmdeploy.render.renderer import plan_number, render_template
+
+    if not _DNS_LABEL.match(target.namespace):
+        raise UserError.one("not a Kubernetes namespace name", path="target.namespace", value=target.namespace,
+                            fix="lower-case letters, digits and '-', at most 63 characters")
+    version = _version(target)
+    name, meta_labels = recipe.name, labels(recipe, target)
+    command = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
+    shape = pod_shape(recipe, target, plan_number(plan, "weights_gib"))
+    head = header(recipe)
+    claim = target.model_cache.existing_claim or f"{name}-model-cache"
+    multi_node = recipe.hardware.nodes > 1
+    autoscaling = target.autoscaling
+    if autoscaling is not None and multi_node:
+        raise UserError.one("autoscaling a LeaderWorkerSet is not rendered", path="target.autoscaling",
+                            value=autoscaling.kind, fix="remove target.autoscaling for multi-node replicas")
+
+    def meta(object_name: str) -> dict[str, Any]:
+        return {"name": object_name, "namespace": target.namespace, "labels": meta_labels}
+
+    files: dict[str, str] = {}
+    config_data = {
+        "recipe.json": json.dumps(recipe.model_dump(mode="json"), indent=2, sort_keys=True) + "\n",
+        "launch-args.json": json.dumps(command.argv, indent=2) + "\n",
+    }
+    files["configmap.yaml"] = render_template("kubernetes/configmap.yaml.j2", header=head,
+                                              metadata=meta(f"{name}-recipe"), data=config_data)
+    if target.model_cache.existing_claim is None:
+        shared = recipe.parallelism.replicas > 1 or autoscaling is not None or multi_node
+        pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
+                                    "resources": {"requests": {"storage": f"{shape.cache_gib}Gi"}}}
+        if target.model_cache.storage_class:
+            pvc_spec["storageClassName"] = target.model_cache.storage_class
+        files["persistentvolumeclaim.yaml"] = render_template(
+            "kubernetes/persistentvolumeclaim.yaml.j2", header=head, metadata=meta(claim), spec=pvc_spec)
+
+    pod_labels = {**meta_labels}
+    pod_meta = {"labels": pod_labels, "annotations": {"llmdeploy.io/recipe-sha256": recipe_digest(recipe)}}
+    service_selector = selector(recipe)
+    if multi_node:
+        leader_argv, worker_argv = leader_worker_argv(command.argv)
+        leader = engine_container(recipe, target, command, shape, argv=leader_argv)
+        worker = engine_container(recipe, target, command, shape, argv=worker_argv)
+        for key in ("ports", "startupProbe", "readinessProbe", "livenessProbe"):
+            worker.pop(key)
+        lws_spec = {
+            "replicas": recipe.parallelism.replicas,
+            "leaderWorkerTemplate": {
+                "size": recipe.hardware.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {"metadata": pod_meta, "spec": pod_spec(recipe, target, shape, [leader], claim)},
+                "workerTemplate": {"metadata": pod_meta, "spec": pod_spec(recipe, target, shape, [worker], claim)},
+            },
+        }
+        files["leaderworkerset.yaml"] = render_template("kubernetes/leaderworkerset.yaml.j2", header=head,
+                                                        metadata=meta(name), spec=lws_spec)
+        service_selector = {**service_selector, LWS_WORKER_INDEX: "0"}
+    else:
+        container = engine_container(recipe, target, command, shape)
+        deployment_spec: dict[str, Any] = {
+            "selector": {"matchLabels": selector(recipe)},
+            "template": {"metadata": pod_meta, "spec": pod_spec(recipe, target, shape, [container], claim)},
+        }
+        if autoscaling is None:
+            deployment_spec["replicas"] = recipe.parallelism.replicas
+        if shape.gpus_per_pod:
+            # a surge pod would wait for GPUs the old pod holds
+            deployment_spec["strategy"] = {"type": "RollingUpdate",
+                                           "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+        files["deployment.yaml"] = render_template("kubernetes/deployment.yaml.j2", header=head,
+                                                   metadata=meta(name), spec=deployment_spec)
+
+    service_spec = {"type": target.service_type, "selector": service_selector,
+                    "ports": [{"name": "http", "port": recipe.server.port, "targetPort": "http", "protocol": "TCP"}]}
+    files["service.yaml"] = render_template("kubernetes/service.yaml.j2", header=head, metadata=meta(name),
+                                            spec=service_spec)
+    files["poddisruptionbudget.yaml"] = render_template(
+        "kubernetes/poddisruptionbudget.yaml.j2", header=head,
+        api_version="policy/v1" if version >= (1, 21) else "policy/v1beta1", metadata=meta(name),
+        spec={"maxUnavailable": 1, "selector": {"matchLabels": service_selector}})
+    if autoscaling is not None:
+        metric = scaling_metric(recipe, autoscaling.metric)
+        target_ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        if autoscaling.kind == "hpa":
+            if autoscaling.min_replicas < 1:
+                raise UserError.one("a HorizontalPodAutoscaler cannot scale to zero", path="target.autoscaling",
+                                    value=autoscaling.min_replicas, fix="use min_replicas >= 1, or kind: keda")
+            hpa_spec = {"scaleTargetRef": target_ref, "minReplicas": autoscaling.min_replicas,
+                        "maxReplicas": autoscaling.max_replicas,
+                        "metrics": [{"type": "Pods", "pods": {
+                            # custom-metrics adapters expose Prometheus names with ':' turned into '_'
+                            "metric": {"name": metric.replace(":", "_")},
+                            "target": {"type": "AverageValue", "averageValue": quantity(autoscaling.target)}}}]}
+            files["horizontalpodautoscaler.yaml"] = render_template(
+                "kubernetes/horizontalpodautoscaler.yaml.j2", header=head,
+                api_version="autoscaling/v2" if version >= (1, 23) else "autoscaling/v2beta2",
+                metadata=meta(name), spec=hpa_spec)
+        else:
+            scope = f'{{namespace="{target.namespace}",pod=~"{name}-.*"}}'
+            query = f"sum({metric}{scope})" if autoscaling.metric == "queue_depth" else f"avg({metric}{scope})"
+            trigger = {"type": "prometheus",
+                       "metricType": "AverageValue" if autoscaling.metric == "queue_depth" else "Value",
+                       "metadata": {"serverAddress": PROMETHEUS_ADDRESS, "query": query,
+                                    "threshold": str(autoscaling.target)}}
+            keda_spec = {"scaleTargetRef": {"name": name}, "minReplicaCount": autoscaling.min_replicas,
+                         "maxReplicaCount": autoscaling.max_replicas, "triggers": [trigger]}
+            files["scaledobject.yaml"] = render_template("kubernetes/scaledobject.yaml.j2", header=head,
+                                                         metadata=meta(name), spec=keda_spec)
+    documents = tuple(doc for text in files.values() for doc in yaml.safe_load_all(text) if doc)
+    files["kustomization.yaml"] = render_template("kubernetes/kustomization.yaml.j2", header=head,
+                                                  namespace=target.namespace, resources=list(files))
+    return files, documents
