@@ -48,10 +48,14 @@ def _change(label: str, before: float, after: float, fmt: str) -> str:
 
 def describe_change(before: Capacity | None, after: Capacity) -> str:
     if before is None:
-        return (f"capacity: KV cache {after.kv_cache_tokens:,} tokens, max concurrency "
-                f"{after.max_concurrency:.1f}, {after.num_gpus} GPU(s) (nothing recorded on the live deployment)")
-    return "capacity: " + ", ".join([
-        _change("KV cache tokens", before.kv_cache_tokens, after.kv_cache_tokens, ","),
-        _change("max concurrency", before.max_concurrency, after.max_concurrency, ".1f"),
-        _change("GPUs", before.num_gpus, after.num_gpus, "d"),
-    ])
+        return (
+            f"capacity: KV cache {after.kv_cache_tokens:,} tokens, max concurrency "
+            f"{after.max_concurrency:.1f}, {after.num_gpus} GPU(s) (nothing recorded on the live deployment)"
+        )
+    return "capacity: " + ", ".join(
+        [
+            _change("KV cache tokens", before.kv_cache_tokens, after.kv_cache_tokens, ","),
+            _change("max concurrency", before.max_concurrency, after.max_concurrency, ".1f"),
+            _change("GPUs", before.num_gpus, after.num_gpus, "d"),
+        ]
+    )

@@ -48,11 +48,16 @@ class Discovery:
         key = (group, version)
         if key not in self._resources:
             path = f"/apis/{group}/{version}" if group else f"/api/{version}"
-            listing = self.client.request("GET", path, what=f"discover {group or 'core'}/{version}",
-                                          missing_ok=True) or {}
+            listing = (
+                self.client.request(
+                    "GET", path, what=f"discover {group or 'core'}/{version}", missing_ok=True
+                )
+                or {}
+            )
             self._resources[key] = {
                 r["kind"]: ResourceType(group, version, r["kind"], r["name"], bool(r.get("namespaced")))
-                for r in listing.get("resources") or [] if "/" not in r["name"]
+                for r in listing.get("resources") or []
+                if "/" not in r["name"]
             }
         return self._resources[key]
 

@@ -51,12 +51,18 @@ class ResourceType:
 def _conflict_problems(status: dict[str, Any], what: str) -> list[Problem]:
     causes = (status.get("details") or {}).get("causes") or []
     problems = [
-        Problem(f"{what}: {c.get('message', 'conflict')}",
-                fix="another field manager owns these fields; re-run with --force-conflicts to take them over")
+        Problem(
+            f"{what}: {c.get('message', 'conflict')}",
+            fix="another field manager owns these fields; re-run with --force-conflicts to take them over",
+        )
         for c in causes
     ]
-    return problems or [Problem(f"{what}: {status.get('message', 'conflict')}",
-                                fix="re-run with --force-conflicts to take over the contested fields")]
+    return problems or [
+        Problem(
+            f"{what}: {status.get('message', 'conflict')}",
+            fix="re-run with --force-conflicts to take over the contested fields",
+        )
+    ]
 
 
 class KubeClient:
@@ -72,8 +78,9 @@ class KubeClient:
         elif config.client_cert_file:  # key inside the certificate file
             cert = config.client_cert_file
         try:
-            self._http = httpx.Client(base_url=config.server, headers=headers, verify=verify, cert=cert,
-                                      timeout=timeout_s)
+            self._http = httpx.Client(
+                base_url=config.server, headers=headers, verify=verify, cert=cert, timeout=timeout_s
+            )
         except (OSError, ValueError) as e:  # unreadable CA or client key files
             raise UserError.one(f"cannot set up TLS for {config.server}: {e}", file=config.source) from e
 
@@ -86,17 +93,30 @@ class KubeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, *, what: str, params: dict[str, str] | None = None,
-                body: dict[str, Any] | None = None, content_type: str = "application/json",
-                missing_ok: bool = False) -> dict[str, Any] | None:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        params: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+        missing_ok: bool = False,
+    ) -> dict[str, Any] | None:
         content = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": content_type} if content is not None else {}
         try:
             r = self._http.request(method, path, params=params, content=content, headers=headers)
         except httpx.TransportError as e:
-            raise KubeApiError([Problem(
-                f"cannot reach the Kubernetes API at {self.config.server} (context {self.config.context!r}): {e}",
-                fix="check that the cluster is running and that your kubeconfig points at it")]) from e
+            raise KubeApiError(
+                [
+                    Problem(
+                        f"cannot reach the Kubernetes API at {self.config.server} (context {self.config.context!r}): {e}",
+                        fix="check that the cluster is running and that your kubeconfig points at it",
+                    )
+                ]
+            ) from e
         if r.status_code == 404 and missing_ok:
             return None
         if r.status_code >= 400:
@@ -118,14 +138,18 @@ class KubeClient:
             422: "the object is invalid for this cluster's API version",
         }.get(r.status_code)
         message = status.get("message") or r.reason_phrase
-        return KubeApiError([Problem(f"{what}: HTTP {r.status_code} {reason}: {message}".replace(":  :", ":"),
-                                     fix=fix)], status_code=r.status_code, reason=reason)
+        return KubeApiError(
+            [Problem(f"{what}: HTTP {r.status_code} {reason}: {message}".replace(":  :", ":"), fix=fix)],
+            status_code=r.status_code,
+            reason=reason,
+        )
 
     def get(self, rt: ResourceType, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return self.request("GET", rt.path(namespace, name), what=f"get {rt.kind} {name}", missing_ok=True)
 
-    def list(self, rt: ResourceType, namespace: str | None = None,
-             label_selector: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self, rt: ResourceType, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         params = {"labelSelector": label_selector} if label_selector else None
         result = self.request("GET", rt.path(namespace), what=f"list {rt.plural}", params=params) or {}
         items: list[dict[str, Any]] = result.get("items") or []
@@ -134,8 +158,9 @@ class KubeClient:
             item.setdefault("kind", rt.kind)
         return items
 
-    def apply(self, rt: ResourceType, obj: dict[str, Any], *, dry_run: bool = False,
-              force: bool = False) -> dict[str, Any]:
+    def apply(
+        self, rt: ResourceType, obj: dict[str, Any], *, dry_run: bool = False, force: bool = False
+    ) -> dict[str, Any]:
         meta = obj["metadata"]
         params = {"fieldManager": FIELD_MANAGER}
         if force:
@@ -143,19 +168,31 @@ class KubeClient:
         if dry_run:
             params["dryRun"] = "All"
         # JSON is YAML, so the apply-patch content type takes the object serialized as JSON.
-        result = self.request("PATCH", rt.path(meta.get("namespace"), meta["name"]), params=params, body=obj,
-                              content_type=APPLY_PATCH, what=f"apply {rt.kind} {meta['name']}")
+        result = self.request(
+            "PATCH",
+            rt.path(meta.get("namespace"), meta["name"]),
+            params=params,
+            body=obj,
+            content_type=APPLY_PATCH,
+            what=f"apply {rt.kind} {meta['name']}",
+        )
         assert result is not None
         return result
 
-    def delete(self, rt: ResourceType, name: str, namespace: str | None = None, *,
-               dry_run: bool = False) -> bool:
+    def delete(
+        self, rt: ResourceType, name: str, namespace: str | None = None, *, dry_run: bool = False
+    ) -> bool:
         """Delete one object (dependents in the background); False when it was already gone."""
         params = {"propagationPolicy": "Background"}
         if dry_run:
             params["dryRun"] = "All"
-        result = self.request("DELETE", rt.path(namespace, name), params=params,
-                              what=f"delete {rt.kind} {name}", missing_ok=True)
+        result = self.request(
+            "DELETE",
+            rt.path(namespace, name),
+            params=params,
+            what=f"delete {rt.kind} {name}",
+            missing_ok=True,
+        )
         return result is not None
 
     def stream_lines(self, path: str, params: dict[str, str], what: str) -> Iterator[str]:

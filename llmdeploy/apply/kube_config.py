@@ -45,8 +45,11 @@ def _named(entries: Any, name: str, what: str, source: str) -> dict[str, Any]:
         if isinstance(entry, dict) and entry.get("name") == name:
             value = entry.get(what)
             return value if isinstance(value, dict) else {}
-    raise UserError.one(f"kubeconfig names {what} {name!r} but defines no such {what}", file=source,
-                        fix=f"add it under {what}s: or pick another context with --context")
+    raise UserError.one(
+        f"kubeconfig names {what} {name!r} but defines no such {what}",
+        file=source,
+        fix=f"add it under {what}s: or pick another context with --context",
+    )
 
 
 def _file_or_data(section: dict[str, Any], key: str, base_dir: Path) -> str | None:
@@ -69,8 +72,11 @@ def load_kubeconfig(path: Path | None = None, context: str | None = None) -> Kub
     if not file.exists():
         if path is None and (IN_CLUSTER_DIR / "token").exists():
             return _in_cluster()
-        raise UserError.one("no kubeconfig found", file=str(file),
-                            fix="point --kubeconfig or $KUBECONFIG at your cluster's kubeconfig")
+        raise UserError.one(
+            "no kubeconfig found",
+            file=str(file),
+            fix="point --kubeconfig or $KUBECONFIG at your cluster's kubeconfig",
+        )
     source = str(file)
     try:
         cfg = yaml.safe_load(file.read_text()) or {}
@@ -88,7 +94,9 @@ def load_kubeconfig(path: Path | None = None, context: str | None = None) -> Kub
     if "exec" in user or "auth-provider" in user:
         raise UserError.one(
             f"user {ctx.get('user')!r} authenticates with an exec/auth-provider plugin, which llmdeploy does not run",
-            file=source, fix="use a kubeconfig with a token or a client certificate")
+            file=source,
+            fix="use a kubeconfig with a token or a client certificate",
+        )
     base = file.parent
     token = user.get("token")
     if not token and user.get("tokenFile"):

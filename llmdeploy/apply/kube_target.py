@@ -45,8 +45,15 @@ def connect(kubeconfig: Path | None = None, context: str | None = None) -> KubeC
     return KubeClient(load_kubeconfig(kubeconfig, context))
 
 
-def apply_kubernetes(client: KubeClient, instance: Instance, objects: Sequence[dict[str, Any]],
-                     capacity: Capacity | None, options: ApplyOptions, confirm: Confirm, echo: Echo) -> int:
+def apply_kubernetes(
+    client: KubeClient,
+    instance: Instance,
+    objects: Sequence[dict[str, Any]],
+    capacity: Capacity | None,
+    options: ApplyOptions,
+    confirm: Confirm,
+    echo: Echo,
+) -> int:
     discovery = Discovery(client)
     echo(f"cluster {client.config.server} (context {client.config.context}, {discovery.server_version()})")
     planned, skipped = prepare(discovery, objects, instance, capacity)
@@ -72,8 +79,14 @@ def apply_kubernetes(client: KubeClient, instance: Instance, objects: Sequence[d
     return 0
 
 
-def diff_kubernetes(client: KubeClient, instance: Instance, objects: Sequence[dict[str, Any]],
-                    capacity: Capacity | None, echo: Echo, prune: bool = True) -> int:
+def diff_kubernetes(
+    client: KubeClient,
+    instance: Instance,
+    objects: Sequence[dict[str, Any]],
+    capacity: Capacity | None,
+    echo: Echo,
+    prune: bool = True,
+) -> int:
     """Print the changes an apply would make; exit code 1 when there are any (like `diff`)."""
     discovery = Discovery(client)
     planned, skipped = prepare(discovery, objects, instance, capacity)
@@ -82,8 +95,9 @@ def diff_kubernetes(client: KubeClient, instance: Instance, objects: Sequence[di
     return 1 if changes.pending else 0
 
 
-def delete_kubernetes(client: KubeClient, instance: Instance, confirm: Confirm, echo: Echo,
-                      dry_run: bool = False) -> int:
+def delete_kubernetes(
+    client: KubeClient, instance: Instance, confirm: Confirm, echo: Echo, dry_run: bool = False
+) -> int:
     discovery = Discovery(client)
     objects = live_objects(client, discovery, instance)
     if not objects:

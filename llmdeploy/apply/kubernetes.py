@@ -27,10 +27,18 @@ WORKLOAD_KINDS = frozenset({"Deployment", "LeaderWorkerSet", "StatefulSet"})
 
 # Where to look for leftovers of each prunable kind (discovery may pick an older version).
 DEFAULT_API_VERSIONS: dict[str, str] = {
-    "ServiceAccount": "v1", "Secret": "v1", "ConfigMap": "v1", "PersistentVolumeClaim": "v1", "Service": "v1",
-    "Role": "rbac.authorization.k8s.io/v1", "RoleBinding": "rbac.authorization.k8s.io/v1",
-    "Deployment": "apps/v1", "StatefulSet": "apps/v1", "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
-    "PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2",
+    "ServiceAccount": "v1",
+    "Secret": "v1",
+    "ConfigMap": "v1",
+    "PersistentVolumeClaim": "v1",
+    "Service": "v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+    "PodDisruptionBudget": "policy/v1",
+    "HorizontalPodAutoscaler": "autoscaling/v2",
     "ScaledObject": "keda.sh/v1alpha1",
 }
 assert set(DEFAULT_API_VERSIONS) >= PRUNABLE_KINDS and set(DEFAULT_API_VERSIONS) <= set(KIND_RANK)
@@ -66,7 +74,11 @@ class PlannedObject:
 
     @property
     def label(self) -> str:
-        return f"{self.rt.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.rt.kind} {self.name}"
+        return (
+            f"{self.rt.kind} {self.namespace}/{self.name}"
+            if self.namespace
+            else f"{self.rt.kind} {self.name}"
+        )
 
 
 def object_key(rt: ResourceType, namespace: str | None, name: str) -> tuple[str, str, str, str]:
@@ -110,8 +122,9 @@ class ChangeSet:
         return "\n".join(lines)
 
 
-def prepare(discovery: Discovery, objects: Sequence[dict[str, Any]], instance: Instance,
-            capacity: Capacity | None) -> tuple[list[PlannedObject], list[str]]:
+def prepare(
+    discovery: Discovery, objects: Sequence[dict[str, Any]], instance: Instance, capacity: Capacity | None
+) -> tuple[list[PlannedObject], list[str]]:
     """Resolve each rendered object against discovery, add our labels, namespace and capacity note."""
     planned: list[PlannedObject] = []
     skipped: list[str] = []
@@ -120,8 +133,10 @@ def prepare(discovery: Discovery, objects: Sequence[dict[str, Any]], instance: I
         kind, api_version = str(body.get("kind")), str(body.get("apiVersion"))
         rt = discovery.resolve(api_version, kind)
         if rt is None:
-            skipped.append(f"{kind} {body['metadata'].get('name')}: the cluster does not serve {api_version} "
-                           f"(install its CRDs / controller to use it)")
+            skipped.append(
+                f"{kind} {body['metadata'].get('name')}: the cluster does not serve {api_version} "
+                f"(install its CRDs / controller to use it)"
+            )
             continue
         body["apiVersion"] = rt.api_version
         meta = body.setdefault("metadata", {})
@@ -144,8 +159,9 @@ def _live_capacity(lives: Sequence[tuple[PlannedObject, dict[str, Any] | None]])
     return None
 
 
-def find_leftovers(client: KubeClient, discovery: Discovery, planned: Sequence[PlannedObject],
-                   instance: Instance) -> list[PlannedObject]:
+def find_leftovers(
+    client: KubeClient, discovery: Discovery, planned: Sequence[PlannedObject], instance: Instance
+) -> list[PlannedObject]:
     """Live objects labelled with this instance and managed by llmdeploy that are not planned."""
     wanted = {object_key(p.rt, p.namespace, p.name) for p in planned}
     namespaces = {instance.namespace} | {p.namespace for p in planned if p.namespace}
@@ -169,9 +185,15 @@ def find_leftovers(client: KubeClient, discovery: Discovery, planned: Sequence[P
     return leftovers
 
 
-def compute_changes(client: KubeClient, discovery: Discovery, planned: Sequence[PlannedObject],
-                    skipped: Sequence[str], instance: Instance, capacity: Capacity | None,
-                    prune: bool = True) -> ChangeSet:
+def compute_changes(
+    client: KubeClient,
+    discovery: Discovery,
+    planned: Sequence[PlannedObject],
+    skipped: Sequence[str],
+    instance: Instance,
+    capacity: Capacity | None,
+    prune: bool = True,
+) -> ChangeSet:
     """What an apply would do, object by object, from a server-side dry run against the live state."""
     changes: list[ObjectChange] = []
     lives: list[tuple[PlannedObject, dict[str, Any] | None]] = []
@@ -194,8 +216,14 @@ def compute_changes(client: KubeClient, discovery: Discovery, planned: Sequence[
     return ChangeSet(tuple(changes), tuple(skipped), _live_capacity(lives), capacity)
 
 
-def execute(client: KubeClient, changes: ChangeSet, *, force_conflicts: bool = False, dry_run: bool = False,
-            echo: Callable[[str], None] = print) -> None:
+def execute(
+    client: KubeClient,
+    changes: ChangeSet,
+    *,
+    force_conflicts: bool = False,
+    dry_run: bool = False,
+    echo: Callable[[str], None] = print,
+) -> None:
     """Apply creates and updates in kind order, then delete pruned objects in reverse kind order."""
     for c in changes.pending:
         if c.action in ("create", "update"):
@@ -207,11 +235,17 @@ def execute(client: KubeClient, changes: ChangeSet, *, force_conflicts: bool = F
         echo(f"{'would prune' if dry_run else 'pruned'} {obj.label}")
 
 
-def wait_for_rollouts(client: KubeClient, planned: Sequence[PlannedObject], timeout_s: float,
-                      echo: Callable[[str], None] = print) -> None:
+def wait_for_rollouts(
+    client: KubeClient,
+    planned: Sequence[PlannedObject],
+    timeout_s: float,
+    echo: Callable[[str], None] = print,
+) -> None:
     for obj in planned:
         if obj.rt.kind == "Deployment":
-            wait_for_deployment(client, obj.rt, obj.name, obj.namespace or "default", timeout_s, on_progress=echo)
+            wait_for_deployment(
+                client, obj.rt, obj.name, obj.namespace or "default", timeout_s, on_progress=echo
+            )
             echo(f"Deployment {obj.name} is Available")
 
 
@@ -223,8 +257,14 @@ def live_objects(client: KubeClient, discovery: Discovery, instance: Instance) -
     return [by_id[id(b)] for b in ordered]
 
 
-def delete_instance(client: KubeClient, discovery: Discovery, instance: Instance, *, dry_run: bool = False,
-                    echo: Callable[[str], None] = print) -> int:
+def delete_instance(
+    client: KubeClient,
+    discovery: Discovery,
+    instance: Instance,
+    *,
+    dry_run: bool = False,
+    echo: Callable[[str], None] = print,
+) -> int:
     """Delete every object of this instance in reverse kind order; returns how many."""
     objects = live_objects(client, discovery, instance)
     bodies = delete_order(o.body for o in objects)
@@ -240,6 +280,12 @@ def explain_conflict(error: KubeApiError) -> UserError:
     """Apply conflicts name the other field manager already; add what to do about it."""
     if error.status_code != 409:
         return error
-    return UserError([*error.problems, Problem(
-        "another tool (the field manager named above) changed fields llmdeploy sets",
-        fix="re-run with --force-conflicts to take ownership, or change the recipe to match")])
+    return UserError(
+        [
+            *error.problems,
+            Problem(
+                "another tool (the field manager named above) changed fields llmdeploy sets",
+                fix="re-run with --force-conflicts to take ownership, or change the recipe to match",
+            ),
+        ]
+    )

@@ -11,10 +11,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-SERVER_MANAGED_METADATA = frozenset({
-    "managedFields", "resourceVersion", "generation", "uid", "creationTimestamp", "selfLink",
-    "deletionTimestamp", "deletionGracePeriodSeconds",
-})
+SERVER_MANAGED_METADATA = frozenset(
+    {
+        "managedFields",
+        "resourceVersion",
+        "generation",
+        "uid",
+        "creationTimestamp",
+        "selfLink",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+    }
+)
 SERVER_MANAGED_ANNOTATIONS = frozenset({"deployment.kubernetes.io/revision"})
 
 
@@ -42,7 +50,9 @@ def comparable(obj: dict[str, Any]) -> dict[str, Any]:
     """A copy without status and server-managed metadata."""
     out = {k: v for k, v in obj.items() if k != "status"}
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in SERVER_MANAGED_METADATA}
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in SERVER_MANAGED_ANNOTATIONS}
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k not in SERVER_MANAGED_ANNOTATIONS
+    }
     if annotations:
         meta["annotations"] = annotations
     else:

@@ -38,8 +38,12 @@ class RolloutState:
 
 def conditions_of(obj: dict[str, Any]) -> tuple[Condition, ...]:
     return tuple(
-        Condition(str(c.get("type", "")), str(c.get("status", "")), str(c.get("reason", "")),
-                  str(c.get("message", "")))
+        Condition(
+            str(c.get("type", "")),
+            str(c.get("status", "")),
+            str(c.get("reason", "")),
+            str(c.get("message", "")),
+        )
         for c in (obj.get("status") or {}).get("conditions") or []
     )
 
@@ -58,13 +62,25 @@ def deployment_state(obj: dict[str, Any]) -> RolloutState:
     if seen and progressing is not None and progressing.status == "False":
         return RolloutState(False, True, summary, conds)
     avail = by_type.get("Available")
-    done = (seen and updated >= want and available >= want and total <= want
-            and (want == 0 or (avail is not None and avail.status == "True")))
+    done = (
+        seen
+        and updated >= want
+        and available >= want
+        and total <= want
+        and (want == 0 or (avail is not None and avail.status == "True"))
+    )
     return RolloutState(done, False, summary, conds)
 
 
-def wait_for_deployment(client: KubeClient, rt: ResourceType, name: str, namespace: str, timeout_s: float,
-                        on_progress: Callable[[str], None] | None = None, poll_s: float = 1.0) -> RolloutState:
+def wait_for_deployment(
+    client: KubeClient,
+    rt: ResourceType,
+    name: str,
+    namespace: str,
+    timeout_s: float,
+    on_progress: Callable[[str], None] | None = None,
+    poll_s: float = 1.0,
+) -> RolloutState:
     deadline = time.monotonic() + timeout_s
     last_summary = ""
     while True:
@@ -80,7 +96,12 @@ def wait_for_deployment(client: KubeClient, rt: ResourceType, name: str, namespa
         if state.failed or time.monotonic() >= deadline:
             why = "rollout failed" if state.failed else f"rollout not finished after {timeout_s:.0f} s"
             details = "; ".join(c.render() for c in state.conditions) or "no conditions reported yet"
-            raise UserError([Problem(
-                f"Deployment {namespace}/{name}: {why} ({state.summary}): {details}",
-                fix="inspect the pods with `llmdeploy status` / `llmdeploy logs`, or raise --timeout")])
+            raise UserError(
+                [
+                    Problem(
+                        f"Deployment {namespace}/{name}: {why} ({state.summary}): {details}",
+                        fix="inspect the pods with `llmdeploy status` / `llmdeploy logs`, or raise --timeout",
+                    )
+                ]
+            )
         time.sleep(poll_s)

@@ -7,9 +7,9 @@ The recipe's `target.type` picks the implementation: `local` (a process on this 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -37,17 +37,22 @@ def _confirm(assume_yes: bool) -> Callable[[str], bool]:
     return ask
 
 
-def _load(recipe_path: Path, overrides: tuple[str, ...]) -> Recipe:
+def _load(recipe_path: Path, overrides: tuple[str, ...], namespace: str | None = None) -> Recipe:
     from llmdeploy.recipe import load_recipe
 
+    if namespace:
+        overrides = (*overrides, f"target.namespace={namespace}")
     return load_recipe(recipe_path, overrides)
 
 
 def _kube_target(recipe: Recipe, verb: str) -> KubernetesTarget:
     if not isinstance(recipe.target, KubernetesTarget):
-        raise UserError.one(f"`llmdeploy {verb}` works on kubernetes targets; this recipe's target is "
-                            f"{recipe.target.type!r}", path="target.type", value=recipe.target.type,
-                            fix="set target.type: kubernetes (and target.namespace) in the recipe")
+        raise UserError.one(
+            f"`llmdeploy {verb}` works on kubernetes targets; this recipe's target is {recipe.target.type!r}",
+            path="target.type",
+            value=recipe.target.type,
+            fix="set target.type: kubernetes (and target.namespace) in the recipe",
+        )
     return recipe.target
 
 
@@ -59,22 +64,36 @@ def _rendered(recipe: Recipe) -> tuple[list[dict[str, Any]], Any]:
 
     plan = make_plan(recipe)
     artifacts = render(recipe, plan)
-    return list(artifacts.kubernetes_objects), capacity_from_plan(recipe, plan)
+    # the contract names them `kubernetes_objects`; the renderer in progress calls them `documents`
+    objects = cast(
+        Sequence[dict[str, Any]],
+        getattr(artifacts, "kubernetes_objects", None) or getattr(artifacts, "documents", ()),
+    )
+    return [dict(o) for o in objects], capacity_from_plan(recipe, plan)
 
 
-def _instance(recipe: Recipe, namespace: str | None) -> Any:
+def _instance(recipe: Recipe, verb: str) -> Any:
     from llmdeploy.apply.kubernetes import Instance
 
-    target = _kube_target(recipe, "apply")
-    return Instance(recipe.name, namespace or target.namespace)
+    return Instance(recipe.name, _kube_target(recipe, verb).namespace)
 
 
-recipe_arg = click.argument("recipe_path", metavar="RECIPE", type=click.Path(exists=True, dir_okay=False,
-                                                                               path_type=Path))
-set_opt = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                       help="Override a recipe field, e.g. --set limits.max_num_seqs=64.")
-kubeconfig_opt = click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                              help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).")
+recipe_arg = click.argument(
+    "recipe_path", metavar="RECIPE", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+set_opt = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a recipe field, e.g. --set limits.max_num_seqs=64.",
+)
+kubeconfig_opt = click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).",
+)
 context_opt = click.option("--context", default=None, help="Kubeconfig context (default: current-context).")
 namespace_opt = click.option("--namespace", "-n", default=None, help="Override target.namespace.")
 
@@ -83,31 +102,56 @@ namespace_opt = click.option("--namespace", "-n", default=None, help="Override t
 @recipe_arg
 @set_opt
 @click.option("--yes", "-y", "assume_yes", is_flag=True, help="Apply without asking.")
-@click.option("--dry-run", is_flag=True, help="Validate on the server (dryRun=All) and show changes; persist nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Validate on the server (dryRun=All) and show changes; persist nothing."
+)
 @click.option("--force-conflicts", is_flag=True, help="Take over fields another field manager owns.")
-@click.option("--prune/--no-prune", default=True, show_default=True,
-              help="Delete this recipe's objects that are no longer rendered.")
-@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for Deployments to be Available.")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
-              help="Rollout wait limit in seconds.")
+@click.option(
+    "--prune/--no-prune",
+    default=True,
+    show_default=True,
+    help="Delete this recipe's objects that are no longer rendered.",
+)
+@click.option(
+    "--wait/--no-wait", default=True, show_default=True, help="Wait for Deployments to be Available."
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Rollout wait limit in seconds.",
+)
 @kubeconfig_opt
 @context_opt
 @namespace_opt
-def apply_command(recipe_path: Path, overrides: tuple[str, ...], assume_yes: bool, dry_run: bool,
-                  force_conflicts: bool, prune: bool, wait: bool, timeout_s: float, kubeconfig: Path | None,
-                  context: str | None, namespace: str | None) -> None:
+def apply_command(
+    recipe_path: Path,
+    overrides: tuple[str, ...],
+    assume_yes: bool,
+    dry_run: bool,
+    force_conflicts: bool,
+    prune: bool,
+    wait: bool,
+    timeout_s: float,
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str | None,
+) -> None:
     """Bring the recipe's deployment to the rendered state (local process or Kubernetes)."""
-    recipe = _load(recipe_path, overrides)
+    recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import apply_local
 
         sys.exit(apply_local(recipe, recipe_path, assume_yes))
     from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes, connect
 
-    instance = _instance(recipe, namespace)
+    instance = _instance(recipe, "apply")
     objects, capacity = _rendered(recipe)
-    options = ApplyOptions(dry_run=dry_run, force_conflicts=force_conflicts, prune=prune, wait=wait,
-                           timeout_s=timeout_s)
+    options = ApplyOptions(
+        dry_run=dry_run, force_conflicts=force_conflicts, prune=prune, wait=wait, timeout_s=timeout_s
+    )
     with connect(kubeconfig, context) as client:
         sys.exit(apply_kubernetes(client, instance, objects, capacity, options, _confirm(assume_yes), _echo))
 
@@ -119,16 +163,22 @@ def apply_command(recipe_path: Path, overrides: tuple[str, ...], assume_yes: boo
 @kubeconfig_opt
 @context_opt
 @namespace_opt
-def diff_command(recipe_path: Path, overrides: tuple[str, ...], prune: bool, kubeconfig: Path | None,
-                 context: str | None, namespace: str | None) -> None:
+def diff_command(
+    recipe_path: Path,
+    overrides: tuple[str, ...],
+    prune: bool,
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str | None,
+) -> None:
     """Show what `apply` would change on the cluster, field by field, and the capacity change.
 
     Exits 0 when nothing would change, 1 when something would.
     """
     from llmdeploy.apply.kube_target import connect, diff_kubernetes
 
-    recipe = _load(recipe_path, overrides)
-    instance = _instance(recipe, namespace)
+    recipe = _load(recipe_path, overrides, namespace)
+    instance = _instance(recipe, "diff")
     objects, capacity = _rendered(recipe)
     with connect(kubeconfig, context) as client:
         sys.exit(diff_kubernetes(client, instance, objects, capacity, _out, prune=prune))
@@ -142,17 +192,24 @@ def diff_command(recipe_path: Path, overrides: tuple[str, ...], prune: bool, kub
 @kubeconfig_opt
 @context_opt
 @namespace_opt
-def delete_command(recipe_path: Path, overrides: tuple[str, ...], assume_yes: bool, dry_run: bool,
-                   kubeconfig: Path | None, context: str | None, namespace: str | None) -> None:
+def delete_command(
+    recipe_path: Path,
+    overrides: tuple[str, ...],
+    assume_yes: bool,
+    dry_run: bool,
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str | None,
+) -> None:
     """Delete every object of this recipe (labelled with its instance and managed by llmdeploy)."""
-    recipe = _load(recipe_path, overrides)
+    recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import down_local
 
         sys.exit(down_local(recipe))
     from llmdeploy.apply.kube_target import connect, delete_kubernetes
 
-    instance = _instance(recipe, namespace)
+    instance = _instance(recipe, "delete")
     with connect(kubeconfig, context) as client:
         sys.exit(delete_kubernetes(client, instance, _confirm(assume_yes), _echo, dry_run=dry_run))
 
@@ -163,17 +220,22 @@ def delete_command(recipe_path: Path, overrides: tuple[str, ...], assume_yes: bo
 @kubeconfig_opt
 @context_opt
 @namespace_opt
-def status_command(recipe_path: Path, overrides: tuple[str, ...], kubeconfig: Path | None, context: str | None,
-                   namespace: str | None) -> None:
+def status_command(
+    recipe_path: Path,
+    overrides: tuple[str, ...],
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str | None,
+) -> None:
     """Show whether the recipe's deployment is up (exit 0) or not (exit 1)."""
-    recipe = _load(recipe_path, overrides)
+    recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import status_local
 
         sys.exit(status_local(recipe))
     from llmdeploy.apply.kube_target import connect, status_kubernetes
 
-    instance = _instance(recipe, namespace)
+    instance = _instance(recipe, "status")
     with connect(kubeconfig, context) as client:
         sys.exit(status_kubernetes(client, instance, _out))
 
@@ -186,17 +248,24 @@ def status_command(recipe_path: Path, overrides: tuple[str, ...], kubeconfig: Pa
 @kubeconfig_opt
 @context_opt
 @click.option("--namespace", default=None, help="Override target.namespace.")
-def logs_command(recipe_path: Path, overrides: tuple[str, ...], follow: bool, lines: int,
-                 kubeconfig: Path | None, context: str | None, namespace: str | None) -> None:
+def logs_command(
+    recipe_path: Path,
+    overrides: tuple[str, ...],
+    follow: bool,
+    lines: int,
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str | None,
+) -> None:
     """Print the engine's log (local process, or the deployment's pods)."""
-    recipe = _load(recipe_path, overrides)
+    recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import logs_local
 
         sys.exit(logs_local(recipe, follow, lines))
     from llmdeploy.apply.kube_target import connect, logs_kubernetes
 
-    instance = _instance(recipe, namespace)
+    instance = _instance(recipe, "logs")
     with connect(kubeconfig, context) as client:
         sys.exit(logs_kubernetes(client, instance, follow, lines, _out))
 
@@ -208,16 +277,22 @@ def logs_command(recipe_path: Path, overrides: tuple[str, ...], follow: bool, li
 @kubeconfig_opt
 @context_opt
 @namespace_opt
-def down_command(recipe_path: Path, overrides: tuple[str, ...], assume_yes: bool, kubeconfig: Path | None,
-                 context: str | None, namespace: str | None) -> None:
+def down_command(
+    recipe_path: Path,
+    overrides: tuple[str, ...],
+    assume_yes: bool,
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str | None,
+) -> None:
     """Stop the recipe's deployment: the local process, or delete its Kubernetes objects."""
-    recipe = _load(recipe_path, overrides)
+    recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import down_local
 
         sys.exit(down_local(recipe))
     from llmdeploy.apply.kube_target import connect, delete_kubernetes
 
-    instance = _instance(recipe, namespace)
+    instance = _instance(recipe, "down")
     with connect(kubeconfig, context) as client:
         sys.exit(delete_kubernetes(client, instance, _confirm(assume_yes), _echo))

@@ -42,26 +42,56 @@ def _client(kubeconfig: str) -> httpx.Client:
 
 
 def _node_status(gpus: int) -> dict[str, Any]:
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus),
-                "ephemeral-storage": "1Ti"}
+    capacity = {
+        "cpu": "64",
+        "memory": "512Gi",
+        "pods": "110",
+        "nvidia.com/gpu": str(gpus),
+        "ephemeral-storage": "1Ti",
+    }
     now = _now()
     return {
         "capacity": capacity,
         "allocatable": capacity,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "fake kubelet is posting ready status",
-                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "fake kubelet is posting ready status",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+        ],
         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-        "nodeInfo": {"machineID": "fake", "systemUUID": "fake", "bootID": "fake", "kernelVersion": "fake",
-                     "osImage": "fake", "containerRuntimeVersion": "fake://0", "kubeletVersion": "v1.20.2",
-                     "kubeProxyVersion": "v1.20.2", "operatingSystem": "linux", "architecture": "amd64"},
+        "nodeInfo": {
+            "machineID": "fake",
+            "systemUUID": "fake",
+            "bootID": "fake",
+            "kernelVersion": "fake",
+            "osImage": "fake",
+            "containerRuntimeVersion": "fake://0",
+            "kubeletVersion": "v1.20.2",
+            "kubeProxyVersion": "v1.20.2",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
     }
 
 
 def register_node(api: httpx.Client, name: str, gpus: int) -> None:
-    node = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                                  "nvidia.com/gpu.present": "true"}}}
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "nvidia.com/gpu.present": "true",
+            },
+        },
+    }
     r = api.post("/api/v1/nodes", json=node)
     if r.status_code not in (201, 409):
         r.raise_for_status()
@@ -69,8 +99,11 @@ def register_node(api: httpx.Client, name: str, gpus: int) -> None:
 
 
 def heartbeat(api: httpx.Client, name: str, gpus: int) -> None:
-    r = api.patch(f"/api/v1/nodes/{name}/status", json={"status": _node_status(gpus)},
-                  headers={"Content-Type": "application/merge-patch+json"})
+    r = api.patch(
+        f"/api/v1/nodes/{name}/status",
+        json={"status": _node_status(gpus)},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     r.raise_for_status()
 
 
@@ -83,12 +116,23 @@ def _pod_running_status(pod: dict[str, Any]) -> dict[str, Any]:
         "podIP": "10.244.0.10",
         "podIPs": [{"ip": "10.244.0.10"}],
         "startTime": now,
-        "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                       for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
-        "containerStatuses": [{"name": c["name"], "image": c.get("image", ""), "imageID": "fake://" + c.get("image", ""),
-                               "containerID": f"fake://{pod['metadata']['uid']}-{c['name']}",
-                               "ready": True, "started": True, "restartCount": 0,
-                               "state": {"running": {"startedAt": now}}} for c in containers],
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+        ],
+        "containerStatuses": [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "fake://" + c.get("image", ""),
+                "containerID": f"fake://{pod['metadata']['uid']}-{c['name']}",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in containers
+        ],
     }
 
 
@@ -100,13 +144,19 @@ def sync_pods(api: httpx.Client, node: str) -> None:
         if meta.get("deletionTimestamp"):
             api.delete(path, params={"gracePeriodSeconds": "0"})
         elif not spec.get("nodeName"):
-            binding = {"apiVersion": "v1", "kind": "Binding",
-                       "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
             api.post(f"{path}/binding", json=binding)
         elif spec["nodeName"] == node and pod.get("status", {}).get("phase") != "Running":
-            api.patch(f"{path}/status", json={"status": _pod_running_status(pod)},
-                      headers={"Content-Type": "application/merge-patch+json"})
+            api.patch(
+                f"{path}/status",
+                json={"status": _pod_running_status(pod)},
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
 
 
 def main() -> None:

@@ -45,18 +45,57 @@ def _openssl(*args: str) -> None:
 
 def _make_certs(pki: Path) -> None:
     pki.mkdir(parents=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"), "-subj", "/CN=llmdeploy-test-ca")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-keyout",
+        str(pki / "ca.key"),
+        "-out",
+        str(pki / "ca.crt"),
+        "-subj",
+        "/CN=llmdeploy-test-ca",
+    )
     (pki / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\n"
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n"
         "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
     )
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki / "apiserver.key"),
-             "-out", str(pki / "apiserver.csr"), "-subj", "/CN=kube-apiserver")
-    _openssl("x509", "-req", "-in", str(pki / "apiserver.csr"), "-CA", str(pki / "ca.crt"),
-             "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "2",
-             "-extfile", str(pki / "san.cnf"), "-extensions", "ext", "-out", str(pki / "apiserver.crt"))
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(pki / "apiserver.key"),
+        "-out",
+        str(pki / "apiserver.csr"),
+        "-subj",
+        "/CN=kube-apiserver",
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(pki / "apiserver.csr"),
+        "-CA",
+        str(pki / "ca.crt"),
+        "-CAkey",
+        str(pki / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(pki / "san.cnf"),
+        "-extensions",
+        "ext",
+        "-out",
+        str(pki / "apiserver.crt"),
+    )
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
     (pki / "tokens.csv").write_text(f'{ADMIN_TOKEN},test-admin,test-admin,"system:masters"\n')
@@ -112,57 +151,125 @@ class KubeCluster:
         _make_certs(pki)
         etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self._spawn("etcd", [
-            str(self.bin_dir / "etcd"), "--name", "test", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-            "--initial-cluster", f"test=http://127.0.0.1:{peer_port}",
-            "--quota-backend-bytes", str(512 * 2**20), "--log-level", "warn",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name",
+                "test",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"test=http://127.0.0.1:{peer_port}",
+                "--quota-backend-bytes",
+                str(512 * 2**20),
+                "--log-level",
+                "warn",
+            ],
+        )
         self._wait_ready("etcd", f"{etcd_url}/health", 30)
 
         self.server = f"https://127.0.0.1:{api_port}"
-        self._spawn("kube-apiserver", [
-            str(self.bin_dir / "kube-apiserver"),
-            "--etcd-servers", etcd_url,
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--secure-port", str(api_port), "--insecure-port", "0",
-            "--cert-dir", str(pki),
-            "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
-            "--client-ca-file", str(pki / "ca.crt"),
-            "--token-auth-file", str(pki / "tokens.csv"),
-            "--authorization-mode", "RBAC",
-            "--service-account-issuer", "https://kubernetes.default.svc",
-            "--service-account-key-file", str(pki / "sa.pub"),
-            "--service-account-signing-key-file", str(pki / "sa.key"),
-            "--api-audiences", "https://kubernetes.default.svc",
-            "--service-cluster-ip-range", "10.96.0.0/24",
-            "--enable-admission-plugins", "NamespaceLifecycle",
-            "--disable-admission-plugins", "ServiceAccount,StorageObjectInUseProtection,DefaultStorageClass,"
-            "PersistentVolumeClaimResize,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota,"
-            "LimitRanger,Priority,RuntimeClass,DefaultIngressClass,CertificateApproval,CertificateSigning,"
-            "CertificateSubjectRestriction",
-            "--allow-privileged", "true",
-            "--profiling=false", "--v", "1",
-        ])
-        self._wait_ready("kube-apiserver", f"{self.server}/readyz", 90,
-                         verify=str(pki / "ca.crt"), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                "--etcd-servers",
+                etcd_url,
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(api_port),
+                "--insecure-port",
+                "0",
+                "--cert-dir",
+                str(pki),
+                "--tls-cert-file",
+                str(pki / "apiserver.crt"),
+                "--tls-private-key-file",
+                str(pki / "apiserver.key"),
+                "--client-ca-file",
+                str(pki / "ca.crt"),
+                "--token-auth-file",
+                str(pki / "tokens.csv"),
+                "--authorization-mode",
+                "RBAC",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                str(pki / "sa.pub"),
+                "--service-account-signing-key-file",
+                str(pki / "sa.key"),
+                "--api-audiences",
+                "https://kubernetes.default.svc",
+                "--service-cluster-ip-range",
+                "10.96.0.0/24",
+                "--enable-admission-plugins",
+                "NamespaceLifecycle",
+                "--disable-admission-plugins",
+                "ServiceAccount,StorageObjectInUseProtection,DefaultStorageClass,"
+                "PersistentVolumeClaimResize,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota,"
+                "LimitRanger,Priority,RuntimeClass,DefaultIngressClass,CertificateApproval,CertificateSigning,"
+                "CertificateSubjectRestriction",
+                "--allow-privileged",
+                "true",
+                "--profiling=false",
+                "--v",
+                "1",
+            ],
+        )
+        self._wait_ready(
+            "kube-apiserver",
+            f"{self.server}/readyz",
+            90,
+            verify=str(pki / "ca.crt"),
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
 
         self.kubeconfig = self.workdir / "kubeconfig"
         write_kubeconfig(self.kubeconfig, self.server, pki / "ca.crt", ADMIN_TOKEN)
-        self._spawn("kube-controller-manager", [
-            str(self.bin_dir / "kube-controller-manager"),
-            "--kubeconfig", str(self.kubeconfig),
-            "--leader-elect=false", "--port", "0", "--secure-port", "0",
-            "--controllers", "deployment,replicaset,garbagecollector,namespace,disruption",
-            "--root-ca-file", str(pki / "ca.crt"),
-            "--concurrent-deployment-syncs", "2", "--concurrent-replicaset-syncs", "2",
-            "--v", "1",
-        ])
-        self._spawn("fake-kubelet", [
-            sys.executable, str(HERE / "fake_kubelet.py"), "--kubeconfig", str(self.kubeconfig),
-        ])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--leader-elect=false",
+                "--port",
+                "0",
+                "--secure-port",
+                "0",
+                "--controllers",
+                "deployment,replicaset,garbagecollector,namespace,disruption",
+                "--root-ca-file",
+                str(pki / "ca.crt"),
+                "--concurrent-deployment-syncs",
+                "2",
+                "--concurrent-replicaset-syncs",
+                "2",
+                "--v",
+                "1",
+            ],
+        )
+        self._spawn(
+            "fake-kubelet",
+            [
+                sys.executable,
+                str(HERE / "fake_kubelet.py"),
+                "--kubeconfig",
+                str(self.kubeconfig),
+            ],
+        )
 
     def stop(self) -> None:
         for _name, proc in reversed(self.procs):

@@ -31,8 +31,16 @@ class Recorder:
         return "\n".join(self.lines)
 
 
-def _apply(client: KubeClient, instance: Instance, objects: list[dict[str, Any]], *, wait: bool = False,
-           dry_run: bool = False, capacity: Capacity | None = CAP, force: bool = False) -> Recorder:
+def _apply(
+    client: KubeClient,
+    instance: Instance,
+    objects: list[dict[str, Any]],
+    *,
+    wait: bool = False,
+    dry_run: bool = False,
+    capacity: Capacity | None = CAP,
+    force: bool = False,
+) -> Recorder:
     out = Recorder()
     options = ApplyOptions(dry_run=dry_run, wait=wait, timeout_s=120, force_conflicts=force)
     rc = apply_kubernetes(client, instance, objects, capacity, options, lambda _q: True, out)
@@ -40,8 +48,9 @@ def _apply(client: KubeClient, instance: Instance, objects: list[dict[str, Any]]
     return out
 
 
-def _live(client: KubeClient, discovery: Discovery, api_version: str, kind: str, name: str,
-          namespace: str) -> dict[str, Any] | None:
+def _live(
+    client: KubeClient, discovery: Discovery, api_version: str, kind: str, name: str, namespace: str
+) -> dict[str, Any] | None:
     rt = discovery.resolve(api_version, kind)
     assert rt is not None
     return client.get(rt, name, namespace)
@@ -51,9 +60,16 @@ def _versions(client: KubeClient, discovery: Discovery, namespace: str) -> dict[
     """kind -> (resourceVersion, generation). Controllers write the status of Deployments and PDBs
     (a new resourceVersion), so for those only the generation tells whether we changed them."""
     out = {}
-    for api_version, kind in [("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment"),
-                              ("policy/v1", "PodDisruptionBudget"), ("autoscaling/v2", "HorizontalPodAutoscaler")]:
-        live = _live(client, discovery, api_version, kind, "demo-config" if kind == "ConfigMap" else "demo", namespace)
+    for api_version, kind in [
+        ("v1", "ConfigMap"),
+        ("v1", "Service"),
+        ("apps/v1", "Deployment"),
+        ("policy/v1", "PodDisruptionBudget"),
+        ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ]:
+        live = _live(
+            client, discovery, api_version, kind, "demo-config" if kind == "ConfigMap" else "demo", namespace
+        )
         assert live is not None, kind
         rv = "" if kind in ("Deployment", "PodDisruptionBudget") else live["metadata"]["resourceVersion"]
         out[kind] = (rv, live["metadata"].get("generation", 0))
@@ -61,7 +77,8 @@ def _versions(client: KubeClient, discovery: Discovery, namespace: str) -> dict[
 
 
 def test_apply_creates_everything_and_deployment_becomes_available(
-        client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    client: KubeClient, discovery: Discovery, instance: Instance
+) -> None:
     out = _apply(client, instance, [*m.full_set(), m.leader_worker_set()], wait=True)
     assert "Deployment demo is Available" in out.text
     assert "skipped: LeaderWorkerSet demo: the cluster does not serve leaderworkerset.x-k8s.io/v1" in out.text
@@ -78,7 +95,9 @@ def test_apply_creates_everything_and_deployment_becomes_available(
     assert hpa is not None and hpa["apiVersion"] == "autoscaling/v2beta2"
 
 
-def test_reapply_unchanged_changes_nothing(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+def test_reapply_unchanged_changes_nothing(
+    client: KubeClient, discovery: Discovery, instance: Instance
+) -> None:
     _apply(client, instance, m.full_set())
     before = _versions(client, discovery, instance.namespace)
     owned_before = _our_managed_fields(client, discovery, instance.namespace)
@@ -95,8 +114,9 @@ def _our_managed_fields(client: KubeClient, discovery: Discovery, namespace: str
     return [f for f in dep["metadata"]["managedFields"] if f["manager"] == "llmdeploy"]
 
 
-def test_changing_a_knob_changes_only_that_field(client: KubeClient, discovery: Discovery,
-                                                 instance: Instance) -> None:
+def test_changing_a_knob_changes_only_that_field(
+    client: KubeClient, discovery: Discovery, instance: Instance
+) -> None:
     _apply(client, instance, m.full_set(max_num_seqs=64))
     before = _versions(client, discovery, instance.namespace)
     planned, skipped = prepare(discovery, m.full_set(max_num_seqs=32), instance, CAP)
@@ -104,7 +124,8 @@ def test_changing_a_knob_changes_only_that_field(client: KubeClient, discovery: 
     assert [(c.action, c.obj.rt.kind) for c in changes.pending] == [("update", "Deployment")]
     fields = changes.pending[0].fields
     assert [(f.op, f.path, f.before, f.after) for f in fields] == [
-        ("~", "spec.template.spec.containers[name=engine].args[3]", "64", "32")]
+        ("~", "spec.template.spec.containers[name=engine].args[3]", "64", "32")
+    ]
     _apply(client, instance, m.full_set(max_num_seqs=32))
     after = _versions(client, discovery, instance.namespace)
     for kind in ("ConfigMap", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"):
@@ -115,8 +136,11 @@ def test_changing_a_knob_changes_only_that_field(client: KubeClient, discovery: 
 def test_dry_run_persists_nothing(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
     out = _apply(client, instance, m.full_set(), dry_run=True)
     assert "+ Deployment" in out.text and "nothing was changed" in out.text
-    for api_version, kind, name in [("v1", "ConfigMap", "demo-config"), ("apps/v1", "Deployment", "demo"),
-                                    ("policy/v1", "PodDisruptionBudget", "demo")]:
+    for api_version, kind, name in [
+        ("v1", "ConfigMap", "demo-config"),
+        ("apps/v1", "Deployment", "demo"),
+        ("policy/v1", "PodDisruptionBudget", "demo"),
+    ]:
         assert _live(client, discovery, api_version, kind, name, instance.namespace) is None
     # a dry run of a change leaves the live object as it was
     _apply(client, instance, m.full_set())
@@ -135,8 +159,13 @@ def test_dry_run_reports_server_side_validation_errors(client: KubeClient, insta
 def test_diff_shows_fields_objects_and_capacity(client: KubeClient, instance: Instance) -> None:
     _apply(client, instance, m.full_set(max_num_seqs=64))
     new_cap = Capacity(kv_cache_tokens=150_000, max_concurrency=18.3, num_gpus=2)
-    objects = [m.config_map(), m.service(), m.deployment(max_num_seqs=128, gpus=2), m.pdb(),
-               m.config_map(name="demo-extra")]
+    objects = [
+        m.config_map(),
+        m.service(),
+        m.deployment(max_num_seqs=128, gpus=2),
+        m.pdb(),
+        m.config_map(name="demo-extra"),
+    ]
     out = Recorder()
     assert diff_kubernetes(client, instance, objects, new_cap, out) == 1
     text = out.text
@@ -146,14 +175,18 @@ def test_diff_shows_fields_objects_and_capacity(client: KubeClient, instance: In
     assert f"+ ConfigMap {instance.namespace}/demo-extra (create)" in text
     assert f"- HorizontalPodAutoscaler {instance.namespace}/demo (prune)" in text
     assert "ConfigMap " + instance.namespace + "/demo-config" not in text  # unchanged objects stay quiet
-    assert ("capacity: KV cache tokens 100,000 -> 150,000 (+50,000), max concurrency 12.2 -> 18.3 (+6.1), "
-            "GPUs 1 -> 2 (+1)") in text
+    assert (
+        "capacity: KV cache tokens 100,000 -> 150,000 (+50,000), max concurrency 12.2 -> 18.3 (+6.1), "
+        "GPUs 1 -> 2 (+1)"
+    ) in text
     same = Recorder()
     assert diff_kubernetes(client, instance, m.full_set(max_num_seqs=64), CAP, same) == 0
     assert "no changes" in same.text
 
 
-def test_prune_removes_only_our_leftovers(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+def test_prune_removes_only_our_leftovers(
+    client: KubeClient, discovery: Discovery, instance: Instance
+) -> None:
     cm_rt = discovery.resolve("v1", "ConfigMap")
     assert cm_rt is not None
     ns = instance.namespace
@@ -171,20 +204,34 @@ def test_prune_removes_only_our_leftovers(client: KubeClient, discovery: Discove
     assert client.get(cm_rt, "hand-made", ns) is not None
 
 
-def test_delete_removes_the_instance_only(client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+def test_delete_removes_the_instance_only(
+    client: KubeClient, discovery: Discovery, instance: Instance
+) -> None:
     cm_rt = discovery.resolve("v1", "ConfigMap")
     assert cm_rt is not None
     ns = instance.namespace
-    client.apply(cm_rt, {**m.config_map(instance="other", name="other-config"),
-                         "metadata": {**m.config_map(instance="other")["metadata"], "name": "other-config",
-                                      "namespace": ns}})
+    client.apply(
+        cm_rt,
+        {
+            **m.config_map(instance="other", name="other-config"),
+            "metadata": {
+                **m.config_map(instance="other")["metadata"],
+                "name": "other-config",
+                "namespace": ns,
+            },
+        },
+    )
     _apply(client, instance, m.full_set())
     out = Recorder()
     assert delete_kubernetes(client, instance, lambda _q: True, out) == 0
     assert f"deleted Deployment {ns}/demo" in out.text
-    for api_version, kind, name in [("v1", "ConfigMap", "demo-config"), ("v1", "Service", "demo"),
-                                    ("apps/v1", "Deployment", "demo"), ("policy/v1", "PodDisruptionBudget", "demo"),
-                                    ("autoscaling/v2", "HorizontalPodAutoscaler", "demo")]:
+    for api_version, kind, name in [
+        ("v1", "ConfigMap", "demo-config"),
+        ("v1", "Service", "demo"),
+        ("apps/v1", "Deployment", "demo"),
+        ("policy/v1", "PodDisruptionBudget", "demo"),
+        ("autoscaling/v2", "HorizontalPodAutoscaler", "demo"),
+    ]:
         assert _live(client, discovery, api_version, kind, name, ns) is None, kind
     assert client.get(cm_rt, "other-config", ns) is not None
     again = Recorder()
@@ -193,14 +240,25 @@ def test_delete_removes_the_instance_only(client: KubeClient, discovery: Discove
 
 
 def test_conflict_names_the_other_manager_and_force_takes_over(
-        client: KubeClient, discovery: Discovery, instance: Instance) -> None:
+    client: KubeClient, discovery: Discovery, instance: Instance
+) -> None:
     _apply(client, instance, [m.config_map(data={"mode": "a"})])
     cm_rt = discovery.resolve("v1", "ConfigMap")
     assert cm_rt is not None
-    other = {"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": "demo-config", "namespace": instance.namespace}, "data": {"mode": "b"}}
-    client.request("PATCH", cm_rt.path(instance.namespace, "demo-config"), what="apply as ops-team",
-                   params={"fieldManager": "ops-team", "force": "true"}, body=other, content_type=APPLY_PATCH)
+    other = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "demo-config", "namespace": instance.namespace},
+        "data": {"mode": "b"},
+    }
+    client.request(
+        "PATCH",
+        cm_rt.path(instance.namespace, "demo-config"),
+        what="apply as ops-team",
+        params={"fieldManager": "ops-team", "force": "true"},
+        body=other,
+        content_type=APPLY_PATCH,
+    )
     with pytest.raises(UserError) as err:
         _apply(client, instance, [m.config_map(data={"mode": "c"})])
     assert "ops-team" in str(err.value) and "--force-conflicts" in str(err.value)

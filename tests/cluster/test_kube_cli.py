@@ -15,20 +15,34 @@ RECIPE = ROOT / "recipes" / "production.yaml"
 
 
 def _llmdeploy(*args: str, kubeconfig: Path, namespace: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "llmdeploy.cli.main", *args, "--kubeconfig", str(kubeconfig),
-            "--set", f"target.namespace={namespace}"]
-    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300, stdin=subprocess.DEVNULL)
+    argv = [
+        sys.executable,
+        "-m",
+        "llmdeploy.cli.main",
+        *args,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--set",
+        f"target.namespace={namespace}",
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, cwd=ROOT, timeout=300, stdin=subprocess.DEVNULL
+    )
 
 
 def test_apply_reapply_diff_status_delete_production_recipe(kubeconfig: Path, namespace: str) -> None:
     recipe = str(RECIPE)
-    applied = _llmdeploy("apply", recipe, "--yes", "--timeout", "120", kubeconfig=kubeconfig, namespace=namespace)
+    applied = _llmdeploy(
+        "apply", recipe, "--yes", "--timeout", "120", kubeconfig=kubeconfig, namespace=namespace
+    )
     assert applied.returncode == 0, applied.stderr
     assert f"+ Deployment {namespace}/" in applied.stderr
     assert "is Available" in applied.stderr
     assert "capacity: KV cache" in applied.stderr
 
-    again = _llmdeploy("apply", recipe, "--yes", "--timeout", "60", kubeconfig=kubeconfig, namespace=namespace)
+    again = _llmdeploy(
+        "apply", recipe, "--yes", "--timeout", "60", kubeconfig=kubeconfig, namespace=namespace
+    )
     assert again.returncode == 0, again.stderr
     assert "no changes" in again.stderr and "applied " not in again.stderr
 
@@ -36,12 +50,20 @@ def test_apply_reapply_diff_status_delete_production_recipe(kubeconfig: Path, na
     assert same.returncode == 0, same.stdout + same.stderr
     assert "no changes" in same.stdout
 
-    changed = _llmdeploy("diff", recipe, "--set", "limits.gpu_memory_utilization=0.8",
-                         kubeconfig=kubeconfig, namespace=namespace)
+    changed = _llmdeploy(
+        "diff",
+        recipe,
+        "--set",
+        "limits.gpu_memory_utilization=0.8",
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+    )
     assert changed.returncode == 1, changed.stdout + changed.stderr
     assert "(update)" in changed.stdout and "gpu-memory-utilization" in changed.stdout
-    assert "capacity: KV cache tokens" in changed.stdout and "(unchanged)" not in changed.stdout.split(
-        "KV cache tokens")[1].split(",")[0]
+    assert (
+        "capacity: KV cache tokens" in changed.stdout
+        and "(unchanged)" not in changed.stdout.split("KV cache tokens")[1].split(",")[0]
+    )
 
     status = _llmdeploy("status", recipe, kubeconfig=kubeconfig, namespace=namespace)
     assert status.returncode == 0, status.stdout + status.stderr
@@ -61,7 +83,8 @@ def test_unreachable_cluster_is_a_readable_error(tmp_path: Path) -> None:
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
         "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
-        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n")
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
     result = _llmdeploy("diff", str(RECIPE), kubeconfig=kubeconfig, namespace="default")
     assert result.returncode == 2
     assert "cannot reach the Kubernetes API at https://127.0.0.1:1" in result.stderr

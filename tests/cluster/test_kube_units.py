@@ -18,37 +18,85 @@ from llmdeploy.errors import UserError
 
 
 def test_apply_order_follows_kind_rank_and_keeps_order_within_a_kind() -> None:
-    objs = [{"kind": k, "n": i} for i, k in enumerate(
-        ["HorizontalPodAutoscaler", "Deployment", "ConfigMap", "Namespace", "ConfigMap", "Service",
-         "PodDisruptionBudget", "PersistentVolumeClaim", "Secret", "ServiceAccount", "Widget"])]
+    objs = [
+        {"kind": k, "n": i}
+        for i, k in enumerate(
+            [
+                "HorizontalPodAutoscaler",
+                "Deployment",
+                "ConfigMap",
+                "Namespace",
+                "ConfigMap",
+                "Service",
+                "PodDisruptionBudget",
+                "PersistentVolumeClaim",
+                "Secret",
+                "ServiceAccount",
+                "Widget",
+            ]
+        )
+    ]
     kinds = [o["kind"] for o in apply_order(objs)]
-    assert kinds == ["Namespace", "ServiceAccount", "Secret", "ConfigMap", "ConfigMap", "PersistentVolumeClaim",
-                     "Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler", "Widget"]
+    assert kinds == [
+        "Namespace",
+        "ServiceAccount",
+        "Secret",
+        "ConfigMap",
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "Widget",
+    ]
     assert [o["n"] for o in apply_order(objs) if o["kind"] == "ConfigMap"] == [2, 4]
     assert [o["kind"] for o in delete_order(objs)][:2] == ["Widget", "HorizontalPodAutoscaler"]
 
 
 def test_diff_ignores_server_managed_fields_and_keys_named_lists() -> None:
-    live = {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "x", "resourceVersion": "5", "generation": 2, "managedFields": [{"a": 1}],
-                         "annotations": {"deployment.kubernetes.io/revision": "2"}, "labels": {"a": "1"}},
-            "spec": {"template": {"spec": {"containers": [{"name": "a", "image": "i:1"},
-                                                          {"name": "b", "image": "j:1"}]}}},
-            "status": {"replicas": 1}}
-    after = {"apiVersion": "apps/v1", "kind": "Deployment",
-             "metadata": {"name": "x", "resourceVersion": "6", "generation": 3, "labels": {"b": "2"}},
-             "spec": {"template": {"spec": {"containers": [{"name": "b", "image": "j:2"},
-                                                           {"name": "a", "image": "i:1"}]}}}}
+    live = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "x",
+            "resourceVersion": "5",
+            "generation": 2,
+            "managedFields": [{"a": 1}],
+            "annotations": {"deployment.kubernetes.io/revision": "2"},
+            "labels": {"a": "1"},
+        },
+        "spec": {
+            "template": {
+                "spec": {"containers": [{"name": "a", "image": "i:1"}, {"name": "b", "image": "j:1"}]}
+            }
+        },
+        "status": {"replicas": 1},
+    }
+    after = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x", "resourceVersion": "6", "generation": 3, "labels": {"b": "2"}},
+        "spec": {
+            "template": {
+                "spec": {"containers": [{"name": "b", "image": "j:2"}, {"name": "a", "image": "i:1"}]}
+            }
+        },
+    }
     rendered = [c.render() for c in diff_objects(live, after)]
-    assert rendered == ['- metadata.labels.a: "1"', '+ metadata.labels.b: "2"',
-                        '~ spec.template.spec.containers[name=b].image: "j:1" -> "j:2"']
+    assert rendered == [
+        '- metadata.labels.a: "1"',
+        '+ metadata.labels.b: "2"',
+        '~ spec.template.spec.containers[name=b].image: "j:1" -> "j:2"',
+    ]
     assert diff_objects(live, {**live, "status": {"replicas": 3}}) == []
 
 
 def test_capacity_change_is_described_with_deltas() -> None:
     before = Capacity(1000, 2.0, 1)
     assert describe_change(before, Capacity(3000, 6.0, 2)) == (
-        "capacity: KV cache tokens 1,000 -> 3,000 (+2,000), max concurrency 2.0 -> 6.0 (+4.0), GPUs 1 -> 2 (+1)")
+        "capacity: KV cache tokens 1,000 -> 3,000 (+2,000), max concurrency 2.0 -> 6.0 (+4.0), GPUs 1 -> 2 (+1)"
+    )
     assert "unchanged" in describe_change(before, before)
     assert Capacity.from_annotation(before.to_annotation()) == before
     assert Capacity.from_annotation("not json") is None
@@ -63,11 +111,17 @@ def test_resource_paths() -> None:
 
 
 def _kubeconfig(tmp_path: Path, user: dict[str, object], server: str = "https://127.0.0.1:6443") -> Path:
-    cfg = {"clusters": [{"name": "c", "cluster": {"server": server,
-                                                  "certificate-authority-data": base64.b64encode(b"CA").decode()}}],
-           "users": [{"name": "u", "user": user}],
-           "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-           "current-context": "ctx"}
+    cfg = {
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {"server": server, "certificate-authority-data": base64.b64encode(b"CA").decode()},
+            }
+        ],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "ctx",
+    }
     path = tmp_path / "config"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -105,11 +159,25 @@ def test_unreachable_server_is_a_clear_user_error(tmp_path: Path) -> None:
     assert "fix:" in str(err.value)
 
 
-def _deployment(generation: int, observed: int, replicas: int, updated: int, available: int,
-                conditions: list[dict[str, str]]) -> dict[str, object]:
-    return {"metadata": {"name": "d", "generation": generation}, "spec": {"replicas": replicas},
-            "status": {"observedGeneration": observed, "replicas": updated, "updatedReplicas": updated,
-                       "availableReplicas": available, "conditions": conditions}}
+def _deployment(
+    generation: int,
+    observed: int,
+    replicas: int,
+    updated: int,
+    available: int,
+    conditions: list[dict[str, str]],
+) -> dict[str, object]:
+    return {
+        "metadata": {"name": "d", "generation": generation},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": updated,
+            "updatedReplicas": updated,
+            "availableReplicas": available,
+            "conditions": conditions,
+        },
+    }
 
 
 def test_rollout_state_reads_named_conditions() -> None:
@@ -119,7 +187,11 @@ def test_rollout_state_reads_named_conditions() -> None:
     assert deployment_state(_deployment(2, 2, 2, 2, 2, [available])).done
     assert not deployment_state(_deployment(3, 2, 2, 2, 2, [available])).done  # new spec not yet seen
     assert not deployment_state(_deployment(2, 2, 2, 2, 1, [available])).done
-    stuck = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-             "message": 'ReplicaSet "d-1" has timed out progressing.'}
+    stuck = {
+        "type": "Progressing",
+        "status": "False",
+        "reason": "ProgressDeadlineExceeded",
+        "message": 'ReplicaSet "d-1" has timed out progressing.',
+    }
     state = deployment_state(_deployment(2, 2, 2, 1, 0, [stuck]))
     assert state.failed and "timed out progressing" in state.conditions[0].render()
