@@ -6,6 +6,7 @@ must come from one thread (AsyncLLMEngine runs it on its own loop thread).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -93,9 +94,12 @@ class LLMEngine:
         self.block_manager = BlockManager(
             runner.num_kv_blocks, runner.block_size, config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(
-            SchedulerConfig.from_engine(config, self.max_model_len), self.block_manager
-        )
+        sched_config = SchedulerConfig.from_engine(config, self.max_model_len)
+        runner_budget = getattr(runner, "max_num_batched_tokens", None)
+        if isinstance(runner_budget, int) and config.enable_chunked_prefill:
+            # never schedule more tokens per step than the runner profiled its activation memory for
+            sched_config = dataclasses.replace(sched_config, max_num_batched_tokens=runner_budget)
+        self.scheduler = Scheduler(sched_config, self.block_manager)
         self.requests: dict[str, _Request] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0

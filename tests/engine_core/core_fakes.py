@@ -112,8 +112,11 @@ class FakeTokenizer:
     eos_token_ids = frozenset({0})
     vocab_size = VOCAB
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [_TEXT.index(c) for c in text]
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return "".join(m["content"] for m in messages) + (" " if add_generation_prompt else "")
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join("<eos>" if (t == 0 and not skip_special_tokens) else _TEXT[t] for t in ids)

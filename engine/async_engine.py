@@ -1,0 +1,246 @@
+"""AsyncLLMEngine: the engine loop on its own thread, streamed to asyncio callers.
+
+All LLMEngine calls (tokenizing, adding, stepping, aborting) happen on the loop thread, so the event
+loop never waits on a forward pass and the engine stays single-threaded. Callers talk to it through a
+command queue; outputs come back to each request's asyncio.Queue via `call_soon_threadsafe`. A consumer
+that stops iterating (cancelled task, closed generator, client gone) aborts its request, which frees
+its KV blocks. An exception inside the loop is handed to every waiting request and kills the engine:
+later calls raise EngineDeadError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.llm_engine import EngineStats, LLMEngine
+from llmdeploy_engine.outputs import RequestOutput
+from llmdeploy_engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than `max_queue_len` allows (the server answers 503)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (an error inside it, or shutdown); no request can be served."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        # a closed caller loop raises RuntimeError: nobody is listening any more
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    arrival_time: float
+    stream: _Stream
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Command = _Add | _Abort | _Stop
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._streams: dict[str, _Stream] = {}  # loop thread only
+        self._lock = threading.Lock()
+        self._num_pending_adds = 0
+        self._stats = engine.stats()
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run_loop, name="llmdeploy-engine-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
+        return cls(LLMEngine(config))
+
+    # ---- caller side (any thread / event loop) -------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def is_running(self) -> bool:
+        return self._dead is None and self._thread.is_alive()
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        return self._dead
+
+    def check_health(self) -> None:
+        if not self.is_running:
+            raise EngineDeadError(f"the engine loop has stopped: {self._dead!r}")
+
+    def stats(self) -> EngineStats:
+        """Snapshot taken by the loop thread after its latest step."""
+        return self._stats
+
+    def num_waiting(self) -> int:
+        with self._lock:
+            return self._stats.num_requests_waiting + self._num_pending_adds
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield cumulative outputs for one request until it finishes.
+
+        Raises ValueError for a bad prompt or parameters, QueueFullError when `max_queue_len` requests
+        already wait, EngineDeadError when the loop has stopped.
+        """
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:  # the loop thread takes this lock before it fails the queued commands
+            self.check_health()
+            waiting = self._stats.num_requests_waiting + self._num_pending_adds
+            if waiting >= self.config.max_queue_len:
+                raise QueueFullError(
+                    f"{waiting} requests are already waiting (max_queue_len={self.config.max_queue_len}); "
+                    "retry later"
+                )
+            self._num_pending_adds += 1
+            self._commands.put(_Add(request_id, prompt, params, time.time(), stream))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                # the engine may run ahead of a slow consumer: outputs are cumulative, keep the latest
+                while not isinstance(item, BaseException) and not item.finished and not stream.queue.empty():
+                    item = stream.queue.get_nowait()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._commands.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; its stream ends with finish_reason "abort"."""
+        self._commands.put(_Abort(request_id))
+
+    def abort_nowait(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the loop thread; unfinished requests get EngineDeadError."""
+        if self._thread.is_alive():
+            self._commands.put(_Stop())
+            self._thread.join(timeout_s)
+
+    # ---- loop thread --------------------------------------------------------------------------
+    def _run_loop(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                idle = not engine.has_unfinished_requests()
+                if not self._handle_commands(block=idle):
+                    self._dead = EngineDeadError("the engine was shut down")
+                    break
+                if engine.has_unfinished_requests():
+                    for out in engine.step():
+                        stream = self._streams.get(out.request_id)
+                        if stream is not None:
+                            stream.put(out)
+                            if out.finished:
+                                del self._streams[out.request_id]
+                self._stats = engine.stats()
+        except BaseException as exc:  # reported to every waiting request, never swallowed
+            logger.exception("engine loop failed")
+            self._dead = exc
+        with self._lock:
+            self._fail_all(self._dead)
+
+    def _handle_commands(self, block: bool) -> bool:
+        """Apply queued commands; False once a stop command arrives."""
+        while True:
+            try:
+                cmd = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if isinstance(cmd, _Stop):
+                return False
+            if isinstance(cmd, _Add):
+                self._add(cmd)
+            else:
+                self._abort(cmd.request_id)
+
+    def _add(self, cmd: _Add) -> None:
+        try:
+            if cmd.request_id in self._streams:
+                raise ValueError(f"request id {cmd.request_id!r} is already in use")
+            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.arrival_time)
+            self._streams[cmd.request_id] = cmd.stream
+        except ValueError as exc:
+            cmd.stream.put(exc)
+        finally:
+            with self._lock:
+                self._num_pending_adds -= 1
+                self._stats = self.engine.stats()
+
+    def _abort(self, request_id: str) -> None:
+        out = self.engine.abort_request(request_id)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and out is not None:
+            stream.put(out)
+        self._stats = self.engine.stats()
+
+    def _fail_all(self, exc: BaseException | None) -> None:
+        err = exc if isinstance(exc, EngineDeadError) else EngineDeadError(f"the engine loop failed: {exc!r}")
+        if exc is not None and err is not exc:
+            err.__cause__ = exc
+        for stream in self._streams.values():
+            stream.put(err)
+        self._streams.clear()
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, _Add):
+                cmd.stream.put(err)
