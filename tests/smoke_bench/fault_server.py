@@ -7,8 +7,8 @@ words in the prompt (or in all chat message contents).
 Models (the fault):
   ok              correct answers
   slow            correct, but 0.3 s before the first token and --token-delay-s between tokens
-  midstream-error two tokens, then an OpenAI error event, then data: [DONE]
-  drop            two tokens, then the connection is cut
+  midstream-error two tokens (fewer if max_tokens < 3), then an OpenAI error event, then data: [DONE]
+  drop            two tokens (fewer if max_tokens < 3), then the connection is cut
   http-500        HTTP 500 with an OpenAI error body
   no-usage        correct, but never sends a usage chunk
   mixed           every third request (1-based: 3, 6, 9, ...) is cut like `drop`; the rest are correct
@@ -54,7 +54,9 @@ def build_app(kv_cache_tokens: int | None, health_delay_s: float, token_delay_s:
         return PlainTextResponse("ok")
 
     async def models(_: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "test"} for m in MODELS]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "test"} for m in MODELS]}
+        )
 
     async def metrics(_: Request) -> Response:
         lines = ["# TYPE llmdeploy:kv_cache_tokens gauge"]
@@ -85,14 +87,20 @@ def build_app(kv_cache_tokens: int | None, health_delay_s: float, token_delay_s:
             choice: dict[str, object] = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
             kind = "chat.completion" if chat else "text_completion"
-            return JSONResponse({"id": f"r{n}", "object": kind, "model": model, "choices": [choice], "usage": usage})
+            return JSONResponse(
+                {"id": f"r{n}", "object": kind, "model": model, "choices": [choice], "usage": usage}
+            )
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and model != "no-usage"
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(piece: dict[str, object], finish: str | None = None) -> str:
             choice = {"index": 0, "finish_reason": finish, **piece}
-            return "data: " + json.dumps({"id": f"r{n}", "object": kind, "model": model, "choices": [choice]}) + "\n\n"
+            return (
+                "data: "
+                + json.dumps({"id": f"r{n}", "object": kind, "model": model, "choices": [choice]})
+                + "\n\n"
+            )
 
         def token(text: str) -> dict[str, object]:
             return {"delta": {"content": text}} if chat else {"text": text}
@@ -103,7 +111,9 @@ def build_app(kv_cache_tokens: int | None, health_delay_s: float, token_delay_s:
             if chat and model != "bad-shape":
                 yield chunk({"delta": {"role": "assistant", "content": ""}})
             for i, word in enumerate(words):
-                if i == 2 and (model in ("drop", "midstream-error") or (model == "mixed" and n % 3 == 0)):
+                if i == min(2, max_tokens - 1) and (
+                    model in ("drop", "midstream-error") or (model == "mixed" and n % 3 == 0)
+                ):
                     if model == "midstream-error":
                         yield "data: " + json.dumps(error_body("injected mid-stream failure", 500)) + "\n\n"
                         yield "data: [DONE]\n\n"
@@ -114,14 +124,22 @@ def build_app(kv_cache_tokens: int | None, health_delay_s: float, token_delay_s:
                 last = i == len(words) - 1
                 yield chunk(token(word), "length" if last else None)
             if include_usage:
-                yield "data: " + json.dumps({"id": f"r{n}", "object": kind, "model": model, "choices": [], "usage": usage}) + "\n\n"
+                yield (
+                    "data: "
+                    + json.dumps(
+                        {"id": f"r{n}", "object": kind, "model": model, "choices": [], "usage": usage}
+                    )
+                    + "\n\n"
+                )
             if model != "bad-shape":
                 yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     async def info(_: Request) -> Response:
-        return JSONResponse({"model_id": "ok", "max_input_tokens": 2048, "max_total_tokens": 4096, "version": "test"})
+        return JSONResponse(
+            {"model_id": "ok", "max_input_tokens": 2048, "max_total_tokens": 4096, "version": "test"}
+        )
 
     async def generate_stream(request: Request) -> Response:
         body = await request.json()
@@ -154,7 +172,9 @@ def build_app(kv_cache_tokens: int | None, health_delay_s: float, token_delay_s:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--health-delay-s", type=float, default=0.0)
