@@ -45,25 +45,35 @@ def _validate_one(path: Path, overrides: tuple[str, ...], schema_only: bool) -> 
         click.echo(f"OK   {path} (schema only)")
         return []
     try:
-        summary, problems = _check_rules(loaded)
+        summary, problems, notes = _check_rules(loaded)
     except UserError as e:
         return [_locate(p, loaded, path) for p in e.problems]
     if problems:
         return [_locate(p, loaded, path) for p in problems]
     click.echo(f"OK   {path} ({summary})")
+    for note in notes:
+        click.echo(f"     note: {note}")
     return []
 
 
-def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem]]:
+def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
+    # imported here: `schema` and `validate --schema-only` need neither the catalog nor the planner
     from llmdeploy.planner import make_plan
-    from llmdeploy.recipe.rules import check_recipe
+    from llmdeploy.recipe.rules import check_recipe, recipe_notes
 
     recipe = loaded.recipe
     plan = make_plan(recipe)
     problems = check_recipe(recipe, plan)
-    where = recipe.hardware.gpu or recipe.hardware.device
-    summary = f"{recipe.engine.type}, {recipe.model.id} on {where}; {plan.kv_cache_tokens:,} KV tokens"
-    return summary, problems
+    where = (
+        recipe.hardware.gpu
+        if recipe.hardware.device == "cuda" and recipe.hardware.gpu
+        else recipe.hardware.device
+    )
+    summary = (
+        f"{recipe.engine.type}, {recipe.model.id} on {where}: {plan.kv_cache_tokens:,} KV tokens, "
+        f"{plan.max_concurrency:.1f}x concurrency at {plan.max_model_len:,}"
+    )
+    return summary, problems, [*plan.notes, *recipe_notes(recipe)]
 
 
 def _locate(problem: Problem, loaded: LoadedRecipe, path: Path) -> Problem:

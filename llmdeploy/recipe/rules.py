@@ -1,0 +1,321 @@
+"""Cross-field rules `validate` checks: the mistakes the schema alone cannot see.
+
+Each rule returns problems naming the field to change and the values that would work. The facts
+come from the catalog (model shape, GPU features) and the memory plan; nothing here guesses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from llmdeploy.catalog import GPUSpec, ModelSpec, resolve_gpu, resolve_model
+from llmdeploy.errors import Problem, UserError
+from llmdeploy.planner import MemoryPlan
+from llmdeploy.recipe.schema import LengthRange, Recipe
+
+# What the built-in engine can run: engine/model.py SUPPORTED_ARCHITECTURES (a test keeps them equal)
+# and engine/model_runner.py's KV dtypes. The toolkit never imports the engine (it imports torch).
+BUILTIN_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16")
+BUILTIN_QUANTIZATIONS = ("none", "gguf")
+# TGI's --quantize has no GGUF loader
+TGI_UNSUPPORTED_QUANTIZATIONS = ("gguf",)
+# vLLM's fp8 KV cache and FP8 Marlin (weight-only fp8) need Ampere or newer
+MIN_FP8_STORAGE_CAPABILITY = 8.0
+
+
+def check_recipe(recipe: Recipe, plan: MemoryPlan) -> list[Problem]:
+    """Every cross-field problem of `recipe`, plus the plan's own when it does not fit."""
+    try:
+        model = resolve_model(recipe.model)
+    except UserError as e:
+        return [_with_path(p, "model") for p in e.problems]
+    gpu: GPUSpec | None = None
+    if recipe.hardware.device == "cuda" and recipe.hardware.gpu:
+        try:
+            gpu = resolve_gpu(recipe.hardware.gpu)
+        except UserError as e:
+            return list(e.problems)
+    problems = [
+        *_parallelism(recipe, model),
+        *_fp8(recipe, model, gpu),
+        *_context(recipe, model, plan),
+        *_engine_support(recipe, model),
+        *_speculative(recipe, model),
+    ]
+    if not plan.fits:
+        fix = "; or ".join(plan.suggestions) if plan.suggestions else None
+        problems += [Problem(f"does not fit: {text}", fix=fix) for text in plan.problems] or [
+            Problem("the memory plan does not fit", fix=fix)
+        ]
+    return problems
+
+
+def recipe_notes(recipe: Recipe) -> list[str]:
+    """Things worth knowing that are not errors (shown by `validate`, never failing it)."""
+    notes = []
+    gpu = _gpu_or_none(recipe)
+    if gpu is not None and not gpu.fp8_support and recipe.engine.type == "vllm":
+        if recipe.kv_cache.dtype.startswith("fp8"):
+            notes.append(
+                f"{gpu.name} has no fp8 tensor cores: the fp8 KV cache halves its memory, "
+                "but attention still computes in 16-bit"
+            )
+        if recipe.model.quantization == "fp8":
+            notes.append(
+                f"{gpu.name} has no fp8 tensor cores: vLLM runs fp8 weights weight-only (W8A16, FP8 Marlin)"
+            )
+    return notes
+
+
+def _gpu_or_none(recipe: Recipe) -> GPUSpec | None:
+    if recipe.hardware.device != "cuda" or not recipe.hardware.gpu:
+        return None
+    try:
+        return resolve_gpu(recipe.hardware.gpu)
+    except UserError:
+        return None
+
+
+def _with_path(problem: Problem, path: str) -> Problem:
+    if problem.path is not None:
+        return problem
+    return dataclasses.replace(problem, path=path)
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _parallelism(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
+    tp, pp = recipe.parallelism.tensor, recipe.parallelism.pipeline
+    hw = recipe.hardware
+    available = hw.gpus_per_node * hw.nodes
+    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
+    if heads % tp:
+        yield Problem(
+            f"tensor parallelism {tp} does not divide the model's {heads} attention heads",
+            path="parallelism.tensor",
+            value=tp,
+            has_value=True,
+            fix=f"use one of: {', '.join(map(str, _divisors(heads, max(tp, available, 8))))}",
+        )
+    elif not model.is_mla and kv_heads % tp and tp % kv_heads:
+        yield Problem(
+            f"tensor parallelism {tp} and the model's {kv_heads} KV heads: one must divide the other",
+            path="parallelism.tensor",
+            value=tp,
+            has_value=True,
+            fix=f"use a divisor or a multiple of {kv_heads}",
+        )
+    if pp > model.num_layers:
+        yield Problem(
+            f"pipeline parallelism {pp} exceeds the model's {model.num_layers} layers",
+            path="parallelism.pipeline",
+            value=pp,
+            has_value=True,
+            fix=f"at most {model.num_layers}",
+        )
+    if hw.device == "cuda" and tp * pp > available:
+        yield Problem(
+            f"one replica needs tensor x pipeline = {tp} x {pp} = {tp * pp} GPUs, "
+            f"but the hardware has gpus_per_node x nodes = {hw.gpus_per_node} x {hw.nodes} = {available}",
+            path="parallelism",
+            fix=f"raise hardware.gpus_per_node (or hardware.nodes) to give {tp * pp} GPUs, or lower the parallelism",
+        )
+
+
+def _fp8(recipe: Recipe, model: ModelSpec, gpu: GPUSpec | None) -> Iterator[Problem]:
+    kv_fp8 = recipe.kv_cache.dtype.startswith("fp8")
+    weights_fp8 = recipe.model.quantization == "fp8"
+    if gpu is None or not (kv_fp8 or weights_fp8):
+        return
+    capability = float(gpu.compute_capability)
+    if capability < MIN_FP8_STORAGE_CAPABILITY:
+        what = "an fp8 KV cache" if kv_fp8 else "fp8 weights"
+        yield Problem(
+            f"{what} needs compute capability {MIN_FP8_STORAGE_CAPABILITY} or newer; "
+            f"{gpu.name} is {gpu.compute_capability}",
+            path="kv_cache.dtype" if kv_fp8 else "model.quantization",
+            fix="use kv_cache.dtype auto / fp16, or a newer GPU",
+        )
+    if weights_fp8 and model.is_moe and not gpu.fp8_support:
+        yield Problem(
+            f"fp8 MoE weights need a GPU with fp8 support (compute capability 8.9+); {gpu.name} has none",
+            path="model.quantization",
+            fix="use an H100/L40S/RTX-4090-class GPU, or awq/gptq int4 weights",
+        )
+    if recipe.engine.type == "tgi" and kv_fp8 and not gpu.fp8_support:
+        yield Problem(
+            f"TGI's fp8 KV cache needs a GPU with fp8 support; {gpu.name} has none",
+            path="kv_cache.dtype",
+            fix="use kv_cache.dtype auto, or engine vllm (which stores fp8 KV on Ampere)",
+        )
+
+
+def derived_max_model_len(model: ModelSpec) -> int:
+    """vLLM's derived context limit: max_position_embeddings, times the RoPE factor for scaling types
+    that stretch it (llama3 and longrope already state the stretched length)."""
+    length = model.max_position_embeddings
+    scaling = dict(model.rope_scaling or {})
+    kind = str(scaling.get("rope_type") or scaling.get("type") or "default")
+    factor = float(scaling.get("factor", 1.0) or 1.0)
+    if kind in ("default", "llama3", "longrope", "su", "mrope") or factor <= 1:
+        return length
+    if kind == "yarn" and "original_max_position_embeddings" in scaling:
+        return int(scaling["original_max_position_embeddings"] * factor)
+    return int(length * factor)
+
+
+def _context(recipe: Recipe, model: ModelSpec, plan: MemoryPlan) -> Iterator[Problem]:
+    limit = derived_max_model_len(model)
+    wanted = recipe.limits.max_model_len
+    if wanted is not None and wanted > limit:
+        yield Problem(
+            f"max_model_len {wanted:,} exceeds the model's context of {limit:,} tokens (max_position_embeddings)",
+            path="limits.max_model_len",
+            value=wanted,
+            has_value=True,
+            fix=f"set limits.max_model_len to at most {limit}",
+        )
+    context = wanted if wanted is not None else min(limit, plan.max_model_len or limit)
+    longest = _longest(recipe.bench.input_len) + _longest(recipe.bench.output_len)
+    if longest > context:
+        yield Problem(
+            f"bench requests of up to {longest:,} tokens (input + output) exceed max_model_len {context:,}; "
+            "the engine would reject them",
+            path="bench",
+            fix="shorten bench.input_len / bench.output_len, or raise limits.max_model_len",
+        )
+    for index, prompt in enumerate(recipe.smoke.prompts):
+        if prompt.max_tokens >= context:
+            yield Problem(
+                f"max_tokens {prompt.max_tokens} leaves no room for the prompt in max_model_len {context}",
+                path=f"smoke.prompts.{index}.max_tokens",
+                value=prompt.max_tokens,
+                has_value=True,
+                fix="use far fewer tokens for a smoke reply, e.g. 32",
+            )
+    if recipe.engine.type == "tgi":
+        yield from _tgi_lengths(recipe, context)
+
+
+def _longest(length: int | LengthRange) -> int:
+    return length.max if isinstance(length, LengthRange) else length
+
+
+def _tgi_lengths(recipe: Recipe, max_total_tokens: int) -> Iterator[Problem]:
+    # TGI's launcher: max_input_tokens < max_total_tokens <= ..., max_batch_prefill_tokens >= max_input_tokens
+    max_input_tokens = max_total_tokens - 1
+    prefill = recipe.limits.max_num_batched_tokens
+    if prefill is not None and prefill < max_input_tokens:
+        yield Problem(
+            f"TGI needs --max-batch-prefill-tokens ({prefill:,}) >= --max-input-tokens "
+            f"({max_input_tokens:,} = max_model_len - 1); it refuses to start otherwise",
+            path="limits.max_num_batched_tokens",
+            value=prefill,
+            has_value=True,
+            fix=f"set limits.max_num_batched_tokens to at least {max_input_tokens}, or lower limits.max_model_len",
+        )
+
+
+def _engine_support(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
+    engine = recipe.engine.type
+    if engine == "builtin":
+        if model.architecture not in BUILTIN_ARCHITECTURES or model.is_moe or model.is_mla:
+            yield Problem(
+                f"the built-in engine cannot run {model.architecture}"
+                + (" with MoE/MLA layers" if model.is_moe or model.is_mla else ""),
+                path="engine.type",
+                value=engine,
+                has_value=True,
+                fix=f"use engine vllm, or a {' / '.join(BUILTIN_ARCHITECTURES.values())} model",
+            )
+        if recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES:
+            yield Problem(
+                "the built-in engine keeps its KV cache in 16-bit",
+                path="kv_cache.dtype",
+                value=recipe.kv_cache.dtype,
+                has_value=True,
+                fix=f"use one of: {', '.join(BUILTIN_KV_DTYPES)}; or engine vllm for fp8 KV",
+            )
+        if recipe.model.quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights:
+            yield Problem(
+                "the built-in engine loads 16/32-bit checkpoints and GGUF files only",
+                path="model.quantization",
+                value=recipe.model.quantization,
+                has_value=True,
+                fix="use a GGUF file (quantization gguf) or unquantized weights, or engine vllm",
+            )
+    if engine in ("builtin", "tgi") and recipe.parallelism.pipeline > 1:
+        yield Problem(
+            f"{_engine_name(engine)} has no pipeline parallelism",
+            path="parallelism.pipeline",
+            value=recipe.parallelism.pipeline,
+            has_value=True,
+            fix="use parallelism.tensor instead, or engine vllm",
+        )
+    if engine == "tgi" and recipe.model.quantization in TGI_UNSUPPORTED_QUANTIZATIONS:
+        yield Problem(
+            "TGI cannot load GGUF files",
+            path="model.quantization",
+            value=recipe.model.quantization,
+            has_value=True,
+            fix="use an AWQ/GPTQ/fp8 checkpoint with TGI, or engine vllm / builtin for GGUF",
+        )
+
+
+def _engine_name(engine: str) -> str:
+    return {"builtin": "the built-in engine", "tgi": "TGI", "vllm": "vLLM"}[engine]
+
+
+def _speculative(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
+    spec = recipe.speculative
+    if spec is None:
+        return
+    if recipe.engine.type == "builtin":
+        yield Problem(
+            "the built-in engine has no speculative decoding",
+            path="speculative",
+            fix="remove the speculative section, or use engine vllm",
+        )
+        return
+    if recipe.engine.type == "tgi" and spec.method == "draft":
+        yield Problem(
+            "TGI cannot speculate with a separate draft model (only n-gram or Medusa heads, via --speculate)",
+            path="speculative.method",
+            value=spec.method,
+            has_value=True,
+            fix="use speculative.method: ngram, or engine vllm for a draft model",
+        )
+        return
+    if spec.method == "draft" and spec.draft_model:
+        try:
+            draft = resolve_model(spec.draft_model)
+        except UserError as e:
+            yield from (_with_path(p, "speculative.draft_model") for p in e.problems)
+            return
+        if draft.vocab_size != model.vocab_size:
+            yield Problem(
+                f"the draft model's vocabulary ({draft.vocab_size:,} tokens) differs from the target's "
+                f"({model.vocab_size:,}); draft and target must share a tokenizer",
+                path="speculative.draft_model",
+                value=spec.draft_model,
+                has_value=True,
+                fix="pick a smaller model of the same family as the draft",
+            )
+        if draft.num_params >= model.num_params:
+            yield Problem(
+                f"the draft model ({draft.num_params / 1e9:.1f}B parameters) is not smaller than the target "
+                f"({model.num_params / 1e9:.1f}B); speculation would only slow decoding down",
+                path="speculative.draft_model",
+                value=spec.draft_model,
+                has_value=True,
+                fix="pick a much smaller model of the same family",
+            )

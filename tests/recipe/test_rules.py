@@ -1,0 +1,199 @@
+"""Cross-field rules, on the real catalog and planner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmdeploy.errors import Problem
+from llmdeploy.planner import make_plan
+from llmdeploy.recipe import load_recipe
+from llmdeploy.recipe.rules import BUILTIN_ARCHITECTURES, check_recipe, recipe_notes
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_8B = "model: {id: meta-llama/Llama-3.1-8B-Instruct}\nhardware: {gpu: A100-80GB}\n"
+
+
+def _check(tmp_path: Path, text: str, *overrides: str) -> list[Problem]:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    recipe = load_recipe(path, overrides=overrides, env={})
+    return check_recipe(recipe, make_plan(recipe))
+
+
+def _only(problems: list[Problem], path: str) -> Problem:
+    matching = [p for p in problems if p.path == path]
+    assert len(matching) == 1, [p.render() for p in problems]
+    return matching[0]
+
+
+def test_a_sound_recipe_has_no_problems(tmp_path: Path) -> None:
+    assert _check(tmp_path, LLAMA_8B, "limits.max_model_len=8192") == []
+
+
+def test_tensor_parallelism_must_divide_attention_heads(tmp_path: Path) -> None:
+    problems = _check(tmp_path, LLAMA_8B, "parallelism.tensor=3", "hardware.gpus_per_node=4")
+    problem = _only(problems, "parallelism.tensor")
+    assert "does not divide the model's 32 attention heads" in problem.message
+    assert problem.fix == "use one of: 1, 2, 4, 8"
+
+
+def test_kv_heads_and_tensor_parallelism_must_divide_one_another(tmp_path: Path) -> None:
+    qwen = "model: {id: Qwen/Qwen2.5-7B-Instruct}\nhardware: {gpu: H100, gpus_per_node: 8, nodes: 2}\n"
+    problem = _only(
+        _check(tmp_path, qwen, "parallelism.tensor=14", "limits.max_model_len=8192"), "parallelism.tensor"
+    )
+    assert "4 KV heads: one must divide the other" in problem.message
+
+
+def test_gpus_per_replica_must_fit_the_hardware(tmp_path: Path) -> None:
+    problems = _check(
+        tmp_path, LLAMA_8B, "parallelism.tensor=2", "parallelism.pipeline=2", "hardware.gpus_per_node=2"
+    )
+    problem = _only(problems, "parallelism")
+    assert "2 x 2 = 4 GPUs" in problem.message and "2 x 1 = 2" in problem.message
+
+
+def test_pipeline_cannot_exceed_layers(tmp_path: Path) -> None:
+    smol = "model: {id: HuggingFaceTB/SmolLM2-135M-Instruct}\nhardware: {gpu: H100, gpus_per_node: 8, nodes: 8}\n"
+    problem = _only(_check(tmp_path, smol, "parallelism.pipeline=64"), "parallelism.pipeline")
+    assert "exceeds the model's 30 layers" in problem.message
+
+
+def test_max_model_len_within_the_model_context(tmp_path: Path) -> None:
+    problem = _only(_check(tmp_path, LLAMA_8B, "limits.max_model_len=200000"), "limits.max_model_len")
+    assert "exceeds the model's context of 131,072 tokens" in problem.message
+    assert problem.fix == "set limits.max_model_len to at most 131072"
+
+
+def test_fp8_moe_weights_need_fp8_hardware(tmp_path: Path) -> None:
+    mixtral = "model: {id: mistralai/Mixtral-8x7B-Instruct-v0.1, quantization: fp8}\n"
+    mixtral += "hardware: {gpu: A100-80GB, gpus_per_node: 2}\nparallelism: {tensor: 2}\nlimits: {max_model_len: 8192}\n"
+    assert (
+        "fp8 MoE weights need a GPU with fp8 support"
+        in _only(_check(tmp_path, mixtral), "model.quantization").message
+    )
+    assert all(p.path != "model.quantization" for p in _check(tmp_path, mixtral, "hardware.gpu=H100"))
+
+
+def test_fp8_kv_on_ampere_is_a_note_for_vllm_and_an_error_for_tgi(tmp_path: Path) -> None:
+    assert _check(tmp_path, LLAMA_8B, "kv_cache.dtype=fp8", "limits.max_model_len=8192") == []
+    recipe = load_recipe(ROOT / "recipes/production.yaml", env={})
+    assert any("no fp8 tensor cores" in note for note in recipe_notes(recipe))
+    problems = _check(
+        tmp_path, LLAMA_8B, "kv_cache.dtype=fp8", "engine.type=tgi", "limits.max_model_len=8192"
+    )
+    assert "TGI's fp8 KV cache needs a GPU with fp8 support" in _only(problems, "kv_cache.dtype").message
+
+
+def test_tgi_prefill_tokens_cover_the_longest_input(tmp_path: Path) -> None:
+    problems = _check(
+        tmp_path,
+        LLAMA_8B,
+        "engine.type=tgi",
+        "limits.max_model_len=8192",
+        "limits.max_num_batched_tokens=4096",
+    )
+    problem = _only(problems, "limits.max_num_batched_tokens")
+    assert "--max-batch-prefill-tokens (4,096) >= --max-input-tokens (8,191" in problem.message
+
+
+def test_tgi_cannot_use_a_draft_model_gguf_or_pipeline(tmp_path: Path) -> None:
+    problems = _check(
+        tmp_path,
+        LLAMA_8B,
+        "engine.type=tgi",
+        "limits.max_model_len=8192",
+        "speculative.method=draft",
+        "speculative.draft_model=meta-llama/Llama-3.2-1B-Instruct",
+        "parallelism.pipeline=2",
+        "hardware.gpus_per_node=2",
+    )
+    assert "TGI cannot speculate with a separate draft model" in _only(problems, "speculative.method").message
+    assert "TGI has no pipeline parallelism" in _only(problems, "parallelism.pipeline").message
+
+
+def test_request_shape_must_fit_max_model_len(tmp_path: Path) -> None:
+    problems = _check(
+        tmp_path, LLAMA_8B, "limits.max_model_len=4096", "bench.input_len=4000", "bench.output_len=200"
+    )
+    assert (
+        "bench requests of up to 4,200 tokens (input + output) exceed max_model_len 4,096"
+        in _only(problems, "bench").message
+    )
+
+
+def test_builtin_engine_limits(tmp_path: Path) -> None:
+    problems = _check(
+        tmp_path,
+        "model: {id: mistralai/Mixtral-8x7B-Instruct-v0.1, quantization: awq}\nhardware: {gpu: H100}\n"
+        "engine: {type: builtin}\nkv_cache: {dtype: fp8}\nspeculative: {method: ngram}\nlimits: {max_model_len: 4096}\n",
+    )
+    assert (
+        "the built-in engine cannot run MixtralForCausalLM with MoE/MLA layers"
+        in _only(problems, "engine.type").message
+    )
+    assert _only(problems, "kv_cache.dtype").value == "fp8"
+    assert _only(problems, "model.quantization").value == "awq"
+    assert "no speculative decoding" in _only(problems, "speculative").message
+
+
+def test_builtin_architectures_match_the_engine() -> None:
+    model = pytest.importorskip("llmdeploy_engine.model")
+    assert tuple(BUILTIN_ARCHITECTURES.values()) == tuple(model.SUPPORTED_ARCHITECTURES)
+
+
+def test_draft_model_must_share_the_vocabulary_and_be_smaller(tmp_path: Path) -> None:
+    qwen = "model: {id: Qwen/Qwen2.5-7B-Instruct}\nhardware: {gpu: H100}\nlimits: {max_model_len: 8192}\n"
+    problems = _check(
+        tmp_path, qwen, "speculative.method=draft", "speculative.draft_model=Qwen/Qwen2.5-0.5B-Instruct"
+    )
+    assert (
+        "vocabulary (151,936 tokens) differs from the target's (152,064)"
+        in _only(problems, "speculative.draft_model").message
+    )
+    problems = _check(
+        tmp_path,
+        "model: {id: meta-llama/Llama-3.2-1B-Instruct}\nhardware: {gpu: H100}\nlimits: {max_model_len: 8192}\n",
+        "speculative.method=draft",
+        "speculative.draft_model=meta-llama/Llama-3.1-8B-Instruct",
+    )
+    assert "is not smaller than the target" in _only(problems, "speculative.draft_model").message
+
+
+def test_a_plan_that_does_not_fit_brings_its_fixes(tmp_path: Path) -> None:
+    big = "model: {id: meta-llama/Llama-3.1-70B-Instruct}\nhardware: {gpu: RTX-4090}\nlimits: {max_model_len: 8192}\n"
+    problems = _check(tmp_path, big)
+    unfit = [p for p in problems if p.message.startswith("does not fit")]
+    assert unfit and all(p.fix for p in unfit)
+
+
+def test_validate_cli_points_rule_problems_at_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "tp.yaml"
+    path.write_text(LLAMA_8B + "parallelism:\n  tensor: 3\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "tp.yaml:4: parallelism.tensor: tensor parallelism 3 does not divide" in done.stderr
+
+
+def test_every_shipped_recipe_validates() -> None:
+    recipes = sorted(str(p) for p in (ROOT / "recipes").glob("*.yaml"))
+    done = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "validate", *recipes],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "AGENT_API_KEY": "x"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("OK ") == len(recipes)
