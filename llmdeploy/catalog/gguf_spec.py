@@ -58,7 +58,8 @@ def spec_from_gguf(path: str | Path) -> ModelSpec:
     heads = int(meta("attention.head_count"))
     head_dim = int(meta("attention.key_length", 0)) or hidden // heads
     facts: dict[str, Any] = {
-        "hf_id": str(_field(reader, "general.name") or path.stem),
+        "hf_id": path.stem,
+        "aliases": [str(_field(reader, "general.name"))] if _field(reader, "general.name") else [],
         "family": str(_field(reader, "general.basename") or arch),
         "architecture": _ARCHITECTURES[arch],
         "num_layers": int(meta("block_count")),

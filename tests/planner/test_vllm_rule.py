@@ -1,0 +1,142 @@
+"""vLLM V1 accounting: KV bytes per token per attention kind, parallelism, quantization, and failures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from llmdeploy.catalog.gpus import resolve_gpu
+from llmdeploy.catalog.models import resolve_model
+from llmdeploy.planner import PlanInputs, plan_from_inputs
+from llmdeploy.planner.footprint import kv_layout, weights_bytes_per_gpu
+from llmdeploy.planner.memory_plan import GIB
+
+KEYS = {
+    "weights_gib",
+    "activation_gib",
+    "non_torch_gib",
+    "cuda_graph_gib",
+    "kv_cache_gib",
+    "kv_bytes_per_token",
+    "kv_cache_tokens",
+    "num_kv_blocks",
+    "max_concurrency",
+    "fits",
+    "problems",
+    "suggestions",
+}
+
+
+def _inputs(model: str, gpu: str = "H100", **kw: object) -> PlanInputs:
+    return PlanInputs(spec=resolve_model(model), gpu=resolve_gpu(gpu), **kw)  # type: ignore[arg-type]
+
+
+def test_plan_json_has_the_contract_keys() -> None:
+    plan = plan_from_inputs(_inputs("meta-llama/Llama-3.1-8B-Instruct", max_model_len=32768))
+    assert set(plan.to_json()) >= KEYS
+    assert plan.fits and plan.problems == () and plan.suggestions == ()
+
+
+def test_budget_adds_up() -> None:
+    plan = plan_from_inputs(_inputs("Qwen/Qwen2.5-7B-Instruct", max_model_len=32768))
+    parts = (
+        plan.weights_gib + plan.activation_gib + plan.non_torch_gib + plan.cuda_graph_gib + plan.kv_cache_gib
+    )
+    assert parts == pytest.approx(plan.usable_gib, abs=1e-6)
+    assert plan.kv_cache_tokens == plan.num_kv_blocks * 16
+    assert plan.num_kv_blocks == int(plan.kv_cache_gib * GIB) // (plan.kv_bytes_per_token * 16)
+
+
+def test_gqa_and_tp_split_kv_heads_then_replicate() -> None:
+    base = _inputs("meta-llama/Llama-3.1-70B-Instruct")
+    assert kv_layout(base).bytes_per_token == 2 * 80 * 8 * 128 * 2
+    assert kv_layout(replace(base, tensor_parallel_size=4)).bytes_per_token == 2 * 80 * 2 * 128 * 2
+    # Qwen2.5-7B has 4 KV heads: at TP 8 each GPU still holds one (replicated)
+    qwen = _inputs("Qwen/Qwen2.5-7B-Instruct", tensor_parallel_size=8)
+    assert kv_layout(qwen).num_kv_heads_per_gpu == 1
+
+
+def test_mla_is_not_split_by_tensor_parallelism() -> None:
+    one = kv_layout(_inputs("deepseek-ai/DeepSeek-V3", "H200", tensor_parallel_size=1))
+    eight = kv_layout(_inputs("deepseek-ai/DeepSeek-V3", "H200", tensor_parallel_size=8))
+    assert one.bytes_per_token == eight.bytes_per_token == 61 * (512 + 64) * 2
+    plan = plan_from_inputs(_inputs("deepseek-ai/DeepSeek-V3", "H200", tensor_parallel_size=8))
+    assert plan.block_size == 64 and plan.kv_cache_tokens % 64 == 0
+
+
+def test_fp8_kv_halves_bytes_per_token() -> None:
+    auto = kv_layout(_inputs("Qwen/Qwen3-8B"))
+    fp8 = kv_layout(_inputs("Qwen/Qwen3-8B", kv_cache_dtype="fp8"))
+    assert fp8.bytes_per_token * 2 == auto.bytes_per_token
+
+
+def test_hybrid_sliding_window_counts_window_for_concurrency() -> None:
+    gemma = _inputs("google/gemma-3-27b-it", max_model_len=131072)
+    layout = kv_layout(gemma)
+    assert (
+        layout.num_groups == 7 and layout.sliding_window == 1024
+    )  # 10 full + 52 sliding -> 1 + 6 groups of 10
+    plan = plan_from_inputs(gemma)
+    dense_concurrency = plan.kv_cache_tokens / 131072
+    assert plan.max_concurrency > dense_concurrency  # sliding layers only hold their window
+
+
+def test_int4_weights_keep_embeddings_16bit_and_shrink_layers() -> None:
+    fp16 = weights_bytes_per_gpu(_inputs("meta-llama/Llama-3.1-8B-Instruct"))
+    awq = weights_bytes_per_gpu(_inputs("hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"))
+    assert fp16 == 8_030_261_248 * 2
+    assert 5.2 * GIB < awq < 5.5 * GIB  # vLLM logs ~5.4 GiB for this checkpoint
+    tp2 = weights_bytes_per_gpu(_inputs("meta-llama/Llama-3.1-8B-Instruct", tensor_parallel_size=2))
+    assert tp2 == fp16 // 2
+
+
+def test_does_not_fit_says_it_like_vllm_and_offers_numbers() -> None:
+    plan = plan_from_inputs(_inputs("meta-llama/Llama-3.1-8B-Instruct", "RTX-3090", max_model_len=131072))
+    assert not plan.fits
+    assert plan.problems[0] == f"max_model_len 131,072 exceeds the KV cache's {plan.kv_cache_tokens:,} tokens"
+    text = "\n".join(plan.suggestions)
+    assert f"--max-model-len {plan.kv_cache_tokens:,}" in text
+    assert "--kv-cache-dtype fp8" in text and "int4 weights" in text and "--tensor-parallel-size 2" in text
+    assert "a larger GPU" in text
+
+
+def test_weights_larger_than_gpu() -> None:
+    plan = plan_from_inputs(_inputs("meta-llama/Llama-3.1-70B-Instruct", "A100-80GB", max_model_len=8192))
+    assert not plan.fits and plan.kv_cache_tokens == 0
+    assert "no memory left for the KV cache" in plan.problems[0]
+    assert any(s.startswith("--tensor-parallel-size 2") and "(fits)" in s for s in plan.suggestions)
+
+
+def test_graphs_outside_budget_before_v021() -> None:
+    new = plan_from_inputs(_inputs("Qwen/Qwen3-8B", engine_version="0.32.0"))
+    old = plan_from_inputs(_inputs("Qwen/Qwen3-8B", engine_version="0.10.1"))
+    assert old.kv_cache_gib == pytest.approx(new.kv_cache_gib + new.cuda_graph_gib, abs=1e-6)
+
+
+def test_vllm_defaults_depend_on_gpu_size() -> None:
+    big = plan_from_inputs(_inputs("Qwen/Qwen3-8B", "H100"))
+    small = plan_from_inputs(_inputs("Qwen/Qwen3-8B", "L4"))
+    a100 = plan_from_inputs(_inputs("Qwen/Qwen3-8B", "A100-80GB"))
+    assert (big.max_num_batched_tokens, big.max_num_seqs) == (8192, 1024)
+    assert (small.max_num_batched_tokens, small.max_num_seqs) == (2048, 256)
+    assert (a100.max_num_batched_tokens, a100.max_num_seqs) == (2048, 256)
+
+
+def test_tgi_and_builtin_rules() -> None:
+    tgi = plan_from_inputs(
+        _inputs("mistralai/Mistral-7B-Instruct-v0.3", "L40S", engine="tgi", max_model_len=8192)
+    )
+    assert tgi.fits and tgi.engine == "tgi"
+    builtin = plan_from_inputs(
+        PlanInputs(
+            spec=resolve_model("HuggingFaceTB/SmolLM2-135M"),
+            engine="builtin",
+            device="cpu",
+            kv_cache_memory_gib=0.5,
+            max_model_len=2048,
+        )
+    )
+    assert builtin.kv_cache_gib == 0.5
+    assert builtin.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4  # fp32 on CPU
+    assert builtin.num_kv_blocks == int(0.5 * GIB) // (builtin.kv_bytes_per_token * 16)
