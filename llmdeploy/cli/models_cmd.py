@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -26,7 +27,7 @@ def list_cmd(family: str | None, max_params_b: float | None, output: str) -> Non
         specs = [s for s in specs if s.family.lower().startswith(family.lower())]
     if max_params_b is not None:
         specs = [s for s in specs if s.num_params <= max_params_b * 1e9]
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "hf_id": s.hf_id,
             "family": s.family,
