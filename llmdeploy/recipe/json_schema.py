@@ -29,7 +29,11 @@ def recipe_json_schema() -> dict[str, Any]:
         **properties["name"],
         "description": properties["name"].get("description", "") + "; default: the file name",
     }
-    schema["required"] = [key for key in schema.get("required", []) if key != "name"]
+    # `model` may come from the extended recipe; a recipe that extends nothing must give it
+    required = [key for key in schema.pop("required", []) if key not in ("name", "model")]
+    if required:
+        schema["required"] = required
+    schema["anyOf"] = [{"required": ["model"]}, {"required": ["extends"]}]
     schema["patternProperties"] = {"^x-": {"description": "free space for YAML anchors; ignored"}}
     return {
         "$schema": DRAFT,

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llmdeploy.recipe import load_recipe
 from llmdeploy.recipe.json_schema import recipe_json_schema, recipe_json_schema_text
@@ -95,8 +96,30 @@ def test_committed_schema_is_up_to_date() -> None:
 def test_schema_accepts_file_level_keys() -> None:
     schema = recipe_json_schema()
     assert "extends" in schema["properties"]
-    assert "name" not in schema["required"] and "model" in schema["required"]
+    assert "required" not in schema  # name defaults to the file stem; model may come from `extends`
+    assert schema["anyOf"] == [{"required": ["model"]}, {"required": ["extends"]}]
     assert schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_shipped_recipes_pass_the_editor_schema(path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    data = yaml.safe_load(path.read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_FILE.read_text()))
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("limits: {max_num_seqs: 4}\n", "is not valid under any of the given schemas"),
+        ("model: {id: x}\nlimits: {max_model_lenn: 4}\n", "'max_model_lenn' was unexpected"),
+        ("model: {id: x}\nkv_cache: {dtype: fp9}\n", "'fp9' is not one of"),
+    ],
+)
+def test_editor_schema_rejects_what_the_loader_rejects(text: str, fragment: str) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    with pytest.raises(jsonschema.ValidationError, match=fragment):
+        jsonschema.validate(yaml.safe_load(text), json.loads(SCHEMA_FILE.read_text()))
 
 
 def test_schema_command_prints_the_schema(tmp_path: Path) -> None:
