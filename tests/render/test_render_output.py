@@ -1,0 +1,49 @@
+"""Byte-identical renders, per-target file sets, headers, and the output folder's stale-file handling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmdeploy.planner import make_plan
+from llmdeploy.recipe import load_recipe, recipe_digest
+from llmdeploy.render import render
+from llmdeploy.render.output_dir import MANIFEST, write_artifacts
+from render.recipe_factory import RECIPES, make_recipe
+
+
+def test_rendering_twice_gives_identical_bytes() -> None:
+    for path in RECIPES:
+        first, second = load_recipe(path), load_recipe(path)
+        assert render(first, make_plan(first)).files == render(second, make_plan(second)).files
+
+
+def test_every_file_starts_with_the_recipe_header() -> None:
+    for path in RECIPES:
+        recipe = load_recipe(path)
+        for name, text in render(recipe, make_plan(recipe)).files.items():
+            lines = text.splitlines()
+            head = lines[1] if lines[0].startswith("#!") else lines[0]
+            assert head.startswith("# Rendered by llmdeploy") and recipe_digest(recipe) in head, name
+
+
+def test_only_the_targets_files() -> None:
+    local = render(make_recipe("vllm", target={"type": "local"}), None).files
+    docker = render(make_recipe("vllm", target={"type": "docker"}), None).files
+    kube = render(make_recipe("vllm", target={"type": "kubernetes"}), None).files
+    assert sorted(local) == ["engine.env", "launch.sh"]
+    assert sorted(docker) == ["docker-compose.yaml"]
+    assert "kustomization.yaml" in kube and "deployment.yaml" in kube and "launch.sh" not in kube
+
+
+def test_output_folder_removes_stale_files_only(tmp_path: Path) -> None:
+    kube = make_recipe("vllm", target={"type": "kubernetes", "autoscaling": {"kind": "hpa"}})
+    first = write_artifacts(render(kube, None), tmp_path)
+    assert "horizontalpodautoscaler.yaml" in first.written
+    (tmp_path / "mine.txt").write_text("not llmdeploy's")
+    again = write_artifacts(render(kube, None), tmp_path)
+    assert not again.written and again.unchanged
+    without = make_recipe("vllm", target={"type": "kubernetes"})
+    result = write_artifacts(render(without, None), tmp_path)
+    assert result.removed == ("horizontalpodautoscaler.yaml",)
+    assert (tmp_path / "mine.txt").is_file() and (tmp_path / MANIFEST).is_file()
+    assert not (tmp_path / "horizontalpodautoscaler.yaml").exists()
