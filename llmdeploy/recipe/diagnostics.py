@@ -22,6 +22,21 @@ from llmdeploy.recipe.schema import Recipe
 from llmdeploy.recipe.yaml_source import FieldPath, Mark
 
 _SCALARS = (str, int, float, bool, type(None))
+# error types saying the value had the wrong shape altogether (not a bad value of the right shape)
+_SHAPE_MISMATCH = {
+    "model_type",
+    "model_attributes_type",
+    "dict_type",
+    "list_type",
+    "int_type",
+    "int_parsing",
+    "float_type",
+    "float_parsing",
+    "string_type",
+    "bool_type",
+    "bool_parsing",
+    "literal_error",
+}
 
 
 def problems_from_validation(
@@ -92,7 +107,11 @@ def _closest_branch(
     if len(branches) == 1:
         return next(iter(branches.values()))
     # a member "came close" when its errors are all inside it, i.e. the value had its shape
-    close = [errs for errs in branches.values() if all(len(clean) > len(prefix) for clean, _ in errs)]
+    close = [
+        errs
+        for errs in branches.values()
+        if all(len(clean) > len(prefix) or err["type"] not in _SHAPE_MISMATCH for clean, err in errs)
+    ]
     if not close:
         return None
     fewest = min(len(errs) for errs in close)
@@ -161,6 +180,13 @@ def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark
             value=value,
             fix="e.g. name: my-llama-8b",
         )
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        fields = _fields_at(err["loc"])
+        listed = f" with fields: {', '.join(fields)}" if fields else ""
+        return _make(clean, f"must be a mapping (key: value lines){listed}", marks, value=_shown(value))
+    if kind == "list_type":
+        example = f"[{value}]" if isinstance(value, _SCALARS) and value is not None else "[...]"
+        return _make(clean, "must be a list", marks, value=_shown(value), fix=f"write a list, e.g. {example}")
     message = message[:1].lower() + message[1:]
     if kind == "string_type" and isinstance(value, bool | int | float):
         return _make(clean, message, marks, value=value, fix=f'quote it so YAML reads it as text: "{value}"')
@@ -168,6 +194,10 @@ def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark
 
 
 _NO_VALUE = object()
+
+
+def _shown(value: Any) -> Any:
+    return value if isinstance(value, _SCALARS) else _NO_VALUE
 
 
 def _make(
