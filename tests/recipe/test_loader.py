@@ -207,3 +207,23 @@ def test_recipe_is_frozen(tmp_path: Path) -> None:
     recipe = load_recipe(_write(tmp_path, "a.yaml", "model: {id: x}\n"), env={})
     with pytest.raises(Exception, match="frozen"):
         recipe.limits.max_num_seqs = 3  # type: ignore[misc]
+
+
+def test_merged_values_point_at_the_anchor_and_own_keys_win(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "mk.yaml",
+        "x-base: &b\n  id: x\n  dtype: fp16\n  revision: 3\nmodel:\n  <<: *b\n  quantization: q\n  revision: 4\n",
+    )
+    text = _problems(path, env={})
+    assert "mk.yaml:3: model.dtype: not an allowed value (got 'fp16')" in text
+    assert "mk.yaml:7: model.quantization: not an allowed value (got 'q')" in text
+    assert "mk.yaml:8: model.revision: input should be a valid string (got 4)" in text
+
+
+def test_problems_in_a_base_recipe_name_the_base_file(tmp_path: Path) -> None:
+    _write(tmp_path, "base.yaml", "model:\n  id: x\n  dtype: fp16\n")
+    child = _write(tmp_path, "child.yaml", "extends: base.yaml\nlimits:\n  max_num_seqs: 0\n")
+    text = _problems(child, env={})
+    assert "base.yaml:3: model.dtype: not an allowed value" in text
+    assert "child.yaml:3: limits.max_num_seqs: input should be greater than or equal to 1 (got 0)" in text
