@@ -68,7 +68,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     )
 
     def make_engine() -> async_engine.AsyncLLMEngine:
-        return async_engine.AsyncLLMEngine(config)
+        return async_engine.AsyncLLMEngine.from_config(config)
 
     app = build_app(settings, engine_factory=make_engine)
     logging.getLogger("llmdeploy_engine").info(

@@ -26,14 +26,6 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 VERSION = "0.1.0"
 
 
-def startup_report_lines(engine: ServedEngine) -> list[str]:
-    report = read(engine.stats(), "startup_report", None)
-    if report is None:
-        return []
-    lines = report.log_lines() if hasattr(report, "log_lines") else []
-    return [str(line) for line in lines]
-
-
 async def _shutdown(engine: ServedEngine) -> None:
     stop = getattr(engine, "shutdown", None)
     if stop is None:
@@ -56,9 +48,16 @@ def build_app(
         if state.engine is None and engine_factory is not None:
             state.engine = engine_factory()
         if state.engine is not None:
-            for line in startup_report_lines(state.engine):
-                logger.info("%s", line)
-            logger.info("serving %s as %s", settings.model_path, ", ".join(settings.served_model_names))
+            # The engine itself logs the start-up report (weights, KV memory, KV tokens, concurrency).
+            report = read(state.engine.stats(), "startup_report", None)
+            logger.info(
+                "serving %s as %s: KV cache %s tokens in %s blocks, max concurrency %s",
+                settings.model_path,
+                ", ".join(settings.served_model_names),
+                read(report, "kv_cache_tokens", "?"),
+                read(report, "num_kv_blocks", "?"),
+                read(report, "max_concurrency", "?"),
+            )
         try:
             yield
         finally:
@@ -78,7 +77,8 @@ def build_app(
 
     @app.get("/health")
     async def health(request: Request) -> Response:
-        ready = server_state(request).engine is not None
+        engine = server_state(request).engine
+        ready = engine is not None and bool(getattr(engine, "is_running", True))
         return Response(status_code=200 if ready else 503)
 
     @app.get("/version")

@@ -25,8 +25,13 @@ logger = logging.getLogger("llmdeploy_engine.server")
 T = TypeVar("T")
 
 
+# Names TGI-style clients send when they do not know the model (huggingface_hub's InferenceClient sends
+# "dummy" for a bare URL; TGI's own docs use "tgi"). TGI ignores the field, so these mean "the served one".
+CLIENT_PLACEHOLDER_MODELS = frozenset({"tgi", "dummy"})
+
+
 def check_model(state: ServerState, model: str | None) -> None:
-    if model is None or model in state.settings.served_model_names:
+    if model is None or model in state.settings.served_model_names or model in CLIENT_PLACEHOLDER_MODELS:
         return
     raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
@@ -89,6 +94,9 @@ def make_params(**kwargs: Any) -> SamplingParams:
         raise bad_request(str(e)) from e
 
 
+_PENDING_ABORTS: set[asyncio.Future[None]] = set()  # strong references until each abort ran
+
+
 async def _abort(state: ServerState, request_id: str) -> None:
     engine = state.engine
     if engine is None:
@@ -139,9 +147,8 @@ async def stream_outputs(
                 raise
             raise bad_request(str(e)) from e
     finally:
+        # No await before the bookkeeping: under a cancelled (anyio) scope every await raises again.
         done = final is not None and final.finished
-        if not done:
-            await asyncio.shield(_abort(state, request_id))
         if final is not None or first_s is not None:
             reasons = [c.finish_reason for c in final.outputs] if final is not None and done else []
             reason = (
@@ -162,6 +169,10 @@ async def stream_outputs(
                 seen_tokens,
                 "finished" if done else "aborted",
             )
+        if not done:
+            task = asyncio.ensure_future(_abort(state, request_id))
+            _PENDING_ABORTS.add(task)
+            task.add_done_callback(_PENDING_ABORTS.discard)
 
 
 async def last_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-
 from llmdeploy_engine.server.app import build_app
 from llmdeploy_engine.server.state import ServerSettings
+
 from tests.server.fake_engine import REPLY, FakeEngine, QueueFull
 
 MODEL = "fake-model"
