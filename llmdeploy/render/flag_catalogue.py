@@ -103,6 +103,8 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
             hint = f"did you mean {close[0]}?" if close else f"see {catalogue_path(engine, version).name}"
             problems.append(Problem(f"{engine} {version} has no flag {option}", path="engine", value=option,
                                     has_value=True, fix=f"{hint} (catalogue from {catalogue.source})"))
+            while i < len(args) and not args[i].startswith("-"):
+                i += 1  # the unknown flag's values
             continue
         count = _takes_values(spec)
         values: list[str] = []

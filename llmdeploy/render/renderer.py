@@ -20,8 +20,13 @@ from llmdeploy.recipe.schema import DockerTarget, KubernetesTarget
 from llmdeploy.render import kubernetes_manifests
 from llmdeploy.render.artifacts import Artifacts, header
 from llmdeploy.render.engine_command import EngineCommand, engine_command
-from llmdeploy.render.kubernetes_objects import CONTAINER_CACHE_DIR, container_env, fetch_container, image, pod_shape
-from llmdeploy.render.model_location import container_model_ref, model_location
+from llmdeploy.render.kubernetes_objects import (
+    container_env,
+    fetch_container,
+    image,
+    pod_shape,
+)
+from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, container_model_ref, model_location
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MODEL_PLACEHOLDER = "@@llmdeploy-model@@"

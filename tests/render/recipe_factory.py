@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -21,3 +22,13 @@ def make_recipe(engine_type: str = "vllm", **sections: Any) -> Recipe:
         else:
             data[key] = value
     return Recipe.model_validate(data)
+
+
+@cache
+def shipped(path: Path) -> tuple[Recipe, object]:
+    """A shipped recipe and its plan, computed once per test session (planning a GGUF reads the file)."""
+    from llmdeploy.planner import make_plan
+    from llmdeploy.recipe import load_recipe
+
+    recipe = load_recipe(path)
+    return recipe, make_plan(recipe)

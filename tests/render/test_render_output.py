@@ -4,23 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe, recipe_digest
 from llmdeploy.render import render
 from llmdeploy.render.output_dir import MANIFEST, write_artifacts
-from render.recipe_factory import RECIPES, make_recipe
+from render.recipe_factory import RECIPES, make_recipe, shipped
 
 
 def test_rendering_twice_gives_identical_bytes() -> None:
     for path in RECIPES:
-        first, second = load_recipe(path), load_recipe(path)
-        assert render(first, make_plan(first)).files == render(second, make_plan(second)).files
+        recipe, plan = shipped(path)
+        assert render(recipe, plan).files == render(load_recipe(path), plan).files
 
 
 def test_every_file_starts_with_the_recipe_header() -> None:
     for path in RECIPES:
-        recipe = load_recipe(path)
-        for name, text in render(recipe, make_plan(recipe)).files.items():
+        recipe, plan = shipped(path)
+        for name, text in render(recipe, plan).files.items():
             lines = text.splitlines()
             head = lines[1] if lines[0].startswith("#!") else lines[0]
             assert head.startswith("# Rendered by llmdeploy") and recipe_digest(recipe) in head, name
