@@ -14,7 +14,7 @@ from llmdeploy.smoke.report import KVCapacity
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_LOG_LINE = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
+_LOG_LINE = re.compile(r"(?:GPU|CPU) KV cache size:\s*([\d,]+)\s*tokens")
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -56,7 +56,7 @@ def capacity_from_metrics(text: str) -> KVCapacity | None:
 
 
 def capacity_from_log(path: str | Path) -> KVCapacity | None:
-    """The last "GPU KV cache size: N tokens" line of a vLLM (or built-in engine) start-up log."""
+    """The last "GPU (or CPU) KV cache size: N tokens" line of a vLLM or built-in engine start-up log."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:

