@@ -7,6 +7,7 @@ server answered and, for apply conflicts, which field manager owns the contested
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -65,24 +66,27 @@ def _conflict_problems(status: dict[str, Any], what: str) -> list[Problem]:
     ]
 
 
+def _tls_context(config: KubeConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=config.ca_file)
+    if config.insecure_skip_tls_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if config.client_cert_file:
+        ctx.load_cert_chain(config.client_cert_file, config.client_key_file)
+    return ctx
+
+
 class KubeClient:
     def __init__(self, config: KubeConfig, timeout_s: float = 30.0) -> None:
         self.config = config
         headers = {"Accept": "application/json", "User-Agent": "llmdeploy"}
         if config.token:
             headers["Authorization"] = f"Bearer {config.token}"
-        verify: bool | str = False if config.insecure_skip_tls_verify else (config.ca_file or True)
-        cert: str | tuple[str, str] | None = None
-        if config.client_cert_file and config.client_key_file:
-            cert = (config.client_cert_file, config.client_key_file)
-        elif config.client_cert_file:  # key inside the certificate file
-            cert = config.client_cert_file
         try:
-            self._http = httpx.Client(
-                base_url=config.server, headers=headers, verify=verify, cert=cert, timeout=timeout_s
-            )
-        except (OSError, ValueError) as e:  # unreadable CA or client key files
+            tls = _tls_context(config)
+        except (OSError, ssl.SSLError) as e:  # unreadable or mismatched CA / client cert / key files
             raise UserError.one(f"cannot set up TLS for {config.server}: {e}", file=config.source) from e
+        self._http = httpx.Client(base_url=config.server, headers=headers, verify=tls, timeout=timeout_s)
 
     def close(self) -> None:
         self._http.close()

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity, describe_change
 from llmdeploy.apply.discovery import Discovery
 from llmdeploy.apply.kube_client import KubeApiError, KubeClient, ResourceType
-from llmdeploy.apply.object_diff import FieldChange, diff_objects
+from llmdeploy.apply.object_diff import FieldChange, diff_objects, drop_settled
 from llmdeploy.apply.ordering import KIND_RANK, PRUNABLE_KINDS, apply_order, delete_order
 from llmdeploy.apply.rollout import wait_for_deployment
 from llmdeploy.errors import Problem, UserError
@@ -110,7 +110,7 @@ class ChangeSet:
             if c.action == "unchanged" and not verbose_unchanged:
                 continue
             lines.append(f"{symbol[c.action]} {c.obj.label} ({c.action})")
-            lines.extend("    " + f.render() for f in c.fields)
+            lines.extend("    " + f.render().replace("\n", "\n    ") for f in c.fields)
         unchanged = sum(1 for c in self.changes if c.action == "unchanged")
         if not self.pending:
             lines.append(f"no changes ({unchanged} object(s) up to date)")
@@ -209,7 +209,7 @@ def compute_changes(
             changes.append(ObjectChange("create", obj))
             continue
         after = client.apply(obj.rt, obj.body, dry_run=True, force=True)
-        fields = tuple(diff_objects(live, after))
+        fields = tuple(drop_settled(diff_objects(live, after), obj.body, live))
         changes.append(ObjectChange("update" if fields else "unchanged", obj, fields))
     if prune:
         changes.extend(ObjectChange("prune", o) for o in find_leftovers(client, discovery, planned, instance))

@@ -7,6 +7,7 @@ manages (resourceVersion, managedFields, status, ...) are ignored.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -26,19 +27,45 @@ SERVER_MANAGED_METADATA = frozenset(
 SERVER_MANAGED_ANNOTATIONS = frozenset({"deployment.kubernetes.io/revision"})
 
 
+# One step of a field path: a mapping key, a list index, or ("name", x) for a named list entry.
+Step = str | int | tuple[str, str]
+
+
+def render_path(keys: tuple[Step, ...]) -> str:
+    out = ""
+    for k in keys:
+        if isinstance(k, tuple):
+            out += f"[{k[0]}={k[1]}]"
+        elif isinstance(k, int):
+            out += f"[{k}]"
+        else:
+            out += f".{k}" if out else k
+    return out
+
+
 @dataclass(frozen=True)
 class FieldChange:
     op: str  # "+" added, "-" removed, "~" changed
-    path: str
+    keys: tuple[Step, ...]
     before: Any = None
     after: Any = None
+    note: str = ""  # context, e.g. the flag before a changed argv entry
+
+    @property
+    def path(self) -> str:
+        return render_path(self.keys)
 
     def render(self) -> str:
         if self.op == "+":
             return f"+ {self.path}: {_short(self.after)}"
         if self.op == "-":
             return f"- {self.path}: {_short(self.before)}"
-        return f"~ {self.path}: {_short(self.before)} -> {_short(self.after)}"
+        note = f"  ({self.note})" if self.note else ""
+        if isinstance(self.before, str) and isinstance(self.after, str) and "\n" in self.before + self.after:
+            lines = difflib.ndiff(self.before.splitlines(), self.after.splitlines())
+            changed = [f"      {ln[0]} {ln[2:]}" for ln in lines if ln[:1] in "+-"]
+            return "\n".join([f"~ {self.path}:{note}", *changed])
+        return f"~ {self.path}: {_short(self.before)} -> {_short(self.after)}{note}"
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -70,12 +97,12 @@ def _keyed(items: list[Any]) -> dict[str, Any] | None:
     return None
 
 
-def _walk(before: Any, after: Any, path: str, out: list[FieldChange]) -> None:
+def _walk(before: Any, after: Any, keys: tuple[Step, ...], out: list[FieldChange]) -> None:
     if before == after:
         return
     if isinstance(before, dict) and isinstance(after, dict):
         for key in sorted(set(before) | set(after)):
-            sub = f"{path}.{key}" if path else str(key)
+            sub = (*keys, str(key))
             if key not in after:
                 out.append(FieldChange("-", sub, before=before[key]))
             elif key not in before:
@@ -86,18 +113,23 @@ def _walk(before: Any, after: Any, path: str, out: list[FieldChange]) -> None:
     if isinstance(before, list) and isinstance(after, list):
         kb, ka = _keyed(before), _keyed(after)
         if kb is not None and ka is not None:
-            _walk_named(kb, ka, path, out)
+            _walk_named(kb, ka, keys, out)
             return
         if len(before) == len(after):
             for i, (b, a) in enumerate(zip(before, after, strict=True)):
-                _walk(b, a, f"{path}[{i}]", out)
+                if b != a and isinstance(b, str) and i and str(before[i - 1]).startswith("-"):
+                    out.append(FieldChange("~", (*keys, i), before=b, after=a, note=f"after {before[i - 1]}"))
+                else:
+                    _walk(b, a, (*keys, i), out)
             return
-    out.append(FieldChange("~", path, before=before, after=after))
+    out.append(FieldChange("~", keys, before=before, after=after))
 
 
-def _walk_named(before: dict[str, Any], after: dict[str, Any], path: str, out: list[FieldChange]) -> None:
+def _walk_named(
+    before: dict[str, Any], after: dict[str, Any], keys: tuple[Step, ...], out: list[FieldChange]
+) -> None:
     for name in list(before) + [n for n in after if n not in before]:
-        sub = f"{path}[name={name}]"
+        sub = (*keys, ("name", name))
         if name not in after:
             out.append(FieldChange("-", sub, before=before[name]))
         elif name not in before:
@@ -106,8 +138,38 @@ def _walk_named(before: dict[str, Any], after: dict[str, Any], path: str, out: l
             _walk(before[name], after[name], sub, out)
 
 
+_MISSING = object()
+
+
+def lookup(obj: Any, keys: tuple[Step, ...]) -> Any:
+    """The value at a field path, or `_MISSING`."""
+    for k in keys:
+        if isinstance(k, tuple):
+            named = _keyed(obj) if isinstance(obj, list) else None
+            obj = named.get(k[1], _MISSING) if named is not None else _MISSING
+        elif isinstance(k, int):
+            obj = obj[k] if isinstance(obj, list) and k < len(obj) else _MISSING
+        else:
+            obj = obj.get(k, _MISSING) if isinstance(obj, dict) else _MISSING
+        if obj is _MISSING:
+            return _MISSING
+    return obj
+
+
 def diff_objects(live: dict[str, Any], planned: dict[str, Any]) -> list[FieldChange]:
     """Changes from `live` to `planned`, both whole objects as the API server returns them."""
     out: list[FieldChange] = []
-    _walk(comparable(live), comparable(planned), "", out)
+    _walk(comparable(live), comparable(planned), (), out)
     return out
+
+
+def drop_settled(
+    changes: list[FieldChange], desired: dict[str, Any], live: dict[str, Any]
+) -> list[FieldChange]:
+    """Leave out changes at fields we set to exactly their live value.
+
+    kube-apiserver 1.20 answers a dry-run apply of an autoscaling/v2beta2 HPA with its `metrics`
+    list doubled (a conversion round trip through the v1 storage version), while the real apply
+    changes nothing; a field whose desired value already equals the live one is not a change.
+    """
+    return [c for c in changes if (v := lookup(desired, c.keys)) is _MISSING or v != lookup(live, c.keys)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import ssl
 import time
 from typing import Any
 
@@ -35,7 +36,7 @@ def _client(kubeconfig: str) -> httpx.Client:
     user = next(u["user"] for u in cfg["users"] if u["name"] == ctx["user"])
     return httpx.Client(
         base_url=cluster["server"],
-        verify=cluster["certificate-authority"],
+        verify=ssl.create_default_context(cafile=cluster["certificate-authority"]),
         headers={"Authorization": f"Bearer {user['token']}"},
         timeout=10,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -190,8 +191,6 @@ class KubeCluster:
                 "127.0.0.1",
                 "--secure-port",
                 str(api_port),
-                "--insecure-port",
-                "0",
                 "--cert-dir",
                 str(pki),
                 "--tls-cert-file",
@@ -221,8 +220,7 @@ class KubeCluster:
                 "PersistentVolumeClaimResize,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota,"
                 "LimitRanger,Priority,RuntimeClass,DefaultIngressClass,CertificateApproval,CertificateSigning,"
                 "CertificateSubjectRestriction",
-                "--allow-privileged",
-                "true",
+                "--allow-privileged=true",
                 "--profiling=false",
                 "--v",
                 "1",
@@ -232,7 +230,7 @@ class KubeCluster:
             "kube-apiserver",
             f"{self.server}/readyz",
             90,
-            verify=str(pki / "ca.crt"),
+            verify=ssl.create_default_context(cafile=str(pki / "ca.crt")),
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
         )
 

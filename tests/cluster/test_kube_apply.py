@@ -170,7 +170,9 @@ def test_diff_shows_fields_objects_and_capacity(client: KubeClient, instance: In
     assert diff_kubernetes(client, instance, objects, new_cap, out) == 1
     text = out.text
     assert f"~ Deployment {instance.namespace}/demo (update)" in text
-    assert '~ spec.template.spec.containers[name=engine].args[3]: "64" -> "128"' in text
+    assert (
+        '~ spec.template.spec.containers[name=engine].args[3]: "64" -> "128"  (after --max-num-seqs)' in text
+    )
     assert '~ spec.template.spec.containers[name=engine].resources.limits.nvidia.com/gpu: "1" -> "2"' in text
     assert f"+ ConfigMap {instance.namespace}/demo-extra (create)" in text
     assert f"- HorizontalPodAutoscaler {instance.namespace}/demo (prune)" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,11 +60,13 @@ def test_apply_reapply_diff_status_delete_production_recipe(kubeconfig: Path, na
         namespace=namespace,
     )
     assert changed.returncode == 1, changed.stdout + changed.stderr
-    assert "(update)" in changed.stdout and "gpu-memory-utilization" in changed.stdout
-    assert (
-        "capacity: KV cache tokens" in changed.stdout
-        and "(unchanged)" not in changed.stdout.split("KV cache tokens")[1].split(",")[0]
+    assert f"~ Deployment {namespace}/production (update)" in changed.stdout
+    assert '"0.9" -> "0.8"  (after --gpu-memory-utilization)' in changed.stdout
+    # less memory for the engine, so fewer KV tokens than the live deployment was planned with
+    assert re.search(r"capacity: KV cache tokens [\d,]+ -> [\d,]+ \(-[\d,]+\)", changed.stdout), (
+        changed.stdout
     )
+    assert "GPUs 2 (unchanged)" in changed.stdout
 
     status = _llmdeploy("status", recipe, kubeconfig=kubeconfig, namespace=namespace)
     assert status.returncode == 0, status.stdout + status.stderr

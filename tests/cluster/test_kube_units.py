@@ -195,3 +195,20 @@ def test_rollout_state_reads_named_conditions() -> None:
     }
     state = deployment_state(_deployment(2, 2, 2, 1, 0, [stuck]))
     assert state.failed and "timed out progressing" in state.conditions[0].render()
+
+
+def test_drop_settled_ignores_changes_at_fields_already_at_the_desired_value() -> None:
+    from llmdeploy.apply.object_diff import drop_settled
+
+    metric = {"type": "Pods", "pods": {"metric": {"name": "q"}}}
+    live = {
+        "metadata": {"name": "h", "labels": {"a": "1", "old": "x"}},
+        "spec": {"metrics": [metric], "max": 3},
+    }
+    desired = {"metadata": {"name": "h", "labels": {"a": "1"}}, "spec": {"metrics": [metric], "max": 4}}
+    server_says = {
+        "metadata": {"name": "h", "labels": {"a": "1"}},
+        "spec": {"metrics": [metric, metric], "max": 4},
+    }
+    kept = [c.render() for c in drop_settled(diff_objects(live, server_says), desired, live)]
+    assert kept == ['- metadata.labels.old: "x"', "~ spec.max: 3 -> 4"]
