@@ -186,7 +186,9 @@ def _context(recipe: Recipe, model: ModelSpec, plan: MemoryPlan) -> Iterator[Pro
         )
     context = wanted if wanted is not None else min(limit, plan.max_model_len or limit)
     longest = _longest(recipe.bench.input_len) + _longest(recipe.bench.output_len)
-    if longest > context:
+    # only a load shape the user wrote: the defaults should not fail a recipe that never benchmarks
+    shaped = {"input_len", "output_len"} & recipe.bench.model_fields_set
+    if shaped and longest > context:
         yield Problem(
             f"bench requests of up to {longest:,} tokens (input + output) exceed max_model_len {context:,}; "
             "the engine would reject them",

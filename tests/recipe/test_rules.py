@@ -127,6 +127,10 @@ def test_request_shape_must_fit_max_model_len(tmp_path: Path) -> None:
     )
 
 
+def test_default_bench_shape_never_fails_a_short_context(tmp_path: Path) -> None:
+    assert all(p.path != "bench" for p in _check(tmp_path, LLAMA_8B, "limits.max_model_len=200"))
+
+
 def test_builtin_engine_limits(tmp_path: Path) -> None:
     problems = _check(
         tmp_path,
