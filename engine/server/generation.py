@@ -87,7 +87,12 @@ def resolve_max_tokens(
     return max_tokens
 
 
-def make_params(**kwargs: Any) -> SamplingParams:
+def make_params(state: ServerState, **kwargs: Any) -> SamplingParams:
+    n = int(kwargs.get("n", 1))
+    if n > state.settings.max_num_seqs:
+        raise bad_request(
+            f"n={n} is more than this server runs at once (max_num_seqs={state.settings.max_num_seqs})", "n"
+        )
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:

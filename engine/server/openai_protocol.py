@@ -34,7 +34,7 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: StopField = None
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None

@@ -124,7 +124,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     streams = []
     for i, (ids, _) in enumerate(inputs):
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens", "prompt")
-        params = make_params(**body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.logprobs)
+        params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.logprobs)
         streams.append(stream_outputs(state, ids, params, f"{request_id}-{i}"))
     if body.stream:
         started = await _start_streams(request, streams)
@@ -233,7 +233,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens = resolve_max_tokens(
         state, len(ids), body.completion_budget, "max_completion_tokens", "messages"
     )
-    params = make_params(**body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.num_logprobs())
+    params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.num_logprobs())
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.model_name

@@ -28,7 +28,7 @@ class TGIParameters(_Body):
     max_new_tokens: int | None = Field(default=None, ge=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
     return_full_text: bool | None = None
-    seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: list[str] = Field(default_factory=list, max_length=16)
     temperature: float | None = Field(default=None, gt=0)
     top_k: int | None = Field(default=None, gt=0)

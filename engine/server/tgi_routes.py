@@ -79,7 +79,7 @@ def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
     if p.max_new_tokens is None:
         wanted = min(wanted, max(1, int(state.ready_engine().max_model_len) - len(ids)))
     max_tokens = resolve_max_tokens(state, len(ids), wanted, "max_new_tokens", "inputs")
-    return ids, make_params(**p.sampling_kwargs(), max_tokens=max_tokens)
+    return ids, make_params(state, **p.sampling_kwargs(), max_tokens=max_tokens)
 
 
 def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[str, Any]:

@@ -17,7 +17,7 @@ MODEL = "fake-model"
 
 def make_client(engine: FakeEngine, api_key: str | None = None) -> TestClient:
     settings = ServerSettings(served_model_names=(MODEL, "alias"), model_path="/models/fake.gguf", api_key=api_key,
-                              queue_full_errors=(QueueFull,))
+                              queue_full_errors=(QueueFull,), max_num_seqs=8)
     return TestClient(build_app(settings, engine=engine), raise_server_exceptions=False)
 
 
@@ -138,6 +138,13 @@ def test_bad_requests_are_400(client: TestClient) -> None:
     assert_openai_error(client.post("/v1/completions", json={"prompt": [99999]}), 400)
     assert_openai_error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
     assert_openai_error(client.post("/generate", json={"inputs": "x", "parameters": {"top_k": 0}}), 400)
+    assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "seed": 2**64}), 400)
+    err = assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "n": 128}), 400)
+    assert err["param"] == "n"
+    tools = {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}
+    assert_openai_error(client.post("/v1/chat/completions", json=tools), 400)
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    assert_openai_error(client.post("/v1/chat/completions", json=image), 400)
 
 
 def test_too_long_prompt_is_400(client: TestClient) -> None:

@@ -189,6 +189,18 @@ def test_metrics_count_and_disconnect_aborts(server: str) -> None:
     assert after[aborted] >= before.get(aborted, 0) + 1
     assert after[f"vllm:generation_tokens_total{{{lab}}}"] > before.get(f"vllm:generation_tokens_total{{{lab}}}", 0)
     assert after[f"vllm:time_to_first_token_seconds_count{{{lab}}}"] >= 1
+    # a non-streaming client that gives up is aborted too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server + "/v1/completions", headers=auth(), timeout=2.0, json={
+            "model": MODEL_NAME, "prompt": "Tell me a long story", "max_tokens": 400, "ignore_eos": True})
+    deadline = time.monotonic() + 30
+    while True:
+        later = metric_values(server)
+        if later[aborted] >= after[aborted] + 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert later[aborted] >= after[aborted] + 1
+    assert later[f"vllm:num_requests_running{{{lab}}}"] == 0 and later[f"vllm:kv_cache_usage_perc{{{lab}}}"] == 0
     for name in ("llmdeploy:weights_gib", "llmdeploy:available_kv_cache_gib", "llmdeploy:kv_cache_tokens",
                  "llmdeploy:num_kv_blocks", "llmdeploy:max_concurrency"):
         assert after[f"{name}{{{lab}}}"] > 0, name
