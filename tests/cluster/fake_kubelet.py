@@ -2,7 +2,8 @@
 
 It registers one Node with GPU capacity and keeps its Ready condition fresh, binds every
 unscheduled Pod to that node (no real scheduling decisions: one node, so there is nothing to
-choose), reports bound Pods as Running and Ready, and finishes the deletion of Pods that are
+choose), reports bound Pods as Running and Ready (except Pods annotated
+fake-kubelet.llmdeploy.io/never-ready: "true", which stay Pending), and finishes the deletion of Pods that are
 terminating (the real kubelet's job once containers stop).
 
     python tests/cluster/fake_kubelet.py --kubeconfig PATH [--node NAME] [--gpus N]
@@ -21,6 +22,7 @@ import yaml
 
 POLL_S = 0.5
 HEARTBEAT_S = 10.0
+NEVER_READY_ANNOTATION = "fake-kubelet.llmdeploy.io/never-ready"
 
 
 def _now() -> str:
@@ -152,6 +154,8 @@ def sync_pods(api: httpx.Client, node: str) -> None:
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node},
             }
             api.post(f"{path}/binding", json=binding)
+        elif (meta.get("annotations") or {}).get(NEVER_READY_ANNOTATION) == "true":
+            continue  # tests use this to make a rollout stall
         elif spec["nodeName"] == node and pod.get("status", {}).get("phase") != "Running":
             api.patch(
                 f"{path}/status",

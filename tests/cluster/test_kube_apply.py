@@ -267,3 +267,31 @@ def test_conflict_names_the_other_manager_and_force_takes_over(
     _apply(client, instance, [m.config_map(data={"mode": "c"})], force=True)
     live = client.get(cm_rt, "demo-config", instance.namespace)
     assert live is not None and live["data"]["mode"] == "c"
+
+
+def _stalled_deployment(progress_deadline_s: int) -> dict[str, Any]:
+    dep = m.deployment()
+    dep["spec"]["progressDeadlineSeconds"] = progress_deadline_s
+    dep["spec"]["template"]["metadata"]["annotations"] = {"fake-kubelet.llmdeploy.io/never-ready": "true"}
+    return dep
+
+
+def test_rollout_failure_reports_the_progressing_condition(client: KubeClient, instance: Instance) -> None:
+    out = Recorder()
+    options = ApplyOptions(wait=True, timeout_s=60)
+    with pytest.raises(UserError) as err:
+        apply_kubernetes(client, instance, [_stalled_deployment(2)], None, options, lambda _q: True, out)
+    text = str(err.value)
+    assert f"Deployment {instance.namespace}/demo: rollout failed (1/1 updated, 0/1 available)" in text
+    assert "Progressing=False (ProgressDeadlineExceeded)" in text and "has timed out progressing" in text
+
+
+def test_rollout_timeout_reports_conditions_as_they_stand(client: KubeClient, instance: Instance) -> None:
+    options = ApplyOptions(wait=True, timeout_s=3)
+    with pytest.raises(UserError) as err:
+        apply_kubernetes(
+            client, instance, [_stalled_deployment(600)], None, options, lambda _q: True, Recorder()
+        )
+    text = str(err.value)
+    assert "rollout not finished after 3 s" in text
+    assert "Available=False (MinimumReplicasUnavailable)" in text
