@@ -50,7 +50,7 @@ def check_recipe(recipe: Recipe, plan: MemoryPlan) -> list[Problem]:
         *_speculative(recipe, model),
     ]
     if not plan.fits:
-        fix = "; or ".join(plan.suggestions) if plan.suggestions else None
+        fix = "\n         or ".join(plan.suggestions) if plan.suggestions else None
         problems += [Problem(f"does not fit: {text}", fix=fix) for text in plan.problems] or [
             Problem("the memory plan does not fit", fix=fix)
         ]
