@@ -57,7 +57,20 @@ install -m 0755 "$ETCD" "$BIN/etcd"
 cd "$CACHE/src"
 if ! ls -d kubernetes-*/ >/dev/null 2>&1; then
   apt-get "${APT_OPTS[@]}" source --download-only kubernetes
-  dpkg-source --no-check -x kubernetes_*.dsc
+  if command -v dpkg-source >/dev/null 2>&1; then
+    dpkg-source --no-check -x kubernetes_*.dsc
+  else  # no dpkg-dev: unpack by hand and apply Debian's patch series
+    orig="$(ls kubernetes_*.orig.tar.* | head -n1)"
+    dir="kubernetes-$(basename "$orig" | sed -e 's/^kubernetes_//' -e 's/\.orig\.tar\..*$//')"
+    mkdir -p "$dir"
+    tar -xf "$orig" -C "$dir" --strip-components=1
+    tar -xf "$(ls kubernetes_*.debian.tar.* | head -n1)" -C "$dir"
+    if [[ -f "$dir/debian/patches/series" ]]; then
+      grep -v '^\s*#' "$dir/debian/patches/series" | while read -r patch; do
+        [[ -n "$patch" ]] && patch -d "$dir" -p1 --quiet < "$dir/debian/patches/$patch"
+      done
+    fi
+  fi
 fi
 SRCDIR="$(ls -d "$CACHE"/src/kubernetes-*/ | head -n1)"
 
