@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmdeploy.catalog.models import resolve_model
-from llmdeploy.planner.engine_rules import plan_for
-from llmdeploy.planner.footprint import kv_layout
+from llmdeploy.planner.engine_rules import graphs_in_budget, kv_capacity, plan_for, vllm_defaults
 from llmdeploy.planner.plan_inputs import GIB, PlanInputs
 
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "planner" / "fixtures" / "vllm_logs.json"
@@ -39,6 +38,7 @@ class LogCheck:
     full_error: float | None
     weights_error_gib: float | None
     activation_error_gib: float | None
+    kv_error_gib: float | None = None  # predicted minus logged KV memory (before clamping at 0)
 
 
 def _inputs(entry: dict[str, Any]) -> PlanInputs:
@@ -54,9 +54,8 @@ def _inputs(entry: dict[str, Any]) -> PlanInputs:
 
 
 def _tokens_for(kv_gib: float, inputs: PlanInputs) -> int:
-    layout = kv_layout(inputs)
-    block = 64 if layout.is_mla else inputs.block_size
-    return int(kv_gib * GIB) // (layout.bytes_per_token * block) * block
+    batched = inputs.max_num_batched_tokens or vllm_defaults(inputs)[0]
+    return kv_capacity(inputs, int(kv_gib * GIB), batched)[2]
 
 
 def check_log(entry: dict[str, Any]) -> LogCheck:
@@ -67,7 +66,7 @@ def check_log(entry: dict[str, Any]) -> LogCheck:
     if tokens and logged.get("kv_cache_gib"):
         bpt_tokens = _tokens_for(logged["kv_cache_gib"], inputs)
         bpt_error = (bpt_tokens - tokens) / tokens
-    full_tokens = full_error = weights_err = act_err = None
+    full_tokens = full_error = weights_err = act_err = kv_err = None
     reference, derived = tokens, False
     if entry.get("total_gpu_memory_gib"):
         plan = plan_for(inputs)
@@ -80,6 +79,10 @@ def check_log(entry: dict[str, Any]) -> LogCheck:
             weights_err = plan.weights_gib - logged["weights_gib"]
         if logged.get("activation_gib") is not None:
             act_err = plan.activation_gib - logged["activation_gib"]
+        if logged.get("kv_cache_gib") is not None:
+            graphs = plan.cuda_graph_gib if graphs_in_budget(inputs) else 0.0
+            raw_kv = plan.usable_gib - plan.weights_gib - plan.activation_gib - plan.non_torch_gib - graphs
+            kv_err = raw_kv - logged["kv_cache_gib"]
     return LogCheck(
         entry["id"],
         entry["source"],
@@ -93,6 +96,7 @@ def check_log(entry: dict[str, Any]) -> LogCheck:
         full_error,
         weights_err,
         act_err,
+        kv_err,
     )
 
 
@@ -112,7 +116,7 @@ def _gib(x: float | None) -> str:
 def report(checks: list[LogCheck]) -> str:
     lines = [
         f"{'log':<46}{'logged tok':>11}{'bpt tok':>10}{'bpt err':>9}{'full tok':>10}{'ref tok':>10}{'full err':>10}"
-        f"{'dW GiB':>8}{'dAct GiB':>9}"
+        f"{'dW GiB':>8}{'dAct GiB':>9}{'dKV GiB':>8}"
     ]
     for c in checks:
         ref = (
@@ -123,7 +127,7 @@ def report(checks: list[LogCheck]) -> str:
         lines.append(
             f"{c.log_id:<46}{c.logged_tokens or '-':>11}{c.bpt_tokens or '-':>10}{_pct(c.bpt_error):>9}"
             f"{c.full_tokens if c.full_tokens is not None else '-':>10}{ref:>10}{_pct(c.full_error):>10}"
-            f"{_gib(c.weights_error_gib):>8}{_gib(c.activation_error_gib):>9}"
+            f"{_gib(c.weights_error_gib):>8}{_gib(c.activation_error_gib):>9}{_gib(c.kv_error_gib):>8}"
         )
     for label, errors in (
         ("bytes/token check", [abs(c.bpt_error) for c in checks if c.bpt_error is not None and not c.hybrid]),

@@ -39,6 +39,12 @@ def _version(text: str | None) -> tuple[int, ...] | None:
     return tuple(parts)
 
 
+def graphs_in_budget(inputs: PlanInputs) -> bool:
+    """vLLM profiles CUDA graphs into the KV budget since 0.21; before, they took the headroom."""
+    version = _version(inputs.engine_version)
+    return version is None or version >= GRAPH_PROFILING_SINCE
+
+
 def vllm_defaults(inputs: PlanInputs) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) as vLLM's API server picks them when not given:
     large GPUs (>= 70 GiB, not A100) get 8192 / 1024, others 2048 / 256."""
@@ -49,21 +55,36 @@ def vllm_defaults(inputs: PlanInputs) -> tuple[int, int]:
     return max(batched, seqs), seqs
 
 
-def _concurrency(layout: KVLayout, kv_bytes: int, block_size: int, max_model_len: int, batched: int) -> float:
-    if layout.num_groups == 1 and layout.sliding_window is None:
-        blocks = builtin_rule.num_kv_blocks(kv_bytes, layout.bytes_per_token, block_size)
-        return builtin_rule.max_concurrency(blocks, block_size, max_model_len)
-    # sliding layers hold at most the window (+ one chunk) of blocks per request
+def _pool_blocks(layout: KVLayout, kv_bytes: int, block_size: int) -> int:
+    """Blocks per pool: every group slot (group_size layers) gets the same number of blocks."""
+    group_size = layout.group_size or layout.num_layers
+    return builtin_rule.num_kv_blocks(kv_bytes, layout.layer_bytes_per_token * group_size, block_size)
+
+
+def _concurrency(layout: KVLayout, blocks: int, block_size: int, max_model_len: int, batched: int) -> float:
+    """vLLM's max concurrency: pool blocks / blocks one request needs across all groups, where a
+    sliding-window group needs only its window plus one chunk."""
     full_blocks = -(-max_model_len // block_size)
-    window = layout.sliding_window or max_model_len
-    sliding_blocks = min(full_blocks, -(-(window - 1 + batched) // block_size) + 1)
-    n_full = layout.num_layers - layout.num_sliding_layers
-    per_request = (
-        layout.layer_bytes_per_token
-        * block_size
-        * (n_full * full_blocks + layout.num_sliding_layers * sliding_blocks)
-    )
-    return max(0, kv_bytes) / per_request
+    if layout.sliding_window is None:
+        return builtin_rule.max_concurrency(blocks, block_size, max_model_len)
+    window_blocks = min(full_blocks, -(-(layout.sliding_window - 1 + batched) // block_size) + 1)
+    full_groups = layout.num_groups - layout.num_sliding_groups
+    return blocks / (full_groups * full_blocks + layout.num_sliding_groups * window_blocks)
+
+
+def kv_capacity(inputs: PlanInputs, kv_bytes: int, batched: int) -> tuple[int, int, int, float]:
+    """(block size, blocks per pool, "GPU KV cache size" tokens, max concurrency) for a KV budget."""
+    layout = kv_layout(inputs)
+    block = inputs.block_size
+    if layout.is_mla and inputs.engine == "vllm" and block == 16:
+        block = 64  # vLLM's MLA backends (FlashMLA) use 64-token blocks
+    max_len = inputs.context_len
+    blocks = _pool_blocks(layout, max(0, kv_bytes), block)
+    concurrency = _concurrency(layout, blocks, block, max_len, batched)
+    # vLLM reports "GPU KV cache size" as blocks x block size; with sliding-window groups (hybrid
+    # allocator) as max concurrency x max_model_len
+    tokens = blocks * block if layout.sliding_window is None else int(concurrency * max_len)
+    return block, blocks, tokens, concurrency
 
 
 def _plan(
@@ -80,15 +101,10 @@ def _plan(
     notes: tuple[str, ...] = (),
 ) -> MemoryPlan:
     layout = kv_layout(inputs)
-    block = inputs.block_size
-    if layout.is_mla and inputs.engine == "vllm" and block == 16:
-        block = 64  # vLLM's MLA backends (FlashMLA) use 64-token blocks
-    blocks = builtin_rule.num_kv_blocks(kv_bytes, layout.bytes_per_token, block)
-    tokens = blocks * block
     max_len = inputs.context_len
+    block, blocks, tokens, concurrency = kv_capacity(inputs, kv_bytes, batched)
     total_bytes = int(inputs.total_memory_gib * GIB) if inputs.device == "cuda" else usable_bytes
     planned = weights + activation + non_torch + max(0, kv_bytes) + graphs
-    concurrency = _concurrency(layout, max(0, kv_bytes), block, max_len, batched)
     problems = []
     if kv_bytes <= 0:
         short = (-kv_bytes) / GIB
@@ -160,8 +176,7 @@ def plan_vllm(inputs: PlanInputs) -> MemoryPlan:
     act = activation_bytes(inputs, batched, seqs)
     non_torch = non_torch_bytes(inputs)
     graphs = cuda_graph_bytes(inputs, seqs)
-    version = _version(inputs.engine_version)
-    graphs_counted = version is None or version >= GRAPH_PROFILING_SINCE
+    graphs_counted = graphs_in_budget(inputs)
     explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
     kv = builtin_rule.kv_cache_bytes(
         total,

@@ -30,8 +30,10 @@ LINEAR_BITS = {
 
 # calibrated: live activation bytes per token per (2h + MLP width) element in the profile run
 ACTIVATION_FACTOR = 1.1
-# calibrated: bytes per vocab entry per sequence in the sampler warm-up (fp32 logits + softmax/top-k temporaries)
-SAMPLER_BYTES_PER_LOGIT = 12
+# calibrated: bytes per vocab entry per sequence in the sampler warm-up (fp32 logits, probabilities,
+# sorted values + int64 indices for top-k/top-p, cumulative sums): ~40 in both the Llama-3-8B log
+# (256 rows x 128,256 -> 1.26 GiB) and the gpt-oss-120b logs (1024 rows x 201,088 -> ~7.5 GiB)
+SAMPLER_BYTES_PER_LOGIT = 40
 NON_TORCH_GIB = 0.15  # calibrated: cuBLAS/cuDNN workspaces and allocator slack outside torch, one GPU
 NON_TORCH_PARALLEL_GIB = 0.1  # calibrated: + NCCL and custom all-reduce buffers when TP/PP > 1
 CUDA_CONTEXT_GIB = 0.5  # outside vLLM's accounting, but it occupies the GPU
@@ -49,6 +51,8 @@ class KVLayout:
     sliding_window: int | None
     num_sliding_layers: int
     is_mla: bool
+    group_size: int = 0  # layers per group (one block pool slot each); 0 means num_layers
+    num_sliding_groups: int = 0
 
 
 def expert_matrix_params(spec: ModelSpec) -> int:
@@ -67,7 +71,10 @@ def weights_bytes_total(spec: ModelSpec, quantization: str, dtype_bytes: int) ->
     rest = p.total - p.linear
     if bits is None and spec.torch_dtype == "mxfp4":  # gpt-oss ships MoE experts in MXFP4
         experts = expert_matrix_params(spec)
-        return math.ceil(experts * LINEAR_BITS["mxfp4"] / 8) + (p.total - experts) * dtype_bytes
+        # vLLM pads the expert intermediate size to a multiple of 256 for its MXFP4 kernels
+        # (gpt-oss-120b: 2880 -> 3072; vLLM logs 64.38 GiB where unpadded would be 60.8)
+        padded = experts * math.ceil(spec.moe_intermediate_size / 256) * 256 // spec.moe_intermediate_size
+        return math.ceil(padded * LINEAR_BITS["mxfp4"] / 8) + (p.total - experts) * dtype_bytes
     if bits is None and spec.torch_dtype.startswith("float8"):  # DeepSeek-V3 ships fp8 blocks
         bits = LINEAR_BITS["fp8"]
     if bits is None:
@@ -96,17 +103,18 @@ def kv_layout(inputs: PlanInputs) -> KVLayout:
     if spec.is_mla:
         # one compressed latent + the rope key per token, replicated on every TP rank
         per_layer = (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
-        return KVLayout(per_layer * layers, per_layer, layers, 1, 1, None, 0, True)
+        return KVLayout(per_layer * layers, per_layer, layers, 1, 1, None, 0, True, layers)
     heads = max(1, spec.num_kv_heads // tp)  # replicated when TP exceeds the KV heads
     per_layer = 2 * heads * spec.head_dim * kv_bytes
     kinds = spec.kinds[:layers]
     n_sliding = sum(1 for k in kinds if k == "sliding")
     n_full = layers - n_sliding
-    groups, group_size = 1, layers
+    groups, group_size, sliding_groups = 1, layers, 1 if n_sliding else 0
     if n_sliding and n_full:
         # vLLM's hybrid allocator: groups of equal size, one shared block pool per group slot
         group_size = min(n_sliding, n_full)
-        groups = math.ceil(n_sliding / group_size) + math.ceil(n_full / group_size)
+        sliding_groups = math.ceil(n_sliding / group_size)
+        groups = sliding_groups + math.ceil(n_full / group_size)
     return KVLayout(
         bytes_per_token=per_layer * group_size * groups,
         layer_bytes_per_token=per_layer,
@@ -116,6 +124,8 @@ def kv_layout(inputs: PlanInputs) -> KVLayout:
         sliding_window=spec.sliding_window if n_sliding else None,
         num_sliding_layers=n_sliding,
         is_mla=False,
+        group_size=group_size,
+        num_sliding_groups=sliding_groups,
     )
 
 
