@@ -16,12 +16,11 @@ StopField = str | list[str] | None
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(_Body):

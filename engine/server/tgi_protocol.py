@@ -15,7 +15,7 @@ DEFAULT_MAX_NEW_TOKENS = 100
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class TGIParameters(_Body):

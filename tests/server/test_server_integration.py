@@ -1,6 +1,7 @@
 """The real server process on the default model (CPU): SDK clients, TGI shapes, metrics, errors, abort.
 
-One server start for the module; it runs with an API key, so the 401 checks share it.
+One server start for the module, through `llmdeploy serve --model ...`; it runs with an API key, so the
+401 checks share it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(f"default model not installed at {GGUF}")
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "engine.log"
-    argv = [sys.executable, "-m", "llmdeploy_engine.cli", "serve", "--model", str(GGUF), "--device", "cpu",
+    # through the toolkit's `llmdeploy serve`, which execs the engine's serve command (same pid)
+    argv = [sys.executable, "-c", "from llmdeploy.cli.main import main; main()", "serve", "--model", str(GGUF),
+            "--device", "cpu",
             "--served-model-name", MODEL_NAME, "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
             "--kv-cache-memory-bytes", "64M", "--max-num-seqs", "2", "--max-queue-len", "1", "--api-key", API_KEY]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
