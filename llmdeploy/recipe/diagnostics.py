@@ -190,7 +190,30 @@ def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark
     message = message[:1].lower() + message[1:]
     if kind == "string_type" and isinstance(value, bool | int | float):
         return _make(clean, message, marks, value=value, fix=f'quote it so YAML reads it as text: "{value}"')
-    return _make(clean, message, marks, value=value if isinstance(value, _SCALARS) else _NO_VALUE)
+    return _make(clean, message, marks, value=_shown(value), fix=_generic_fix(kind, ctx))
+
+
+def _generic_fix(kind: str, ctx: Mapping[str, Any]) -> str | None:
+    bounds = {
+        "greater_than_equal": ("at least", "ge"),
+        "greater_than": ("more than", "gt"),
+        "less_than_equal": ("at most", "le"),
+        "less_than": ("less than", "lt"),
+    }
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"use a value {words} {ctx.get(key)}"
+    return {
+        "int_parsing": "write a whole number, e.g. 8192",
+        "int_type": "write a whole number, e.g. 8192",
+        "int_from_float": "write a whole number, without a fraction",
+        "float_parsing": "write a number, e.g. 0.9",
+        "float_type": "write a number, e.g. 0.9",
+        "bool_parsing": "write true or false",
+        "bool_type": "write true or false",
+        "string_type": "write a text value",
+        "too_short": "give at least one item",
+    }.get(kind)
 
 
 _NO_VALUE = object()

@@ -91,7 +91,7 @@ def default_name(file: Path) -> str:
 
 
 def _load_layer(
-    file: Path, env: Mapping[str, str], chain: tuple[Path, ...], problems: list[Problem]
+    file: Path, env: Mapping[str, str], chain: tuple[tuple[Path, str], ...], problems: list[Problem]
 ) -> Layer | None:
     shown = _display(file)
     try:
@@ -142,7 +142,11 @@ def _load_layer(
 
 
 def _extend(
-    layer: Layer, file: Path, env: Mapping[str, str], chain: tuple[Path, ...], problems: list[Problem]
+    layer: Layer,
+    file: Path,
+    env: Mapping[str, str],
+    chain: tuple[tuple[Path, str], ...],
+    problems: list[Problem],
 ) -> Layer | None:
     data = dict(layer.data)
     target = data.pop("extends")
@@ -164,12 +168,13 @@ def _extend(
         return own
     base_file = file.parent / target
     here = file.resolve()
-    seen = (*chain, here)
-    if base_file.resolve() in seen:
-        cycle = [*seen[seen.index(base_file.resolve()) :], base_file.resolve()]
+    seen = (*chain, (here, _display(file)))
+    resolved = [p for p, _ in seen]
+    if base_file.resolve() in resolved:
+        cycle = [shown for _, shown in seen[resolved.index(base_file.resolve()) :]] + [_display(base_file)]
         problems.append(
             Problem(
-                "extends cycle: " + " -> ".join(_display(p) for p in cycle),
+                "extends cycle: " + " -> ".join(cycle),
                 file=mark.file,
                 line=mark.line,
                 path="extends",
@@ -215,11 +220,8 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> dict[str, Any
 
 
 def _display(file: Path) -> str:
-    try:
-        relative = os.path.relpath(file)
-    except ValueError:
-        return str(file)
-    return relative if not relative.startswith("../../..") else str(file.resolve())
+    # the path as the user wrote it (bases: joined onto it), so messages match what they typed
+    return os.path.normpath(file)
 
 
 def _path_tuple(dotted: str) -> FieldPath:
