@@ -57,8 +57,7 @@ def vllm_defaults(inputs: PlanInputs) -> tuple[int, int]:
 
 def _pool_blocks(layout: KVLayout, kv_bytes: int, block_size: int) -> int:
     """Blocks per pool: every group slot (group_size layers) gets the same number of blocks."""
-    group_size = layout.group_size or layout.num_layers
-    return builtin_rule.num_kv_blocks(kv_bytes, layout.layer_bytes_per_token * group_size, block_size)
+    return builtin_rule.num_kv_blocks(kv_bytes, layout.pool_bytes_per_token, block_size)
 
 
 def _concurrency(layout: KVLayout, blocks: int, block_size: int, max_model_len: int, batched: int) -> float:

@@ -53,6 +53,7 @@ class KVLayout:
     is_mla: bool
     group_size: int = 0  # layers per group (one block pool slot each); 0 means num_layers
     num_sliding_groups: int = 0
+    pool_bytes_per_token: int = 0  # one block-pool slot (group_size layers, + draft layers), per token
 
 
 def expert_matrix_params(spec: ModelSpec) -> int:
@@ -84,7 +85,15 @@ def weights_bytes_total(spec: ModelSpec, quantization: str, dtype_bytes: int) ->
 
 def weights_bytes_per_gpu(inputs: PlanInputs) -> int:
     """Tensor parallelism shards every matrix and the (vocab-parallel) embedding and head; pipeline
-    parallelism splits the layers, and the heaviest stage (embedding or head on it) counts."""
+    parallelism splits the layers, and the heaviest stage (embedding or head on it) counts. A draft
+    model for speculative decoding is loaded next to the target (same TP)."""
+    draft = 0
+    if inputs.draft is not None:
+        draft = math.ceil(inputs.draft.num_params * inputs.model_dtype_bytes / inputs.tensor_parallel_size)
+    return draft + _target_weights_per_gpu(inputs)
+
+
+def _target_weights_per_gpu(inputs: PlanInputs) -> int:
     spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
     total = weights_bytes_total(spec, inputs.effective_quantization, inputs.model_dtype_bytes)
     if pp == 1 or spec.num_layers == 0:
@@ -103,7 +112,8 @@ def kv_layout(inputs: PlanInputs) -> KVLayout:
     if spec.is_mla:
         # one compressed latent + the rope key per token, replicated on every TP rank
         per_layer = (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
-        return KVLayout(per_layer * layers, per_layer, layers, 1, 1, None, 0, True, layers)
+        pool = per_layer * layers + _draft_kv_bytes(inputs)
+        return KVLayout(pool, per_layer, layers, 1, 1, None, 0, True, layers, 0, pool)
     heads = max(1, spec.num_kv_heads // tp)  # replicated when TP exceeds the KV heads
     per_layer = 2 * heads * spec.head_dim * kv_bytes
     kinds = spec.kinds[:layers]
@@ -115,8 +125,9 @@ def kv_layout(inputs: PlanInputs) -> KVLayout:
         group_size = min(n_sliding, n_full)
         sliding_groups = math.ceil(n_sliding / group_size)
         groups = sliding_groups + math.ceil(n_full / group_size)
+    pool = per_layer * group_size + (_draft_kv_bytes(inputs) if groups == 1 else 0)
     return KVLayout(
-        bytes_per_token=per_layer * group_size * groups,
+        bytes_per_token=pool * groups,
         layer_bytes_per_token=per_layer,
         num_layers=layers,
         num_kv_heads_per_gpu=heads,
@@ -126,7 +137,17 @@ def kv_layout(inputs: PlanInputs) -> KVLayout:
         is_mla=False,
         group_size=group_size,
         num_sliding_groups=sliding_groups,
+        pool_bytes_per_token=pool,
     )
+
+
+def _draft_kv_bytes(inputs: PlanInputs) -> int:
+    """A draft model's attention layers join the target's KV pool (every block spans all layers)."""
+    draft = inputs.draft
+    if draft is None:
+        return 0
+    heads = max(1, draft.num_kv_heads // inputs.tensor_parallel_size)
+    return 2 * draft.num_layers * heads * draft.head_dim * inputs.kv_dtype_bytes
 
 
 def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int) -> int:

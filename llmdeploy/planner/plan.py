@@ -19,6 +19,13 @@ def make_plan(recipe: Recipe) -> MemoryPlan:
 
 def plan_from_inputs(inputs: PlanInputs) -> MemoryPlan:
     plan = plan_for(inputs)
+    if inputs.draft is not None:
+        draft = inputs.draft
+        note = (
+            f"speculative draft {draft.hf_id}: its weights are in weights_gib and its "
+            f"{draft.num_layers} attention layers in kv_bytes_per_token (vLLM keeps them in the same KV pool)"
+        )
+        plan = replace(plan, notes=(*plan.notes, note))
     if plan.fits:
         return plan
     return replace(plan, suggestions=tuple(suggest_fixes(inputs, plan)))

@@ -38,6 +38,7 @@ class PlanInputs:
     max_num_seqs: int | None = None
     kv_cache_memory_gib: float | None = None
     enforce_eager: bool = False
+    draft: ModelSpec | None = None  # speculative decoding draft model (same GPUs, same KV pool)
 
     @property
     def total_memory_gib(self) -> float:
@@ -85,6 +86,10 @@ def inputs_from_recipe(recipe: Recipe) -> PlanInputs:
             fix="set hardware.gpu (e.g. 'A100-80GB') or hardware.gpu_memory_gib",
         )
     eager = "--enforce-eager" in recipe.engine.extra_args
+    spec_dec = recipe.speculative
+    draft = None
+    if spec_dec is not None and spec_dec.method == "draft" and spec_dec.draft_model:
+        draft = resolve_model(spec_dec.draft_model)
     return PlanInputs(
         spec=spec,
         engine=recipe.engine.type,
@@ -104,4 +109,5 @@ def inputs_from_recipe(recipe: Recipe) -> PlanInputs:
         max_num_seqs=lim.max_num_seqs,
         kv_cache_memory_gib=lim.kv_cache_memory_gib,
         enforce_eager=eager,
+        draft=draft,
     )

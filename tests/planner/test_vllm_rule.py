@@ -140,3 +140,12 @@ def test_tgi_and_builtin_rules() -> None:
     assert builtin.kv_cache_gib == 0.5
     assert builtin.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4  # fp32 on CPU
     assert builtin.num_kv_blocks == int(0.5 * GIB) // (builtin.kv_bytes_per_token * 16)
+
+
+def test_draft_model_adds_weights_and_kv_layers() -> None:
+    base = _inputs("meta-llama/Llama-3.1-8B-Instruct", "A100-80GB", kv_cache_dtype="fp8")
+    with_draft = replace(base, draft=resolve_model("meta-llama/Llama-3.2-1B-Instruct"))
+    assert weights_bytes_per_gpu(with_draft) - weights_bytes_per_gpu(base) == 1_235_814_400 * 2
+    assert kv_layout(with_draft).bytes_per_token == 65_536 + 2 * 16 * 8 * 64 * 1
+    plan = plan_from_inputs(with_draft)
+    assert plan.kv_bytes_per_token == 81_920 and any("speculative draft" in n for n in plan.notes)
