@@ -43,10 +43,16 @@ class ModelSection(Section):
         default=None,
         description="catalog name of the base architecture when `id` is a derivative, e.g. a quantized repo",
     )
-    revision: str | None = None
-    dtype: ModelDtype = "auto"
-    quantization: Quantization = "none"
-    trust_remote_code: bool = False
+    revision: str | None = Field(default=None, description="hub revision: branch, tag or commit")
+    dtype: ModelDtype = Field(
+        default="auto", description="weight/activation dtype (vLLM --dtype); auto: the checkpoint's"
+    )
+    quantization: Quantization = Field(
+        default="none", description="weight quantization (vLLM --quantization); none: 16-bit weights"
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="run the model repo's own Python code (vLLM --trust-remote-code)"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
@@ -57,7 +63,7 @@ class ModelSection(Section):
 
 
 class HardwareSection(Section):
-    device: Literal["cuda", "cpu"] = "cuda"
+    device: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda (NVIDIA GPUs) or cpu")
     gpu: str | None = Field(
         default=None, description="GPU catalog name, e.g. 'A100-80GB', 'H100', 'RTX-4090'"
     )
@@ -66,8 +72,8 @@ class HardwareSection(Section):
         gt=0,
         description="memory per GPU as CUDA reports it (GiB); overrides the catalog figure",
     )
-    gpus_per_node: int = Field(default=1, ge=1)
-    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=1, ge=1, description="GPUs on each node (per pod on Kubernetes)")
+    nodes: int = Field(default=1, ge=1, description="nodes one replica spans")
 
 
 class ParallelismSection(Section):
@@ -79,18 +85,29 @@ class ParallelismSection(Section):
 
 
 class KVCacheSection(Section):
-    dtype: KVCacheDtype = "auto"
-    block_size: int = Field(default=16, ge=1, le=1024)
-    prefix_caching: bool = True
+    dtype: KVCacheDtype = Field(
+        default="auto", description="KV cache dtype (vLLM --kv-cache-dtype); fp8 halves KV memory per token"
+    )
+    block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block (vLLM --block-size)")
+    prefix_caching: bool = Field(
+        default=True, description="reuse the KV of shared prompt prefixes (vLLM --enable-prefix-caching)"
+    )
 
 
 class LimitsSection(Section):
     max_model_len: int | None = Field(default=None, ge=1, description="context length; default: the model's")
-    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_seqs: int = Field(
+        default=256, ge=1, description="most requests running at once (vLLM --max-num-seqs)"
+    )
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, description="default: engine's own default"
     )
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="fraction of each GPU's memory the engine may use (vLLM --gpu-memory-utilization)",
+    )
     kv_cache_memory_gib: float | None = Field(
         default=None,
         gt=0,
@@ -100,11 +117,16 @@ class LimitsSection(Section):
         default=None, ge=1, description="typical tokens per request you plan for"
     )
     target_concurrency: int | None = Field(default=None, ge=1, description="concurrent requests you plan for")
-    enable_chunked_prefill: bool = True
+    enable_chunked_prefill: bool = Field(
+        default=True, description="split long prompts across steps (vLLM --enable-chunked-prefill)"
+    )
 
 
 class EngineSection(Section):
-    type: EngineType = "vllm"
+    type: EngineType = Field(
+        default="vllm",
+        description="vllm, tgi (Hugging Face Text Generation Inference) or builtin (llmdeploy's own engine)",
+    )
     version: str | None = Field(
         default=None, description="engine release, e.g. '0.11.0'; default: the pinned one"
     )
@@ -115,11 +137,21 @@ class EngineSection(Section):
 
 
 class SpeculativeSection(Section):
-    method: Literal["draft", "ngram"]
-    draft_model: str | None = None
-    num_speculative_tokens: int = Field(default=4, ge=1, le=32)
-    prompt_lookup_max: int = Field(default=4, ge=1)
-    prompt_lookup_min: int = Field(default=1, ge=1)
+    method: Literal["draft", "ngram"] = Field(
+        description="draft: a small model proposes tokens; ngram: proposals looked up in the prompt"
+    )
+    draft_model: str | None = Field(
+        default=None, description="hub id of the draft model (same tokenizer as the target)"
+    )
+    num_speculative_tokens: int = Field(
+        default=4, ge=1, le=32, description="tokens proposed per step (vLLM num_speculative_tokens)"
+    )
+    prompt_lookup_max: int = Field(
+        default=4, ge=1, description="longest n-gram matched in the prompt (ngram method)"
+    )
+    prompt_lookup_min: int = Field(
+        default=1, ge=1, description="shortest n-gram matched in the prompt (ngram method)"
+    )
 
     @model_validator(mode="after")
     def _draft_needs_model(self) -> SpeculativeSection:
@@ -136,7 +168,7 @@ class ApiKeyFromEnv(Section):
 
 class SecretRef(Section):
     name: str
-    key: str = "api-key"
+    key: str = Field(default="api-key", description="key inside the Secret")
 
 
 class ApiKeyFromSecret(Section):
@@ -144,13 +176,17 @@ class ApiKeyFromSecret(Section):
 
 
 class ServerSection(Section):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
-    served_model_name: str | None = None
+    host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0 inside containers)")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible server")
+    served_model_name: str | None = Field(
+        default=None, description="model name clients send (vLLM --served-model-name); default: the model id"
+    )
     api_key: ApiKeyFromEnv | ApiKeyFromSecret | None = Field(
         default=None, description="never inline: {env: VAR} or {secret: {name, key}}"
     )
-    hf_token: ApiKeyFromEnv | ApiKeyFromSecret | None = None
+    hf_token: ApiKeyFromEnv | ApiKeyFromSecret | None = Field(
+        default=None, description="hub token for gated models: {env: VAR} or {secret: {name, key}}"
+    )
 
 
 class LocalTarget(Section):
@@ -160,12 +196,14 @@ class LocalTarget(Section):
 
 class DockerTarget(Section):
     type: Literal["docker"]
-    image: str | None = None
-    shm_size_gib: float | None = None
+    image: str | None = Field(default=None, description="container image; default: the engine's pinned image")
+    shm_size_gib: float | None = Field(
+        default=None, description="shared memory for the container (tensor parallelism needs several GiB)"
+    )
 
 
 class Toleration(Section):
-    key: str
+    key: str = Field(description="taint key, e.g. nvidia.com/gpu")
     operator: Literal["Exists", "Equal"] = "Exists"
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
@@ -173,20 +211,29 @@ class Toleration(Section):
 
 class ModelCache(Section):
     size_gib: float | None = Field(default=None, gt=0, description="default: weights size x 1.5")
-    storage_class: str | None = None
-    existing_claim: str | None = None
+    storage_class: str | None = Field(
+        default=None, description="storage class of the model-cache volume claim"
+    )
+    existing_claim: str | None = Field(
+        default=None, description="use this existing PersistentVolumeClaim instead of creating one"
+    )
 
 
 class Probes(Section):
     startup_budget_s: int | None = Field(default=None, ge=10, description="default: derived from weight size")
-    period_s: int = Field(default=10, ge=1)
+    period_s: int = Field(default=10, ge=1, description="seconds between probes")
 
 
 class Autoscaling(Section):
-    kind: Literal["hpa", "keda"] = "hpa"
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=4, ge=1)
-    metric: Literal["queue_depth", "kv_usage"] = "queue_depth"
+    kind: Literal["hpa", "keda"] = Field(
+        default="hpa", description="hpa (HorizontalPodAutoscaler) or keda (ScaledObject)"
+    )
+    min_replicas: int = Field(default=1, ge=0, description="fewest pods (0 lets KEDA scale to zero)")
+    max_replicas: int = Field(default=4, ge=1, description="most pods")
+    metric: Literal["queue_depth", "kv_usage"] = Field(
+        default="queue_depth",
+        description="queue_depth: waiting requests per pod; kv_usage: KV cache usage fraction",
+    )
     target: float = Field(default=4, gt=0, description="waiting requests per pod, or KV usage fraction")
 
     @model_validator(mode="after")
@@ -200,27 +247,42 @@ class Autoscaling(Section):
 
 class KubernetesTarget(Section):
     type: Literal["kubernetes"]
-    namespace: str = "default"
+    namespace: str = Field(default="default", description="namespace of every object")
     image: str | None = Field(default=None, description="default: the engine's pinned image")
-    kubernetes_version: str = "1.30"
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    kubernetes_version: str = Field(
+        default="1.30", description="cluster version the manifests are checked against"
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="pod nodeSelector, e.g. {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="pod tolerations, e.g. for tainted GPU nodes"
+    )
     model_cache: ModelCache = Field(default_factory=ModelCache)
     probes: Probes = Field(default_factory=Probes)
-    autoscaling: Autoscaling | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
-    termination_grace_period_s: int = Field(default=60, ge=0)
+    autoscaling: Autoscaling | None = Field(
+        default=None, description="scale replicas on queue depth or KV usage; omit for a fixed count"
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every object")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="type of the Service in front of the pods"
+    )
+    termination_grace_period_s: int = Field(
+        default=60, ge=0, description="seconds a pod may drain in-flight requests"
+    )
 
 
 Target = Annotated[LocalTarget | DockerTarget | KubernetesTarget, Field(discriminator="type")]
 
 
 class SmokePrompt(Section):
-    prompt: str | None = None
-    messages: list[dict[str, str]] | None = None
+    prompt: str | None = Field(default=None, description="a completion prompt (/v1/completions)")
+    messages: list[dict[str, str]] | None = Field(
+        default=None, description="chat messages [{role, content}] (/v1/chat/completions)"
+    )
     expect: list[str] = Field(default_factory=list, description="substrings the reply must contain")
-    max_tokens: int = Field(default=32, ge=1)
+    max_tokens: int = Field(default=32, ge=1, description="tokens to generate")
 
     @model_validator(mode="after")
     def _one_input(self) -> SmokePrompt:
@@ -230,14 +292,16 @@ class SmokePrompt(Section):
 
 
 class SmokeSection(Section):
-    startup_timeout_s: int = Field(default=900, ge=1)
-    prompts: list[SmokePrompt] = Field(default_factory=list)
+    startup_timeout_s: int = Field(default=900, ge=1, description="how long to wait for /health")
+    prompts: list[SmokePrompt] = Field(
+        default_factory=list, description="prompts sent after start-up, each with expected substrings"
+    )
     kv_tolerance: float = Field(default=0.10, ge=0, description="warn when actual KV tokens differ by more")
 
 
 class LengthRange(Section):
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, description="shortest, in tokens")
+    max: int = Field(ge=1, description="longest, in tokens")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> LengthRange:
@@ -247,24 +311,31 @@ class LengthRange(Section):
 
 
 class SLOs(Section):
-    p99_ttft_ms: float | None = Field(default=None, gt=0)
-    p99_tpot_ms: float | None = Field(default=None, gt=0)
-    p99_itl_ms: float | None = Field(default=None, gt=0)
-    p99_e2el_ms: float | None = Field(default=None, gt=0)
-    min_output_tok_s: float | None = Field(default=None, gt=0)
-    max_failed_fraction: float = Field(default=0.0, ge=0, le=1)
+    p99_ttft_ms: float | None = Field(default=None, gt=0, description="99th percentile time to first token")
+    p99_tpot_ms: float | None = Field(default=None, gt=0, description="99th percentile time per output token")
+    p99_itl_ms: float | None = Field(default=None, gt=0, description="99th percentile inter-token latency")
+    p99_e2el_ms: float | None = Field(default=None, gt=0, description="99th percentile end-to-end latency")
+    min_output_tok_s: float | None = Field(
+        default=None, gt=0, description="lowest acceptable output throughput, tokens/s"
+    )
+    max_failed_fraction: float = Field(
+        default=0.0, ge=0, le=1, description="highest acceptable fraction of failed requests"
+    )
 
 
 class BenchSection(Section):
-    num_requests: int = Field(default=64, ge=1)
+    num_requests: int = Field(default=64, ge=1, description="requests per concurrency level")
     concurrency: list[int] = Field(default_factory=lambda: [1, 8], description="a sweep")
     request_rate: float | None = Field(default=None, gt=0, description="Poisson arrivals per second instead")
-    input_len: int | LengthRange = 128
-    output_len: int | LengthRange = 128
+    input_len: int | LengthRange = Field(default=128, description="prompt tokens: a number or {min, max}")
+    output_len: int | LengthRange = Field(default=128, description="output tokens: a number or {min, max}")
     dataset: str | None = Field(default=None, description="JSONL file of prompts")
-    ignore_eos: bool = True
-    warmup_requests: int = Field(default=2, ge=0)
-    seed: int = 0
+    ignore_eos: bool = Field(
+        default=True,
+        description="keep generating past end-of-sequence so every request has output_len tokens",
+    )
+    warmup_requests: int = Field(default=2, ge=0, description="requests sent first and not measured")
+    seed: int = Field(default=0, description="seed of the prompt and arrival generator")
     slo: SLOs = Field(default_factory=SLOs)
 
 
@@ -273,14 +344,27 @@ class Recipe(Section):
         pattern=r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$", description="instance name (DNS label)"
     )
     description: str | None = None
-    model: ModelSection
-    hardware: HardwareSection = Field(default_factory=HardwareSection)
-    parallelism: ParallelismSection = Field(default_factory=ParallelismSection)
-    kv_cache: KVCacheSection = Field(default_factory=KVCacheSection)
-    limits: LimitsSection = Field(default_factory=LimitsSection)
-    engine: EngineSection = Field(default_factory=EngineSection)
-    speculative: SpeculativeSection | None = None
-    server: ServerSection = Field(default_factory=ServerSection)
-    target: Target = Field(default_factory=lambda: LocalTarget(type="local"))
-    smoke: SmokeSection = Field(default_factory=SmokeSection)
-    bench: BenchSection = Field(default_factory=BenchSection)
+    model: ModelSection = Field(description="what to serve")
+    hardware: HardwareSection = Field(default_factory=HardwareSection, description="where it runs")
+    parallelism: ParallelismSection = Field(
+        default_factory=ParallelismSection, description="tensor / pipeline parallelism and replicas"
+    )
+    kv_cache: KVCacheSection = Field(
+        default_factory=KVCacheSection, description="KV cache dtype, block size, prefix caching"
+    )
+    limits: LimitsSection = Field(
+        default_factory=LimitsSection, description="context length, batch limits, memory share"
+    )
+    engine: EngineSection = Field(default_factory=EngineSection, description="which serving engine")
+    speculative: SpeculativeSection | None = Field(
+        default=None, description="speculative decoding (omit to turn it off)"
+    )
+    server: ServerSection = Field(
+        default_factory=ServerSection, description="HTTP server: port, served name, API key"
+    )
+    target: Target = Field(
+        default_factory=lambda: LocalTarget(type="local"),
+        description="where to apply: local process, docker or kubernetes",
+    )
+    smoke: SmokeSection = Field(default_factory=SmokeSection, description="post-start checks")
+    bench: BenchSection = Field(default_factory=BenchSection, description="load test shape and SLOs")
