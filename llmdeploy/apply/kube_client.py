@@ -135,17 +135,22 @@ class KubeClient:
         reason = str(status.get("reason", ""))
         if r.status_code == 409 and reason == "Conflict" and status.get("details", {}).get("causes"):
             return KubeApiError(_conflict_problems(status, what), status_code=409, reason=reason)
+        message = str(status.get("message") or r.reason_phrase)
         fix = {
             401: "your credentials were rejected; refresh the token or client certificate in the kubeconfig",
             403: "your user lacks permission for this; ask for RBAC rights or use another context",
-            404: "the resource or namespace does not exist",
+            404: "the resource does not exist",
             422: "the object is invalid for this cluster's API version",
         }.get(r.status_code)
-        message = status.get("message") or r.reason_phrase
+        details = status.get("details") or {}
+        if r.status_code == 404 and details.get("kind") == "namespaces":
+            ns = details.get("name")
+            fix = f"create the namespace first (kubectl create namespace {ns}) or set target.namespace"
+        if r.status_code >= 500 and "containerLogs" in message:
+            fix = "the API server could not reach the node's kubelet to read logs"
+        head = f"{what}: HTTP {r.status_code}" + (f" {reason}" if reason else "")
         return KubeApiError(
-            [Problem(f"{what}: HTTP {r.status_code} {reason}: {message}".replace(":  :", ":"), fix=fix)],
-            status_code=r.status_code,
-            reason=reason,
+            [Problem(f"{head}: {message}", fix=fix)], status_code=r.status_code, reason=reason
         )
 
     def get(self, rt: ResourceType, name: str, namespace: str | None = None) -> dict[str, Any] | None:

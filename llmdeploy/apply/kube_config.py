@@ -8,6 +8,7 @@ loads certificates from files.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -60,10 +61,16 @@ def _file_or_data(section: dict[str, Any], key: str, base_dir: Path) -> str | No
     data = section.get(key + "-data")
     if not data:
         return None
-    fd, name = tempfile.mkstemp(prefix="llmdeploy-kube-", suffix=".pem")
-    with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data))
-    return name
+    raw = base64.b64decode(data)
+    # content-addressed in a private folder: repeated runs reuse one file instead of piling up
+    folder = Path(tempfile.gettempdir()) / f"llmdeploy-kube-tls-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{hashlib.sha256(raw).hexdigest()[:24]}.pem"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+    return str(path)
 
 
 def load_kubeconfig(path: Path | None = None, context: str | None = None) -> KubeConfig:

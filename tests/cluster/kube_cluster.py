@@ -8,7 +8,9 @@ Used by conftest.py (one per test session) and runnable by hand:
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -32,6 +34,12 @@ def build_binaries() -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"tests/cluster/build.sh failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _die_with_parent() -> None:
+    """Runs in the child: have Linux send SIGTERM when the test process dies, even by SIGKILL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -124,7 +132,9 @@ class KubeCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+        )
         log.close()
         self.procs.append((name, proc))
         return proc
@@ -286,6 +296,11 @@ def main() -> None:
     bin_dir = build_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="llmdeploy-kube-"))
     cluster = KubeCluster(workdir, bin_dir)
+
+    def _stop_on_sigterm(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         cluster.start()
         print(f"KUBECONFIG={cluster.kubeconfig}", flush=True)
@@ -295,6 +310,7 @@ def main() -> None:
         pass
     finally:
         cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
