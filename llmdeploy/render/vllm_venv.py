@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -24,14 +23,12 @@ def vllm_python() -> Path | None:
     return python if python.is_file() else None
 
 
-def checkpoint_from_gguf(gguf_path: Path, cache_dir: Path) -> Path:
-    """A checkpoint folder for `gguf_path` under `cache_dir` (converted once; vLLM 0.32 cannot read GGUF)."""
+def checkpoint_from_gguf(gguf_path: Path, out: Path) -> Path:
+    """Convert `gguf_path` into the checkpoint folder `out` once (vLLM 0.32 cannot read GGUF files)."""
     python = vllm_python()
     if python is None:
         raise UserError.one("the vLLM venv does not exist", path="engine.type", value="vllm",
                             fix=f"run {SETUP_SCRIPT} (creates {vllm_venv()})")
-    digest = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:16]
-    out = cache_dir / "vllm-checkpoints" / f"{gguf_path.stem}-{digest}"
     if (out / "config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
