@@ -25,6 +25,17 @@ from llmdeploy.apply.kube_config import load_kubeconfig
 from llmdeploy.apply.kubernetes import Instance
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the binaries (minutes, once) before any test starts, so no test's timeout covers it."""
+    if not any(item.get_closest_marker("cluster") for item in items):
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("tests/cluster: building or finding kube-apiserver 1.20.2 (first run: ~10 min)")
+    build_binaries()
+
+
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
     bin_dir = build_binaries()
