@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.recipe.json_schema import recipe_json_schema_text
 from llmdeploy.recipe.loader import LoadedRecipe, load_layered
+
+if TYPE_CHECKING:
+    from llmdeploy.planner import MemoryPlan
+    from llmdeploy.recipe import Recipe
 
 
 @click.command("validate")
@@ -64,6 +69,7 @@ def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
     recipe = loaded.recipe
     plan = make_plan(recipe)
     problems = check_recipe(recipe, plan)
+    problems += _engine_mapping_problems(recipe, plan, {p.path for p in problems})
     where = (
         recipe.hardware.gpu
         if recipe.hardware.device == "cuda" and recipe.hardware.gpu
@@ -74,6 +80,18 @@ def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
         f"{plan.max_concurrency:.1f}x concurrency at {plan.max_model_len:,}"
     )
     return summary, problems, [*plan.notes, *recipe_notes(recipe)]
+
+
+def _engine_mapping_problems(recipe: Recipe, plan: MemoryPlan, seen: set[str | None]) -> list[Problem]:
+    """The knobs the engine's flag mapping cannot honour, and extra_args its CLI would reject."""
+    from llmdeploy.render.engine_command import engine_command
+
+    try:
+        # the model reference only fills --model; validate needs no download or cache
+        engine_command(recipe, plan, model_ref=recipe.model.id)
+    except UserError as e:
+        return [p for p in e.problems if p.path is None or p.path not in seen]
+    return []
 
 
 def _locate(problem: Problem, loaded: LoadedRecipe, path: Path) -> Problem:

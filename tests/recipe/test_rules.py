@@ -201,3 +201,22 @@ def test_every_shipped_recipe_validates() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("OK ") == len(recipes)
+
+
+def test_validate_reports_knobs_the_engine_mapping_cannot_honour(tmp_path: Path) -> None:
+    path = tmp_path / "tgi.yaml"
+    path.write_text(
+        "model: {id: mistralai/Mistral-7B-Instruct-v0.3}\nhardware: {gpu: L40S}\nengine: {type: tgi}\n"
+        "kv_cache:\n  block_size: 32\nlimits: {max_model_len: 8192}\nspeculative: {method: draft, draft_model: x/y}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "tgi.yaml:5: kv_cache.block_size: engine 'tgi' cannot honour kv_cache.block_size" in done.stderr
+    # reported once, by the rule, although the flag mapping refuses it too
+    assert done.stderr.count("speculative.method:") == 1
