@@ -15,6 +15,11 @@ class Artifacts:
     files: dict[str, str]  # relative path -> text, in the order they are written / applied
     documents: tuple[dict[str, Any], ...] = field(default=())  # Kubernetes objects, apply order
 
+    @property
+    def kubernetes_objects(self) -> tuple[dict[str, Any], ...]:
+        """The Kubernetes documents (the name the apply contract uses)."""
+        return self.documents
+
 
 def header(recipe: Recipe) -> str:
     """The first comment of every rendered file: names the recipe and its digest (no timestamps)."""
