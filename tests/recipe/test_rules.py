@@ -207,7 +207,7 @@ def test_validate_reports_knobs_the_engine_mapping_cannot_honour(tmp_path: Path)
     path = tmp_path / "tgi.yaml"
     path.write_text(
         "model: {id: mistralai/Mistral-7B-Instruct-v0.3}\nhardware: {gpu: L40S}\nengine: {type: tgi}\n"
-        "kv_cache:\n  block_size: 32\nlimits: {max_model_len: 8192}\nspeculative: {method: draft, draft_model: x/y}\n"
+        "kv_cache:\n  block_size: 32\nlimits: {max_model_len: 8192}\nspeculative: {method: draft, draft_model: meta-llama/Llama-3.2-1B-Instruct}\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "llmdeploy.cli.main", "validate", str(path)],
