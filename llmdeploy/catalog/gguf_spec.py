@@ -1,4 +1,4 @@
-"""A `ModelSpec` from a GGUF file's own metadata and tensor table (the `gguf` package, no torch)."""
+"""A `ModelSpec` from a GGUF file's own metadata and tensor table (header only, no torch)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from llmdeploy.catalog.gguf_header import GGUFTensor, read_gguf_header
 from llmdeploy.catalog.model_spec import ModelSpec, ParamCount, build_spec
 from llmdeploy.errors import UserError
 
@@ -24,24 +25,11 @@ _ARCHITECTURES = {
 }
 
 
-def _field(reader: Any, key: str) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    return f.contents()
-
-
 def spec_from_gguf(path: str | Path) -> ModelSpec:
-    import gguf  # imported here: only GGUF users pay for it
-
     path = Path(path)
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as e:
-        raise UserError.one(
-            f"cannot read GGUF file {path}: {e}", fix="check the file is a complete GGUF model"
-        ) from e
-    arch = _field(reader, "general.architecture")
+    header = read_gguf_header(path)
+    fields = header.fields
+    arch = fields.get("general.architecture")
     if arch not in _ARCHITECTURES:
         raise UserError.one(
             f"GGUF architecture {arch!r} of {path.name} is not supported",
@@ -49,18 +37,18 @@ def spec_from_gguf(path: str | Path) -> ModelSpec:
         )
 
     def meta(key: str, default: Any = None) -> Any:
-        value = _field(reader, f"{arch}.{key}")
+        value = fields.get(f"{arch}.{key}")
         return default if value is None else value
 
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in header.tensors}
     embd = tensors["token_embd.weight"]
     hidden, vocab = (int(d) for d in embd.shape[:2])
     heads = int(meta("attention.head_count"))
     head_dim = int(meta("attention.key_length", 0)) or hidden // heads
     facts: dict[str, Any] = {
         "hf_id": path.stem,
-        "aliases": [str(_field(reader, "general.name"))] if _field(reader, "general.name") else [],
-        "family": str(_field(reader, "general.basename") or arch),
+        "aliases": [str(fields["general.name"])] if fields.get("general.name") else [],
+        "family": str(fields.get("general.basename") or arch),
         "architecture": _ARCHITECTURES[arch],
         "num_layers": int(meta("block_count")),
         "hidden_size": hidden,
@@ -92,14 +80,14 @@ def spec_from_gguf(path: str | Path) -> ModelSpec:
     size = sum(int(t.n_bytes) for t in tensors.values())
     p = spec.params
     exact = ParamCount(p.embedding, p.layers, p.head, count - (p.total - p.extra), p.linear, p.active_layers)
-    file_type = _file_type_name(reader, tensors)
+    file_type = _file_type_name(tensors)
     return replace(spec, params=exact, weights_bytes_on_disk=size, file_quantization=file_type)
 
 
-def _file_type_name(reader: Any, tensors: dict[str, Any]) -> str:
+def _file_type_name(tensors: dict[str, GGUFTensor]) -> str:
     """The dominant tensor type of the layers (e.g. Q4_1), which is what "the quantization" means."""
     counts: dict[str, int] = {}
     for t in tensors.values():
         if t.name.startswith("blk."):
-            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
+            counts[t.type_name] = counts.get(t.type_name, 0) + t.n_elements
     return max(counts, key=lambda k: counts[k]) if counts else "unknown"

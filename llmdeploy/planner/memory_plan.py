@@ -64,7 +64,9 @@ class MemoryPlan:
             "",
             f"  per GPU{'':<15}{'':>9}",
             row("total", self.total_gib),
-            row("usable", self.usable_gib, f"x gpu_memory_utilization {self.gpu_memory_utilization}"),
+            row("usable", self.usable_gib, f"x gpu_memory_utilization {self.gpu_memory_utilization}")
+            if self.device == "cuda"
+            else row("KV budget", self.usable_gib, "fixed KV space on CPU (limits.kv_cache_memory_gib)"),
             row("weights", self.weights_gib),
             row("activations", self.activation_gib, "profile-run peak"),
             row("non-torch", self.non_torch_gib),

@@ -54,3 +54,13 @@ def test_show_catalog_model_table_mentions_moe_and_mla() -> None:
     out = CliRunner().invoke(models_command, ["show", "deepseek-ai/DeepSeek-V3"])
     assert out.exit_code == 0, out.output
     assert "kv_lora_rank" in out.output and "num_experts" in out.output and "awq/gptq int4" in out.output
+
+
+def test_broken_gguf_is_a_user_error(tmp_path: Path) -> None:
+    from llmdeploy.errors import UserError
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(GGUF.read_bytes()[:4096])  # header cut in the middle
+    with pytest.raises(UserError) as e:
+        resolve_model(str(bad))
+    assert "cannot read GGUF file" in str(e.value)
