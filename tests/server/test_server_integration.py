@@ -199,11 +199,12 @@ def test_metrics_count_and_disconnect_aborts(server: str) -> None:
     deadline = time.monotonic() + 30
     while True:
         later = metric_values(server)
-        if later[aborted] >= after[aborted] + 1 or time.monotonic() > deadline:
+        freed = later[f"vllm:num_requests_running{{{lab}}}"] == 0 and later[f"vllm:kv_cache_usage_perc{{{lab}}}"] == 0
+        if (freed and later[aborted] >= after[aborted] + 1) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert later[aborted] >= after[aborted] + 1
-    assert later[f"vllm:num_requests_running{{{lab}}}"] == 0 and later[f"vllm:kv_cache_usage_perc{{{lab}}}"] == 0
+    assert freed, "the abandoned non-streaming request was aborted and its KV blocks freed"
     for name in ("llmdeploy:weights_gib", "llmdeploy:available_kv_cache_gib", "llmdeploy:kv_cache_tokens",
                  "llmdeploy:num_kv_blocks", "llmdeploy:max_concurrency"):
         assert after[f"{name}{{{lab}}}"] > 0, name
