@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
+from llmdeploy.errors import UserError
 from llmdeploy.planner.engine_rules import graphs_in_budget, kv_capacity, plan_for, vllm_defaults
 from llmdeploy.planner.plan_inputs import GIB, PlanInputs
 
@@ -44,10 +46,15 @@ class LogCheck:
 def _inputs(entry: dict[str, Any]) -> PlanInputs:
     flags = {k: v for k, v in entry["inputs"].items() if v is not None}
     version = entry["vllm_version"].split()[0].lstrip(">=")
+    try:
+        gpu = resolve_gpu(entry["gpu"])
+    except UserError:
+        gpu = None  # e.g. "24 GB GPU (model not stated)"
     return PlanInputs(
         spec=resolve_model(entry["model"]),
         engine="vllm",
         engine_version=version,
+        gpu=gpu,
         gpu_memory_gib=entry.get("total_gpu_memory_gib") or 80.0,
         **flags,
     )
@@ -115,7 +122,7 @@ def _gib(x: float | None) -> str:
 
 def report(checks: list[LogCheck]) -> str:
     lines = [
-        f"{'log':<46}{'logged tok':>11}{'bpt tok':>10}{'bpt err':>9}{'full tok':>10}{'ref tok':>10}{'full err':>10}"
+        f"{'log':<46}{'logged tok':>11}{'bpt tok':>10}{'bpt err':>9}{'full tok':>11}{'ref tok':>12}{'full err':>10}"
         f"{'dW GiB':>8}{'dAct GiB':>9}{'dKV GiB':>8}"
     ]
     for c in checks:
@@ -126,7 +133,7 @@ def report(checks: list[LogCheck]) -> str:
         )
         lines.append(
             f"{c.log_id:<46}{c.logged_tokens or '-':>11}{c.bpt_tokens or '-':>10}{_pct(c.bpt_error):>9}"
-            f"{c.full_tokens if c.full_tokens is not None else '-':>10}{ref:>10}{_pct(c.full_error):>10}"
+            f"{c.full_tokens if c.full_tokens is not None else '-':>11}{ref:>12}{_pct(c.full_error):>10}"
             f"{_gib(c.weights_error_gib):>8}{_gib(c.activation_error_gib):>9}{_gib(c.kv_error_gib):>8}"
         )
     for label, errors in (
