@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,36 +31,81 @@ if TYPE_CHECKING:
 @click.option(
     "--schema-only", is_flag=True, help="Check the schema only; skip the memory-fit and cross-field rules."
 )
-def validate_command(paths: tuple[Path, ...], overrides: tuple[str, ...], schema_only: bool) -> None:
+@click.option(
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one document on stdout with every file's problems (exit code 2 still signals failure).",
+)
+def validate_command(
+    paths: tuple[Path, ...], overrides: tuple[str, ...], schema_only: bool, output: str
+) -> None:
     """Check recipes: schema, cross-field rules and memory fit. Exit code 2 on any problem."""
-    problems: list[Problem] = []
-    for path in paths:
-        found = _validate_one(path, overrides, schema_only)
-        if found:
-            click.echo(f"FAIL {path} ({len(found)} problem{'s' if len(found) != 1 else ''})")
-            problems += found
+    results = [_validate_one(path, overrides, schema_only) for path in paths]
+    problems = [p for r in results for p in r.problems]
+    if output == "json":
+        click.echo(json.dumps({"ok": not problems, "files": [r.to_json() for r in results]}, indent=2))
+        if problems:
+            sys.exit(2)  # main() ignores the return code click gives for Exit in non-standalone mode
+        return
+    for result in results:
+        click.echo(result.line())
+        for note in result.notes:
+            click.echo(f"     note: {note}")
     if problems:
         raise UserError(problems)
 
 
-def _validate_one(path: Path, overrides: tuple[str, ...], schema_only: bool) -> list[Problem]:
+@dataclasses.dataclass(frozen=True)
+class FileResult:
+    path: Path
+    problems: list[Problem]
+    summary: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        if self.problems:
+            n = len(self.problems)
+            return f"FAIL {self.path} ({n} problem{'s' if n != 1 else ''})"
+        return f"OK   {self.path} ({self.summary})"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "path": str(self.path),
+            "ok": not self.problems,
+            "summary": self.summary,
+            "notes": list(self.notes),
+            "problems": [_problem_json(p) for p in self.problems],
+        }
+
+
+def _problem_json(problem: Problem) -> dict[str, object]:
+    fields = ("message", "file", "line", "path", "fix")
+    out: dict[str, object] = {name: getattr(problem, name) for name in fields}
+    if problem.has_value:
+        out["value"] = (
+            problem.value
+            if isinstance(problem.value, str | int | float | bool | None)
+            else repr(problem.value)
+        )
+    return out
+
+
+def _validate_one(path: Path, overrides: tuple[str, ...], schema_only: bool) -> FileResult:
     try:
         loaded = load_layered(path, overrides)
     except UserError as e:
-        return e.problems
+        return FileResult(path, e.problems)
     if schema_only:
-        click.echo(f"OK   {path} (schema only)")
-        return []
+        return FileResult(path, [], "schema only")
     try:
         summary, problems, notes = _check_rules(loaded)
     except UserError as e:
-        return [_locate(p, loaded, path) for p in e.problems]
+        return FileResult(path, [_locate(p, loaded, path) for p in e.problems])
     if problems:
-        return [_locate(p, loaded, path) for p in problems]
-    click.echo(f"OK   {path} ({summary})")
-    for note in notes:
-        click.echo(f"     note: {note}")
-    return []
+        return FileResult(path, [_locate(p, loaded, path) for p in problems])
+    return FileResult(path, [], summary, tuple(notes))
 
 
 def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:

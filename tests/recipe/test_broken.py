@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,3 +74,37 @@ def test_cli_counts_problems_of_one_file() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.startswith("error: 5 problems found\n"), done.stderr
+
+
+def test_cli_json_output_lists_every_problem_with_its_location() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmdeploy.cli.main",
+            "validate",
+            "--output",
+            "json",
+            "unknown_key.yaml",
+            "tabs.yaml",
+        ],
+        cwd=BROKEN,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is False
+    unknown, tabs = report["files"]
+    assert unknown["problems"] == [
+        {
+            "message": "unknown field 'max_model_lenn'",
+            "file": "unknown_key.yaml",
+            "line": 6,
+            "path": "limits.max_model_lenn",
+            "fix": "did you mean 'max_model_len'?",
+        }
+    ]
+    assert tabs["problems"][0]["line"] == 4
