@@ -110,8 +110,8 @@ def _load_layer(
         return None
     parsed = parse_yaml(text, shown)
     problems += parsed.problems
-    if parsed.problems:
-        return None
+    if parsed.problems and parsed.data is None:
+        return None  # unreadable YAML; key-level problems (duplicates, odd keys) let validation go on
     if parsed.data is None:
         problems.append(
             Problem(
