@@ -64,3 +64,25 @@ def test_broken_gguf_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError) as e:
         resolve_model(str(bad))
     assert "cannot read GGUF file" in str(e.value)
+
+
+def test_show_local_checkpoint_folder(tmp_path: Path) -> None:
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = CliRunner().invoke(models_command, ["show", str(tmp_path), "--output", "json"])
+    assert out.exit_code == 0, out.output
+    card = json.loads(out.output)
+    assert card["source"] == "config" and card["num_params"] == 134_515_008 and card["gqa_group_size"] == 3

@@ -149,3 +149,12 @@ def test_draft_model_adds_weights_and_kv_layers() -> None:
     assert kv_layout(with_draft).bytes_per_token == 65_536 + 2 * 16 * 8 * 64 * 1
     plan = plan_from_inputs(with_draft)
     assert plan.kv_bytes_per_token == 81_920 and any("speculative draft" in n for n in plan.notes)
+
+
+def test_hybrid_that_does_not_fit_names_the_kv_needed() -> None:
+    plan = plan_from_inputs(_inputs("google/gemma-3-27b-it", "L40S", max_model_len=131072))
+    assert not plan.fits
+    assert (
+        "one request of max_model_len 131,072 needs" in plan.problems[0]
+        or "no memory left" in plan.problems[0]
+    )
