@@ -11,6 +11,7 @@ import click
 
 from llmdeploy.cli.endpoint_args import endpoint_options, first_served_model, resolve_endpoint
 from llmdeploy.errors import UserError
+from llmdeploy.recipe.schema import Recipe
 
 
 def _levels(_: click.Context, __: click.Parameter, values: tuple[str, ...]) -> tuple[int, ...] | None:
@@ -53,6 +54,13 @@ def _slo_options(command: F) -> F:
         flag = "--slo-" + name.replace("_", "-")
         command = click.option(flag, name, type=float, help=f"SLO {name} (overrides the recipe's).")(command)
     return command
+
+
+def _ignore_eos(flag: object, recipe: Recipe | None) -> bool | None:
+    """TGI has no ignore_eos: a TGI recipe does not send it unless --ignore-eos says so."""
+    if flag is None and recipe is not None and recipe.engine.type == "tgi":
+        return False
+    return flag if isinstance(flag, bool) else None
 
 
 @click.command("bench")
@@ -110,7 +118,7 @@ def bench_command(**kw: object) -> None:
             input_len=kw["input_len"],
             output_len=kw["output_len"],
             dataset=kw["dataset"],
-            ignore_eos=kw["ignore_eos"],
+            ignore_eos=_ignore_eos(kw["ignore_eos"], endpoint.recipe),
             warmup_requests=kw["warmup_requests"],
             seed=kw["seed"],
             endpoint=kw["endpoint_kind"],
