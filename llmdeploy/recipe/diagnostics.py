@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import types
-import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +17,15 @@ from pydantic_core import ErrorDetails
 
 from llmdeploy.errors import Problem
 from llmdeploy.recipe.schema import Recipe
+from llmdeploy.recipe.schema_paths import (
+    all_field_paths,
+    annotation_at,
+    description_at,
+    fields_at,
+    literal_tags,
+    model_classes,
+    tag_name,
+)
 from llmdeploy.recipe.yaml_source import FieldPath, Mark
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -85,14 +92,8 @@ def _clean_location(
             clean.append(part)
         else:
             if first_tag is None:
-                first_tag = (tuple(clean), _tag_name(str(part)))
+                first_tag = (tuple(clean), tag_name(str(part)))
     return tuple(clean), first_tag
-
-
-def _tag_name(tag: str) -> str:
-    # a member with a model validator is tagged "function-after[_check(), LengthRange]"
-    wrapped = re.fullmatch(r"function-\w+\[.*, (\w+)\]", tag)
-    return wrapped.group(1) if wrapped else tag
 
 
 def _contains(node: Any, part: str | int) -> bool:
@@ -125,10 +126,10 @@ def _union_summary(
     data: Any,
     marks: Mapping[FieldPath, Mark],
 ) -> Problem:
-    members = {m.__name__: m for m in _model_classes(_annotation_at(prefix))}
+    members = {m.__name__: m for m in model_classes(annotation_at(prefix))}
     forms = " or ".join(_form_name(tag, members) for tag in branches)
     value = _value_at(data, prefix)
-    description = _description_at(prefix)
+    description = description_at(prefix)
     return _make(
         prefix,
         f"does not match any accepted form ({forms})",
@@ -150,10 +151,10 @@ def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark
     value = err.get("input")
     if kind == "extra_forbidden":
         key = str(clean[-1])
-        allowed = _fields_at(err["loc"][:-1])
+        allowed = fields_at(err["loc"][:-1])
         return _make(clean, f"unknown field {key!r}", marks, fix=_unknown_key_fix(key, allowed, clean[:-1]))
     if kind == "missing":
-        description = _description_at(clean)
+        description = description_at(clean)
         fix = f"add `{clean[-1]}:`" + (f" ({description})" if description else "")
         return _make(clean, "required field is missing", marks, fix=fix)
     if kind == "literal_error":
@@ -164,7 +165,7 @@ def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark
         tag = ctx.get("tag")
         return _make((*clean, "type"), "unknown type", marks, value=tag, fix=_choice_fix(str(tag), allowed))
     if kind == "union_tag_not_found":
-        allowed = _literal_tags(clean)
+        allowed = literal_tags(clean)
         return _make(
             (*clean, "type"), "required field is missing", marks, fix=f"add `type:` ({' | '.join(allowed)})"
         )
@@ -181,7 +182,7 @@ def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark
             fix="e.g. name: my-llama-8b",
         )
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        fields = _fields_at(err["loc"])
+        fields = fields_at(err["loc"])
         listed = f" with fields: {', '.join(fields)}" if fields else ""
         return _make(clean, f"must be a mapping (key: value lines){listed}", marks, value=_shown(value))
     if kind == "list_type":
@@ -267,92 +268,8 @@ def _unknown_key_fix(key: str, allowed: list[str], parent: FieldPath) -> str:
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     if close:
         return f"did you mean {close[0]!r}?"
-    elsewhere = [p for p in _all_field_paths(Recipe, ()) if p[-1] == key and p[:-1] != parent]
+    elsewhere = [p for p in all_field_paths(Recipe, ()) if p[-1] == key and p[:-1] != parent]
     if elsewhere:
         home = ".".join(elsewhere[0][:-1])
         return f"{key!r} belongs under `{home}:`" if home else f"{key!r} belongs at the top level"
     return f"allowed fields here: {', '.join(allowed)}" if allowed else "remove it"
-
-
-# --- the schema side: which model sits at a pydantic location ---
-
-
-def _model_classes(annotation: Any) -> list[type[BaseModel]]:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _model_classes(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [m for arg in typing.get_args(annotation) for m in _model_classes(arg)]
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return []
-
-
-def _step(annotation: Any, part: str | int) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _step(typing.get_args(annotation)[0], part)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            if arg is type(None):
-                continue
-            for model in _model_classes(arg):
-                if isinstance(part, str) and _tag_name(part) in (model.__name__, *_own_tags(model)):
-                    return model
-        for arg in typing.get_args(annotation):
-            found = None if arg is type(None) else _step(arg, part)
-            if found is not None:
-                return found
-        return None
-    if origin is list and isinstance(part, int):
-        return typing.get_args(annotation)[0]
-    if origin is dict:
-        return typing.get_args(annotation)[1]
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
-        return annotation.model_fields[str(part)].annotation
-    return None
-
-
-def _own_tags(model: type[BaseModel]) -> tuple[str, ...]:
-    field = model.model_fields.get("type")
-    if field is not None and typing.get_origin(field.annotation) is typing.Literal:
-        return tuple(str(a) for a in typing.get_args(field.annotation))
-    return ()
-
-
-def _annotation_at(loc: tuple[str | int, ...]) -> Any:
-    annotation: Any = Recipe
-    for part in loc:
-        annotation = _step(annotation, part)
-        if annotation is None:
-            return None
-    return annotation
-
-
-def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
-    models = _model_classes(_annotation_at(loc))
-    return sorted({name for model in models for name in model.model_fields})
-
-
-def _literal_tags(loc: FieldPath) -> list[str]:
-    return [tag for model in _model_classes(_annotation_at(loc)) for tag in _own_tags(model)]
-
-
-def _description_at(path: FieldPath) -> str | None:
-    if not path:
-        return None
-    for model in _model_classes(_annotation_at(path[:-1])):
-        field = model.model_fields.get(str(path[-1]))
-        if field is not None and field.description:
-            return field.description
-    return None
-
-
-def _all_field_paths(model: type[BaseModel], prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
-    paths = []
-    for name, field in model.model_fields.items():
-        paths.append((*prefix, name))
-        for sub in _model_classes(field.annotation):
-            if len(prefix) < 4:
-                paths += _all_field_paths(sub, (*prefix, name))
-    return paths

@@ -12,20 +12,9 @@ from collections.abc import Iterator
 from llmdeploy.catalog import GPUSpec, ModelSpec, resolve_gpu, resolve_model
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.planner import MemoryPlan
+from llmdeploy.recipe.engine_support import engine_support_problems, speculative_problems
 from llmdeploy.recipe.schema import LengthRange, Recipe
 
-# What the built-in engine can run: engine/model.py SUPPORTED_ARCHITECTURES (a test keeps them equal)
-# and engine/model_runner.py's KV dtypes. The toolkit never imports the engine (it imports torch).
-BUILTIN_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16")
-BUILTIN_QUANTIZATIONS = ("none", "gguf")
-# TGI's --quantize has no GGUF loader
-TGI_UNSUPPORTED_QUANTIZATIONS = ("gguf",)
 # vLLM's fp8 KV cache and FP8 Marlin (weight-only fp8) need Ampere or newer
 MIN_FP8_STORAGE_CAPABILITY = 8.0
 
@@ -46,8 +35,8 @@ def check_recipe(recipe: Recipe, plan: MemoryPlan) -> list[Problem]:
         *_parallelism(recipe, model),
         *_fp8(recipe, model, gpu),
         *_context(recipe, model, plan),
-        *_engine_support(recipe, model),
-        *_speculative(recipe, model),
+        *engine_support_problems(recipe, model),
+        *speculative_problems(recipe, model),
     ]
     if not plan.fits:
         fix = "\n         or ".join(plan.suggestions) if plan.suggestions else None
@@ -225,99 +214,3 @@ def _tgi_lengths(recipe: Recipe, max_total_tokens: int) -> Iterator[Problem]:
             has_value=True,
             fix=f"set limits.max_num_batched_tokens to at least {max_input_tokens}, or lower limits.max_model_len",
         )
-
-
-def _engine_support(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
-    engine = recipe.engine.type
-    if engine == "builtin":
-        if model.architecture not in BUILTIN_ARCHITECTURES or model.is_moe or model.is_mla:
-            yield Problem(
-                f"the built-in engine cannot run {model.architecture}"
-                + (" with MoE/MLA layers" if model.is_moe or model.is_mla else ""),
-                path="engine.type",
-                value=engine,
-                has_value=True,
-                fix=f"use engine vllm, or a {' / '.join(BUILTIN_ARCHITECTURES.values())} model",
-            )
-        if recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES:
-            yield Problem(
-                "the built-in engine keeps its KV cache in 16-bit",
-                path="kv_cache.dtype",
-                value=recipe.kv_cache.dtype,
-                has_value=True,
-                fix=f"use one of: {', '.join(BUILTIN_KV_DTYPES)}; or engine vllm for fp8 KV",
-            )
-        if recipe.model.quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights:
-            yield Problem(
-                "the built-in engine loads 16/32-bit checkpoints and GGUF files only",
-                path="model.quantization",
-                value=recipe.model.quantization,
-                has_value=True,
-                fix="use a GGUF file (quantization gguf) or unquantized weights, or engine vllm",
-            )
-    if engine in ("builtin", "tgi") and recipe.parallelism.pipeline > 1:
-        yield Problem(
-            f"{_engine_name(engine)} has no pipeline parallelism",
-            path="parallelism.pipeline",
-            value=recipe.parallelism.pipeline,
-            has_value=True,
-            fix="use parallelism.tensor instead, or engine vllm",
-        )
-    if engine == "tgi" and recipe.model.quantization in TGI_UNSUPPORTED_QUANTIZATIONS:
-        yield Problem(
-            "TGI cannot load GGUF files",
-            path="model.quantization",
-            value=recipe.model.quantization,
-            has_value=True,
-            fix="use an AWQ/GPTQ/fp8 checkpoint with TGI, or engine vllm / builtin for GGUF",
-        )
-
-
-def _engine_name(engine: str) -> str:
-    return {"builtin": "the built-in engine", "tgi": "TGI", "vllm": "vLLM"}[engine]
-
-
-def _speculative(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
-    spec = recipe.speculative
-    if spec is None:
-        return
-    if recipe.engine.type == "builtin":
-        yield Problem(
-            "the built-in engine has no speculative decoding",
-            path="speculative",
-            fix="remove the speculative section, or use engine vllm",
-        )
-        return
-    if recipe.engine.type == "tgi" and spec.method == "draft":
-        yield Problem(
-            "TGI cannot speculate with a separate draft model (only n-gram or Medusa heads, via --speculate)",
-            path="speculative.method",
-            value=spec.method,
-            has_value=True,
-            fix="use speculative.method: ngram, or engine vllm for a draft model",
-        )
-        return
-    if spec.method == "draft" and spec.draft_model:
-        try:
-            draft = resolve_model(spec.draft_model)
-        except UserError as e:
-            yield from (_with_path(p, "speculative.draft_model") for p in e.problems)
-            return
-        if draft.vocab_size != model.vocab_size:
-            yield Problem(
-                f"the draft model's vocabulary ({draft.vocab_size:,} tokens) differs from the target's "
-                f"({model.vocab_size:,}); draft and target must share a tokenizer",
-                path="speculative.draft_model",
-                value=spec.draft_model,
-                has_value=True,
-                fix="pick a smaller model of the same family as the draft",
-            )
-        if draft.num_params >= model.num_params:
-            yield Problem(
-                f"the draft model ({draft.num_params / 1e9:.1f}B parameters) is not smaller than the target "
-                f"({model.num_params / 1e9:.1f}B); speculation would only slow decoding down",
-                path="speculative.draft_model",
-                value=spec.draft_model,
-                has_value=True,
-                fix="pick a much smaller model of the same family",
-            )

@@ -12,7 +12,8 @@ import pytest
 from llmdeploy.errors import Problem
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe
-from llmdeploy.recipe.rules import BUILTIN_ARCHITECTURES, check_recipe, recipe_notes
+from llmdeploy.recipe.engine_support import BUILTIN_ARCHITECTURES
+from llmdeploy.recipe.rules import check_recipe, recipe_notes
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = "model: {id: meta-llama/Llama-3.1-8B-Instruct}\nhardware: {gpu: A100-80GB}\n"
