@@ -26,7 +26,7 @@ from llmdeploy.apply.kubernetes import (
     prepare,
     wait_for_rollouts,
 )
-from llmdeploy.apply.rollout import conditions_of, deployment_state
+from llmdeploy.apply.rollout import STATE_OF_KIND, conditions_of
 
 Echo = Callable[[str], None]
 Confirm = Callable[[str], bool]
@@ -113,7 +113,7 @@ def delete_kubernetes(
 
 
 def status_kubernetes(client: KubeClient, instance: Instance, echo: Echo) -> int:
-    """One line per object; Deployments with replica counts and conditions. Exit 1 if not available."""
+    """One line per object; workloads with replica counts and conditions. Exit 1 if not available."""
     discovery = Discovery(client)
     objects = live_objects(client, discovery, instance)
     if not objects:
@@ -121,9 +121,9 @@ def status_kubernetes(client: KubeClient, instance: Instance, echo: Echo) -> int
         return 1
     healthy = True
     for obj in objects:
-        if obj.rt.kind == "Deployment":
+        if obj.rt.kind in STATE_OF_KIND:
             fresh = client.get(obj.rt, obj.name, obj.namespace) or obj.body
-            state = deployment_state(fresh)
+            state = STATE_OF_KIND[obj.rt.kind](fresh)
             healthy = healthy and state.done
             echo(f"{obj.label}: {state.summary}")
             for cond in conditions_of(fresh):

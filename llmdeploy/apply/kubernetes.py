@@ -17,7 +17,7 @@ from llmdeploy.apply.discovery import Discovery
 from llmdeploy.apply.kube_client import KubeApiError, KubeClient, ResourceType
 from llmdeploy.apply.object_diff import FieldChange, diff_objects, drop_settled
 from llmdeploy.apply.ordering import KIND_RANK, PRUNABLE_KINDS, apply_order, delete_order
-from llmdeploy.apply.rollout import wait_for_deployment
+from llmdeploy.apply.rollout import STATE_OF_KIND, wait_for_rollout
 from llmdeploy.errors import Problem, UserError
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -242,11 +242,11 @@ def wait_for_rollouts(
     echo: Callable[[str], None] = print,
 ) -> None:
     for obj in planned:
-        if obj.rt.kind == "Deployment":
-            wait_for_deployment(
+        if obj.rt.kind in STATE_OF_KIND:
+            wait_for_rollout(
                 client, obj.rt, obj.name, obj.namespace or "default", timeout_s, on_progress=echo
             )
-            echo(f"Deployment {obj.name} is Available")
+            echo(f"{obj.rt.kind} {obj.name} is Available")
 
 
 def live_objects(client: KubeClient, discovery: Discovery, instance: Instance) -> list[PlannedObject]:

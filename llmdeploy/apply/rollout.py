@@ -1,4 +1,4 @@
-"""Waiting for a Deployment's rollout on its named conditions.
+"""Waiting for a workload's rollout on its named conditions (Deployment; LeaderWorkerSet by `Available`).
 
 Done means the controller has seen the latest spec (observedGeneration), every replica is updated
 and available, and the `Available` condition is True. A `Progressing` condition that turns False
@@ -72,7 +72,24 @@ def deployment_state(obj: dict[str, Any]) -> RolloutState:
     return RolloutState(done, False, summary, conds)
 
 
-def wait_for_deployment(
+def leader_worker_set_state(obj: dict[str, Any]) -> RolloutState:
+    """LeaderWorkerSet: done when its `Available` condition is True and every group is ready."""
+    want = int((obj.get("spec") or {}).get("replicas", 1))
+    status = obj.get("status") or {}
+    ready = int(status.get("readyReplicas", 0))
+    conds = conditions_of(obj)
+    avail = next((c for c in conds if c.type == "Available"), None)
+    done = ready >= want and avail is not None and avail.status == "True"
+    return RolloutState(done, False, f"{ready}/{want} groups ready", conds)
+
+
+STATE_OF_KIND: dict[str, Callable[[dict[str, Any]], RolloutState]] = {
+    "Deployment": deployment_state,
+    "LeaderWorkerSet": leader_worker_set_state,
+}
+
+
+def wait_for_rollout(
     client: KubeClient,
     rt: ResourceType,
     name: str,
@@ -81,15 +98,17 @@ def wait_for_deployment(
     on_progress: Callable[[str], None] | None = None,
     poll_s: float = 1.0,
 ) -> RolloutState:
+    """Poll a workload (a kind in STATE_OF_KIND) until its rollout is done, failed or out of time."""
+    state_of = STATE_OF_KIND[rt.kind]
     deadline = time.monotonic() + timeout_s
     last_summary = ""
     while True:
         obj = client.get(rt, name, namespace)
         if obj is None:
-            raise UserError.one(f"Deployment {namespace}/{name} disappeared while waiting for its rollout")
-        state = deployment_state(obj)
+            raise UserError.one(f"{rt.kind} {namespace}/{name} disappeared while waiting for its rollout")
+        state = state_of(obj)
         if on_progress and state.summary != last_summary:
-            on_progress(f"Deployment {name}: {state.summary}")
+            on_progress(f"{rt.kind} {name}: {state.summary}")
             last_summary = state.summary
         if state.done:
             return state
@@ -99,7 +118,7 @@ def wait_for_deployment(
             raise UserError(
                 [
                     Problem(
-                        f"Deployment {namespace}/{name}: {why} ({state.summary}): {details}",
+                        f"{rt.kind} {namespace}/{name}: {why} ({state.summary}): {details}",
                         fix="inspect the pods with `llmdeploy status` / `llmdeploy logs`, or raise --timeout",
                     )
                 ]

@@ -12,9 +12,12 @@ CACHE="${LLMDEPLOY_KUBE_CACHE:-$HOME/.cache/llmdeploy/kube-1.20.2}"
 BIN="$CACHE/bin"
 WANT=(kube-apiserver kube-controller-manager etcd)
 
+# Bump when the build recipe changes, so cached binaries from an older recipe are rebuilt.
+BUILD_ID="kube-1.20.2+reflect2-1.0.2"
 have_all() {
   local b
   for b in "${WANT[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
+  [[ "$(cat "$BIN/BUILD_ID" 2>/dev/null)" == "$BUILD_ID" ]]
 }
 if have_all; then echo "$BIN"; exit 0; fi
 
@@ -43,10 +46,11 @@ fi
 
 # Binary packages: Go toolchain and etcd, unpacked with dpkg -x.
 cd "$CACHE/debs"
-for pkg in golang-1.19-go golang-1.19-src etcd-server; do
+for pkg in golang-1.19-go golang-1.19-src etcd-server golang-github-modern-go-reflect2-dev; do
   ls "${pkg}"_*.deb >/dev/null 2>&1 || apt-get "${APT_OPTS[@]}" download "$pkg"
 done
-if [[ ! -x "$CACHE/root/usr/lib/go-1.19/bin/go" || ! -x "$CACHE/root/usr/bin/etcd" ]]; then
+if [[ ! -x "$CACHE/root/usr/lib/go-1.19/bin/go" || ! -x "$CACHE/root/usr/bin/etcd" \
+      || ! -d "$CACHE/root/usr/share/gocode/src/github.com/modern-go/reflect2" ]]; then
   for deb in "$CACHE"/debs/*.deb; do dpkg -x "$deb" "$CACHE/root"; done
 fi
 ETCD="$CACHE/root/usr/bin/etcd"
@@ -73,6 +77,20 @@ if ! ls -d kubernetes-*/ >/dev/null 2>&1; then
   fi
 fi
 SRCDIR="$(ls -d "$CACHE"/src/kubernetes-*/ | head -n1)"
+
+# Kubernetes 1.20 vendors reflect2 1.0.1, whose unsafe map iteration crashes the API server
+# (SIGSEGV in json-iterator, e.g. on the first custom resource) when built with Go >= 1.18.
+# Debian's reflect2 1.0.2 fixes that and keeps the API; swap it into the vendor folder.
+R2_VENDOR="$SRCDIR/vendor/github.com/modern-go/reflect2"
+R2_DEBIAN="$CACHE/root/usr/share/gocode/src/github.com/modern-go/reflect2"
+if [[ ! -f "$R2_VENDOR/.llmdeploy-1.0.2" ]]; then
+  rm -rf "$R2_VENDOR"
+  mkdir -p "$R2_VENDOR"
+  cp -r "$R2_DEBIAN"/. "$R2_VENDOR"/
+  rm -rf "$R2_VENDOR"/test* "$R2_VENDOR"/*_test.go
+  touch "$R2_VENDOR/.llmdeploy-1.0.2"
+  rm -f "$BIN/kube-apiserver" "$BIN/kube-controller-manager"
+fi
 
 export GOROOT="$CACHE/root/usr/lib/go-1.19"
 export PATH="$GOROOT/bin:$PATH"
@@ -118,5 +136,6 @@ if (( ${#need[@]} )); then
     install -m 0755 "_output/local/bin/linux/amd64/${b#cmd/}" "$BIN/${b#cmd/}"
   done
 fi
+echo "$BUILD_ID" > "$BIN/BUILD_ID"
 have_all
 echo "$BIN"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import manifests as m
@@ -10,7 +12,13 @@ import pytest
 from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity
 from llmdeploy.apply.discovery import Discovery
 from llmdeploy.apply.kube_client import APPLY_PATCH, KubeClient
-from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes, delete_kubernetes, diff_kubernetes
+from llmdeploy.apply.kube_target import (
+    ApplyOptions,
+    apply_kubernetes,
+    delete_kubernetes,
+    diff_kubernetes,
+    status_kubernetes,
+)
 from llmdeploy.apply.kubernetes import Instance, compute_changes, prepare
 from llmdeploy.errors import UserError
 
@@ -295,3 +303,92 @@ def test_rollout_timeout_reports_conditions_as_they_stand(client: KubeClient, in
     text = str(err.value)
     assert "rollout not finished after 3 s" in text
     assert "Available=False (MinimumReplicasUnavailable)" in text
+
+
+LWS_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "leaderworkersets.leaderworkerset.x-k8s.io"},
+    "spec": {
+        "group": "leaderworkerset.x-k8s.io",
+        "names": {
+            "kind": "LeaderWorkerSet",
+            "listKind": "LeaderWorkerSetList",
+            "plural": "leaderworkersets",
+            "singular": "leaderworkerset",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def lws_crd(client: KubeClient) -> Iterator[None]:
+    """A minimal LeaderWorkerSet CRD (schema-less), removed again so other tests see a bare cluster."""
+    crd_rt = Discovery(client).resolve("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    assert crd_rt is not None
+    client.apply(crd_rt, LWS_CRD)
+    deadline = time.monotonic() + 30
+    while Discovery(client).resolve("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet") is None:
+        assert time.monotonic() < deadline, "LeaderWorkerSet CRD never became served"
+        time.sleep(0.2)
+    yield
+    client.delete(crd_rt, LWS_CRD["metadata"]["name"])
+    deadline = time.monotonic() + 30
+    while Discovery(client).resolve("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet") is not None:
+        assert time.monotonic() < deadline, "LeaderWorkerSet CRD never went away"
+        time.sleep(0.2)
+
+
+def test_leader_worker_set_with_its_crd_applies_waits_and_deletes(
+    client: KubeClient, instance: Instance, lws_crd: None
+) -> None:
+    out = _apply(client, instance, [m.config_map(), m.leader_worker_set()])
+    assert "skipped" not in out.text and f"applied LeaderWorkerSet {instance.namespace}/demo" in out.text
+    again = _apply(client, instance, [m.config_map(), m.leader_worker_set()])
+    assert "no changes (2 object(s) up to date)" in again.text
+
+    lws_rt = Discovery(client).resolve("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+    assert lws_rt is not None
+    # stand in for the LeaderWorkerSet controller: report the group ready
+    status = {
+        "status": {
+            "readyReplicas": 1,
+            "replicas": 1,
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "True",
+                    "reason": "AllGroupsReady",
+                    "message": "All replicas are ready",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    }
+    client.request(
+        "PATCH",
+        lws_rt.path(instance.namespace, "demo") + "/status",
+        what="set LWS status",
+        body=status,
+        content_type="application/merge-patch+json",
+    )
+    waited = _apply(client, instance, [m.config_map(), m.leader_worker_set()], wait=True)
+    assert "LeaderWorkerSet demo is Available" in waited.text
+
+    status_out = Recorder()
+    assert status_kubernetes(client, instance, status_out) == 0
+    assert f"LeaderWorkerSet {instance.namespace}/demo: 1/1 groups ready" in status_out.text
+    assert delete_kubernetes(client, instance, lambda _q: True, Recorder()) == 0
+    assert client.get(lws_rt, "demo", instance.namespace) is None
