@@ -225,8 +225,14 @@ def execute(
     echo: Callable[[str], None] = print,
 ) -> None:
     """Apply creates and updates in kind order, then delete pruned objects in reverse kind order."""
+    new_namespaces = {
+        c.obj.name for c in changes.pending if c.action == "create" and c.obj.rt.kind == "Namespace"
+    }
     for c in changes.pending:
         if c.action in ("create", "update"):
+            if dry_run and c.obj.namespace in new_namespaces:
+                echo(f"would apply {c.obj.label} (in a namespace this apply creates)")
+                continue  # the server cannot dry-run into a namespace that does not exist yet
             client.apply(c.obj.rt, c.obj.body, dry_run=dry_run, force=force_conflicts)
             echo(f"{'checked' if dry_run else 'applied'} {c.obj.label}")
     pruned = [c.obj for c in changes.pending if c.action == "prune"]

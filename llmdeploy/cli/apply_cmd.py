@@ -7,9 +7,9 @@ The recipe's `target.type` picks the implementation: `local` (a process on this 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import click
 
@@ -56,20 +56,19 @@ def _kube_target(recipe: Recipe, verb: str) -> KubernetesTarget:
     return recipe.target
 
 
-def _rendered(recipe: Recipe) -> tuple[list[dict[str, Any]], Any]:
+def _rendered(recipe: Recipe, show_plan: bool = False) -> tuple[list[dict[str, Any]], Any]:
     """Rendered Kubernetes objects (apply order) and the capacity the plan promises."""
     from llmdeploy.apply.capacity import capacity_from_plan
     from llmdeploy.planner import make_plan
     from llmdeploy.render import render
 
     plan = make_plan(recipe)
+    if show_plan:
+        _echo(plan.to_table())
+        if not plan.fits:
+            _echo("warning: the memory plan does not fit: " + "; ".join(plan.problems))
     artifacts = render(recipe, plan)
-    # the contract names them `kubernetes_objects`; the renderer in progress calls them `documents`
-    objects = cast(
-        Sequence[dict[str, Any]],
-        getattr(artifacts, "kubernetes_objects", None) or getattr(artifacts, "documents", ()),
-    )
-    return [dict(o) for o in objects], capacity_from_plan(recipe, plan)
+    return [dict(o) for o in artifacts.kubernetes_objects], capacity_from_plan(recipe, plan)
 
 
 def _instance(recipe: Recipe, verb: str) -> Any:
@@ -148,7 +147,7 @@ def apply_command(
     from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes, connect
 
     instance = _instance(recipe, "apply")
-    objects, capacity = _rendered(recipe)
+    objects, capacity = _rendered(recipe, show_plan=True)
     options = ApplyOptions(
         dry_run=dry_run, force_conflicts=force_conflicts, prune=prune, wait=wait, timeout_s=timeout_s
     )

@@ -392,3 +392,27 @@ def test_leader_worker_set_with_its_crd_applies_waits_and_deletes(
     assert f"LeaderWorkerSet {instance.namespace}/demo: 1/1 groups ready" in status_out.text
     assert delete_kubernetes(client, instance, lambda _q: True, Recorder()) == 0
     assert client.get(lws_rt, "demo", instance.namespace) is None
+
+
+def test_rendered_namespace_is_created_first_and_never_deleted(
+    client: KubeClient, discovery: Discovery
+) -> None:
+    ns_rt = discovery.resolve("v1", "Namespace")
+    cm_rt = discovery.resolve("v1", "ConfigMap")
+    assert ns_rt is not None and cm_rt is not None
+    name = f"t-new-{time.monotonic_ns() % 10**8}"
+    instance = Instance("demo", name)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    objects = [m.config_map(), namespace]  # out of order on purpose: Namespace ranks first
+    try:
+        out = _apply(client, instance, objects, dry_run=True)
+        assert f"would apply ConfigMap {name}/demo-config (in a namespace this apply creates)" in out.text
+        assert client.get(ns_rt, name) is None
+        out = _apply(client, instance, objects)
+        assert out.text.index(f"applied Namespace {name}") < out.text.index(f"applied ConfigMap {name}/")
+        assert client.get(cm_rt, "demo-config", name) is not None
+        assert delete_kubernetes(client, instance, lambda _q: True, Recorder()) == 0
+        assert client.get(cm_rt, "demo-config", name) is None
+        assert client.get(ns_rt, name) is not None  # namespaces hold other people's things too
+    finally:
+        client.delete(ns_rt, name)
