@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 
 from llmdeploy_engine.cli_args import (
@@ -34,6 +35,19 @@ def _check_model_path(config: EngineConfig, parser: argparse.ArgumentParser) -> 
         )
     if config.tokenizer and not os.path.exists(config.tokenizer):
         parser.error(f"--tokenizer {config.tokenizer!r}: no such file or folder")
+
+
+def _check_port_free(host: str, port: int, parser: argparse.ArgumentParser) -> None:
+    """Fail before the (slow) model load when the address is taken."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            parser.error(f"--host {host} --port {port}: cannot listen there ({e.strerror})")
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -67,13 +81,15 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         log_requests=not args.disable_log_requests,
     )
 
-    def make_engine() -> async_engine.AsyncLLMEngine:
-        return async_engine.AsyncLLMEngine.from_config(config)
-
-    app = build_app(settings, engine_factory=make_engine)
-    logging.getLogger("llmdeploy_engine").info(
-        "starting the engine for %s on http://%s:%d", config.model, args.host, args.port
-    )
+    _check_port_free(args.host, args.port, serve_cli)
+    logger = logging.getLogger("llmdeploy_engine")
+    logger.info("loading %s for http://%s:%d", config.model, args.host, args.port)
+    try:
+        engine = async_engine.AsyncLLMEngine.from_config(config)
+    except (ValueError, OSError) as e:  # the engine's wording for a model or budget that cannot work
+        print(f"llmdeploy-engine serve: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    app = build_app(settings, engine=engine)
     uvicorn.run(
         app,
         host=args.host,

@@ -110,3 +110,16 @@ def test_llmdeploy_serve_dry_run(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-c", code, "serve", "--dry-run"], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "exactly one of RECIPE and --model" in bad.stderr
+
+
+def test_busy_port_fails_before_loading(tmp_path: Path) -> None:
+    import socket
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = run_engine_cli("serve", "--model", str(model), "--port", str(port))
+    assert out.returncode == 2 and "cannot listen there" in out.stderr
