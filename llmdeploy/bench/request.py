@@ -140,6 +140,14 @@ async def send_request(
         return RequestResult(
             ok=False, error="malformed stream chunk (not JSON)", latency_s=time.perf_counter() - start
         )
+    except (
+        AttributeError,
+        TypeError,
+        ValueError,
+    ):  # JSON of the wrong shape, e.g. a choice that is not an object
+        return RequestResult(
+            ok=False, error="malformed stream chunk (unexpected shape)", latency_s=time.perf_counter() - start
+        )
     latency_s = time.perf_counter() - start
     if num_chunks == 0:
         return RequestResult(ok=False, error="no tokens generated", latency_s=latency_s)

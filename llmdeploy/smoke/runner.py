@@ -39,6 +39,10 @@ def _timed(name: str, check: Callable[[], T]) -> tuple[CheckResult, T | None]:
         return CheckResult(name, False, "timed out", time.perf_counter() - start), None
     except httpx.HTTPError as e:
         return CheckResult(name, False, f"{type(e).__name__}: {e}", time.perf_counter() - start), None
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+        # a reply of an unexpected shape is the endpoint's failure, reported as the check's reason
+        reason = f"unexpected reply shape ({type(e).__name__}: {e})"
+        return CheckResult(name, False, reason, time.perf_counter() - start), None
     return CheckResult(name, True, _summary(value), time.perf_counter() - start), value
 
 
