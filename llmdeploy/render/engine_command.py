@@ -26,6 +26,7 @@ ENTRYPOINTS: dict[str, tuple[str, ...]] = {
 API_KEY_ENV = {"vllm": "VLLM_API_KEY", "tgi": "API_KEY", "builtin": "VLLM_API_KEY"}
 HF_TOKEN_ENV = "HF_TOKEN"
 TGI_DEFAULT_BLOCK_SIZE = 16
+VLLM_CPU_BLOCK_MULTIPLE = 32
 _KV_DTYPES: dict[str, dict[str, str]] = {
     "vllm": {"fp16": "float16", "bf16": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"},
     "tgi": {"fp8": "fp8_e4m3fn", "fp8_e4m3": "fp8_e4m3fn", "fp8_e5m2": "fp8_e5m2"},
@@ -205,6 +206,11 @@ def _vllm(recipe: Recipe, plan: object, flags: _Flags) -> None:
     _kv_dtype(recipe, flags, "--kv-cache-dtype")
     _parallel_vllm_style(recipe, flags)
     _limits_vllm_style(recipe, flags)
+    block = recipe.kv_cache.block_size
+    if recipe.hardware.device == "cpu" and block % VLLM_CPU_BLOCK_MULTIPLE:
+        # vLLM's CPU attention kernel refuses other sizes at start-up ("No common block size")
+        flags.unsupported("kv_cache.block_size", block, f"its CPU attention needs a multiple of {VLLM_CPU_BLOCK_MULTIPLE}",
+                          "set kv_cache.block_size: 128 (vLLM's CPU default) or another multiple of 32")
     spec = recipe.speculative
     if spec is not None:
         config: dict[str, object] = {"num_speculative_tokens": spec.num_speculative_tokens}

@@ -15,7 +15,7 @@ from llmdeploy.apply.model_source import cache_root
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.render.engine_command import EngineCommand, engine_command
-from llmdeploy.render.model_location import is_gguf, vllm_checkpoint_relative
+from llmdeploy.render.model_location import is_gguf, vllm_checkpoint_name
 from llmdeploy.render.vllm_venv import SETUP_SCRIPT, checkpoint_from_gguf, vllm_python
 
 
@@ -26,7 +26,7 @@ def local_engine_command(recipe: Recipe, plan: object, model_ref: str,
     environ = os.environ if environ is None else environ
     engine = recipe.engine.type
     if engine == "vllm" and is_gguf(recipe.model):
-        model_ref = str(checkpoint_from_gguf(Path(model_ref), cache_root() / vllm_checkpoint_relative(recipe.model)))
+        model_ref = str(checkpoint_from_gguf(Path(model_ref), cache_root(), vllm_checkpoint_name(recipe.model)))
     command = engine_command(recipe, plan, model_ref=model_ref)
     argv = list(command.argv)
     if engine == "vllm":

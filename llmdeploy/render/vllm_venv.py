@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -23,8 +24,13 @@ def vllm_python() -> Path | None:
     return python if python.is_file() else None
 
 
-def checkpoint_from_gguf(gguf_path: Path, out: Path) -> Path:
-    """Convert `gguf_path` into the checkpoint folder `out` once (vLLM 0.32 cannot read GGUF files)."""
+def checkpoint_from_gguf(gguf_path: Path, cache_dir: Path, name: str | None = None) -> Path:
+    """The checkpoint folder cache_dir/vllm-checkpoints/NAME made from `gguf_path` (converted once; vLLM 0.32
+    cannot read GGUF). NAME defaults to the file's stem plus a digest of its path."""
+    if name is None:
+        digest = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:16]
+        name = f"{gguf_path.stem}-{digest}"
+    out = cache_dir / "vllm-checkpoints" / name
     python = vllm_python()
     if python is None:
         raise UserError.one("the vLLM venv does not exist", path="engine.type", value="vllm",

@@ -119,3 +119,11 @@ def test_secret_reference_stays_a_reference() -> None:
     recipe = make_recipe("vllm", server={"api_key": {"secret": {"name": "s", "key": "k"}}})
     command = engine_command(recipe, model_ref="m")
     assert [(s.name, s.secret_name, s.secret_key) for s in command.secrets] == [("VLLM_API_KEY", "s", "k")]
+
+
+def test_vllm_on_cpu_needs_blocks_of_32() -> None:
+    with pytest.raises(UserError, match=r"kv_cache\.block_size"):
+        engine_command(make_recipe("vllm", hardware={"device": "cpu"}), model_ref="m")
+    argv = engine_command(make_recipe("vllm", hardware={"device": "cpu"}, kv_cache={"block_size": 128}),
+                          model_ref="m").argv
+    assert _value(argv, "--block-size") == "128"
