@@ -21,7 +21,7 @@ from llmdeploy_engine.server.generation import (
     until_disconnect,
 )
 from llmdeploy_engine.server.openai_format import finite, token_text
-from llmdeploy_engine.server.openai_routes import SSE_HEADERS, primed
+from llmdeploy_engine.server.openai_stream import SSE_HEADERS, primed
 from llmdeploy_engine.server.state import ServerState, server_state
 from llmdeploy_engine.server.tgi_protocol import DEFAULT_MAX_NEW_TOKENS, TGIRequest
 
