@@ -136,13 +136,21 @@ def check(model: str, dtype_name: str, num_tokens: int, device: str) -> None:
         starts = [len(p) + len(o) - 1 for p, o in zip(prompts, ours_tokens, strict=True)]
         logits = runner.execute(batch_for([[o[-1]] for o in ours_tokens], starts, tables, bs))
 
-    # transformers: each prompt alone; teacher-forced on our tokens for the logit error, then its own greedy
-    max_err = 0.0
+    # transformers: each prompt alone, teacher-forced on our tokens (logit error), then its own greedy.
+    # In bf16 both implementations are also measured against a float32 copy of the same weights, so
+    # our error can be told apart from bf16's own rounding.
+    hf32 = (
+        hf
+        if runner.dtype == torch.float32
+        else hf_model_for(runner.model_config, torch.float32, runner.model.state_dict(), device)
+    )
+    err_ours = err_ours32 = err_hf32 = 0.0
     agree = 0
     for i, prompt in enumerate(prompts):
         seq = torch.tensor([prompt + ours_tokens[i][:-1]], device=device)
         with torch.inference_mode():
             ref = hf(seq).logits[0, len(prompt) - 1 :]
+            ref32 = hf32(seq).logits[0, len(prompt) - 1 :]
             own = hf.generate(
                 torch.tensor([prompt], device=device),
                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
@@ -152,15 +160,22 @@ def check(model: str, dtype_name: str, num_tokens: int, device: str) -> None:
                 pad_token_id=0,
             )[0, len(prompt) :].tolist()
         for step in range(num_tokens):
-            max_err = max(max_err, rel_err(our_logits[i][step], ref[step]))
+            err_ours = max(err_ours, rel_err(our_logits[i][step], ref[step]))
+            err_ours32 = max(err_ours32, rel_err(our_logits[i][step], ref32[step]))
+            err_hf32 = max(err_hf32, rel_err(ref[step], ref32[step]))
         same = next((k for k in range(num_tokens) if own[k] != ours_tokens[i][k]), num_tokens)
         agree += same
         print(f"  prompt len {len(prompt):4d}: greedy tokens identical for {same}/{num_tokens}")
-    print(f"  max relative logit error over {len(prompts)} prompts x {num_tokens} steps: {max_err:.2e}")
-    print(f"  greedy agreement: {agree}/{len(prompts) * num_tokens} tokens")
+    steps = f"{len(prompts)} prompts x {num_tokens} steps"
+    print(f"  max relative logit error, ours vs transformers ({dtype_name}), {steps}: {err_ours:.2e}")
+    if hf32 is not hf:
+        print(
+            f"  max relative logit error vs a float32 reference: ours {err_ours32:.2e}, transformers {err_hf32:.2e}"
+        )
+    print(f"  greedy agreement (tokens before the first difference): {agree}/{len(prompts) * num_tokens}")
     if device == "cuda":
         decode_throughput(runner)
-        del hf, runner
+        del hf, hf32, runner
         torch.cuda.empty_cache()
 
 

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine.forward_batch import ForwardBatch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# cuDNN attention builds a graph per new shape; decode contexts change shape every step, so leave it out
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
         start, qlen, ctx = batch.query_start[i], batch.query_len[i], batch.context_len[i]
         slots = None
         if ctx > qlen:
-            slots = _context_slots([batch.block_tables[i]], [ctx], block_size, device)[0]
+            slots = _context_slots([batch.block_tables[i]], [ctx], block_size, device)[0, :ctx]
         prefills.append(PrefillChunk(start, qlen, ctx, slots))
     contexts = [batch.context_len[i] for i in decode_rows]
     tables = [batch.block_tables[i] for i in decode_rows]
@@ -88,11 +92,12 @@ def build_profile_metadata(num_tokens: int, max_seq_len: int, device: torch.devi
 def _context_slots(
     tables: list[list[int]], lengths: list[int], block_size: int, device: torch.device
 ) -> torch.Tensor:
-    """[num_seqs, max(lengths)] KV slot of every context position, padded with slot 0."""
+    """[num_seqs, max(lengths) rounded up to whole blocks] KV slot of every context position, padded
+    with slot 0 (fewer distinct shapes step to step)."""
     if not tables:
         return torch.zeros(0, 0, dtype=torch.long, device=device)
-    max_len = max(lengths)
-    max_blocks = -(-max_len // block_size)
+    max_blocks = -(-max(lengths) // block_size)
+    max_len = max_blocks * block_size
     padded = [t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks])) for t in tables]
     table = torch.tensor(padded, dtype=torch.long, device=device)
     pos = torch.arange(max_len, device=device)
@@ -104,6 +109,18 @@ def _context_slots(
 def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    with sdpa_kernel(_SDPA_BACKENDS):
+        return _paged_attention(q, k, v, kv_cache, meta, scale)
+
+
+def _paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
     v: torch.Tensor,
     kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
     meta: AttentionMetadata,
