@@ -98,7 +98,7 @@ def speculative_problems(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
         try:
             draft = resolve_model(spec.draft_model)
         except UserError as e:
-            yield from (_with_path(p, "speculative.draft_model") for p in e.problems)
+            yield from (dataclasses.replace(p, path="speculative.draft_model") for p in e.problems)
             return
         if draft.vocab_size != model.vocab_size:
             yield Problem(
@@ -118,7 +118,3 @@ def speculative_problems(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
                 has_value=True,
                 fix="pick a much smaller model of the same family",
             )
-
-
-def _with_path(problem: Problem, path: str) -> Problem:
-    return problem if problem.path is not None else dataclasses.replace(problem, path=path)
