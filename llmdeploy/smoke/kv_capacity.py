@@ -1,7 +1,7 @@
 """The KV cache size an engine actually allocated, from Prometheus metrics or its start-up log.
 
 - built-in engine: gauge `llmdeploy:kv_cache_tokens`
-- vLLM: `vllm:cache_config_info{num_gpu_blocks="N", block_size="B"}` gives N x B tokens; its start-up
+- vLLM: `vllm:cache_config_info` label `kv_cache_size_tokens`, else `num_gpu_blocks` x `block_size`; its start-up
   log says "GPU KV cache size: 123,456 tokens"
 """
 
@@ -47,6 +47,9 @@ def capacity_from_metrics(text: str) -> KVCapacity | None:
             return KVCapacity(int(value), "/metrics llmdeploy:kv_cache_tokens")
     for name, labels, _ in samples:
         if name == "vllm:cache_config_info":
+            tokens = _int_label(labels, "kv_cache_size_tokens")  # recent vLLM releases state it outright
+            if tokens:
+                return KVCapacity(tokens, "/metrics vllm:cache_config_info kv_cache_size_tokens")
             blocks, block_size = _int_label(labels, "num_gpu_blocks"), _int_label(labels, "block_size")
             if blocks and block_size:
                 return KVCapacity(

@@ -22,6 +22,12 @@ def test_kv_capacity_from_builtin_and_vllm_metrics() -> None:
     assert (
         capacity_from_metrics('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n') is None
     )
+    recent = (
+        'vllm:cache_config_info{block_size="128",kv_cache_size_tokens="23296",num_gpu_blocks="182"} 1.0\n'
+    )
+    assert capacity_from_metrics(recent) == KVCapacity(
+        23296, "/metrics vllm:cache_config_info kv_cache_size_tokens"
+    )
 
 
 def test_kv_capacity_from_vllm_log(tmp_path: Path) -> None:
