@@ -65,7 +65,7 @@ def load_layered(
     problems += override_problems
     # top-level `x-...` keys are free space for YAML anchors, as in Docker Compose files
     data = {k: v for k, v in layer.data.items() if not k.startswith("x-")}
-    if "name" not in data:
+    if data.get("name") is None:
         data["name"] = default_name(file)
     try:
         recipe = Recipe.model_validate(data)
