@@ -88,8 +88,16 @@ def _ignore_eos(flag: object, recipe: Recipe | None) -> bool | None:
     type=click.Choice(["completions", "chat"]),
     default="completions",
     show_default=True,
+    help="OpenAI route: /v1/completions or /v1/chat/completions.",
 )
-@click.option("--request-timeout", "request_timeout_s", type=float, default=600.0, show_default=True)
+@click.option(
+    "--request-timeout",
+    "request_timeout_s",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds per request.",
+)
 @_slo_options
 @click.option("--output-json", type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option(

@@ -20,7 +20,9 @@ from llmdeploy.cli.endpoint_args import endpoint_options, resolve_endpoint
     help="Seconds to wait for /health (default: recipe's, else 60).",
 )
 @click.option(
-    "--log-file", type=click.Path(dir_okay=False), help="Engine start-up log to read the KV cache size from."
+    "--log-file",
+    type=click.Path(dir_okay=False),
+    help="Engine start-up log to read the KV cache size from (default: a local apply's log).",
 )
 @click.option(
     "--kv-tolerance",
@@ -43,6 +45,12 @@ def smoke_command(
     from llmdeploy.smoke import smoke
 
     endpoint = resolve_endpoint(recipe_path, url, model, api_key, overrides)
+    if log_file is None and endpoint.recipe is not None and endpoint.recipe.target.type == "local":
+        from llmdeploy.apply.local_state import read_state
+
+        # a locally applied recipe keeps its engine's start-up log: a KV figure for engines without one on /metrics
+        state = read_state(endpoint.recipe)
+        log_file = state.log_path if state is not None else None
     report = smoke(
         endpoint.url,
         model=endpoint.model,
