@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from llmdeploy.bench import BenchOptions, bench
 from llmdeploy.smoke import smoke
 
 StartServer = Callable[..., str]  # the conftest fixture `start_fault_server`
@@ -68,6 +69,20 @@ def test_json_report_matches_hand_count(fault_server: str, tmp_path: Path) -> No
     assert report["passed"] is True
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "result: PASS" in done.stdout
+
+
+def test_chat_endpoint_hand_count(fault_server: str, tmp_path: Path) -> None:
+    dataset = write_dataset(tmp_path / "d.jsonl", ROWS)
+    options = BenchOptions(
+        num_requests=5, concurrency=(2,), dataset=dataset, warmup_requests=1, endpoint="chat"
+    )
+    report = bench(fault_server, "ok", options, progress=False)
+    (level,) = report.levels
+    assert (level.metrics.completed, level.metrics.failed) == (5, 0)
+    # the 1 warm-up request takes the first row, the 5 measured ones the next five (cycled)
+    assert level.metrics.total_input_tokens == 4 + 5 + 6 + 7 + 3
+    assert level.metrics.total_output_tokens == 3 + 4 + 5 + 6 + 2
+    assert report.passed
 
 
 def test_counts_chunks_without_usage(fault_server: str, tmp_path: Path) -> None:
