@@ -25,6 +25,8 @@ from llmdeploy.planner.memory_plan import MemoryPlan
 from llmdeploy.planner.plan_inputs import CPU_DEFAULT_KV_GIB, GIB, PlanInputs
 
 TGI_WIGGLE_ROOM = 0.95
+BUILTIN_ATTENTION_BYTES_PER_SCORE = 9.55  # calibrated: built-in engine, H200, Llama-3.1-8B and Qwen2.5-0.5B
+BUILTIN_NON_TORCH_GIB = 0.67  # calibrated: built-in engine's measured non-torch (CUDA context, cuBLAS), H200
 TGI_DEFAULT_PREFILL_TOKENS = 4096
 GRAPH_PROFILING_SINCE = (0, 21)
 
@@ -217,7 +219,12 @@ def plan_builtin(inputs: PlanInputs) -> MemoryPlan:
         return _plan(inputs, budget, weights, act, 0, 0, False, kv, batched, seqs, note)
     total = int(inputs.total_memory_gib * GIB)
     usable = int(total * inputs.gpu_memory_utilization)
-    non_torch = non_torch_bytes(inputs)
+    # the engine profiles one prefill of `batched` tokens through its torch attention path, which
+    # materializes the scores: heads x tokens^2 x ~9.5 bytes (measured on an H200, see docs/planner.md)
+    heads = max(1, inputs.spec.num_attention_heads // inputs.tensor_parallel_size)
+    act = max(act, int(heads * batched * batched * BUILTIN_ATTENTION_BYTES_PER_SCORE))
+    # it counts everything outside torch's pool, the CUDA context included (0.67 GiB measured)
+    non_torch = int(BUILTIN_NON_TORCH_GIB * GIB)
     explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
     kv = builtin_rule.kv_cache_bytes(
         total, inputs.gpu_memory_utilization, weights, act, non_torch, 0, explicit
