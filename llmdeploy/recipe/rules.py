@@ -195,6 +195,33 @@ def _context(recipe: Recipe, model: ModelSpec, plan: MemoryPlan) -> Iterator[Pro
             )
     if recipe.engine.type == "tgi":
         yield from _tgi_lengths(recipe, context)
+    if recipe.engine.type == "vllm":
+        yield from _vllm_batch(recipe, context)
+
+
+def _vllm_batch(recipe: Recipe, max_model_len: int) -> Iterator[Problem]:
+    # vLLM's scheduler config refuses both at start-up
+    lim = recipe.limits
+    batched = lim.max_num_batched_tokens
+    if batched is None:
+        return
+    if batched < lim.max_num_seqs:
+        yield Problem(
+            f"vLLM needs max_num_batched_tokens ({batched:,}) >= max_num_seqs ({lim.max_num_seqs})",
+            path="limits.max_num_batched_tokens",
+            value=batched,
+            has_value=True,
+            fix=f"raise limits.max_num_batched_tokens to at least {lim.max_num_seqs}, or lower max_num_seqs",
+        )
+    if not lim.enable_chunked_prefill and batched < max_model_len:
+        yield Problem(
+            f"without chunked prefill vLLM needs max_num_batched_tokens ({batched:,}) >= max_model_len "
+            f"({max_model_len:,}), or the longest prompts can never be scheduled",
+            path="limits.max_num_batched_tokens",
+            value=batched,
+            has_value=True,
+            fix=f"set limits.max_num_batched_tokens to at least {max_model_len}, or enable_chunked_prefill: true",
+        )
 
 
 def _longest(length: int | LengthRange) -> int:

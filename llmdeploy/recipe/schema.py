@@ -159,6 +159,11 @@ class SpeculativeSection(Section):
             raise ValueError("speculative.method 'draft' needs speculative.draft_model")
         if self.method == "ngram" and self.draft_model:
             raise ValueError("speculative.draft_model is only used with method 'draft'")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"speculative.prompt_lookup_min ({self.prompt_lookup_min}) exceeds prompt_lookup_max "
+                f"({self.prompt_lookup_max})"
+            )
         return self
 
 

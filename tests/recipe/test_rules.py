@@ -223,3 +223,19 @@ def test_validate_reports_knobs_the_engine_mapping_cannot_honour(tmp_path: Path)
     assert done.stderr.startswith("error: 2 problems found")
     assert "TGI cannot speculate with a separate draft model" in done.stderr
     assert "cannot honour speculative.method" not in done.stderr
+
+
+def test_vllm_batch_token_limits(tmp_path: Path) -> None:
+    problems = _check(tmp_path, LLAMA_8B, "limits.max_model_len=8192", "limits.max_num_batched_tokens=64")
+    assert (
+        "max_num_batched_tokens (64) >= max_num_seqs (256)"
+        in _only(problems, "limits.max_num_batched_tokens").message
+    )
+    problems = _check(
+        tmp_path,
+        LLAMA_8B,
+        "limits.max_model_len=8192",
+        "limits.max_num_batched_tokens=4096",
+        "limits.enable_chunked_prefill=false",
+    )
+    assert "without chunked prefill" in _only(problems, "limits.max_num_batched_tokens").message
