@@ -140,11 +140,14 @@ def _fp8(recipe: Recipe, model: ModelSpec, gpu: GPUSpec | None) -> Iterator[Prob
             path="model.quantization",
             fix="use an H100/L40S/RTX-4090-class GPU, or awq/gptq int4 weights",
         )
-    if recipe.engine.type == "tgi" and kv_fp8 and not gpu.fp8_support:
+    if recipe.engine.type == "tgi" and weights_fp8 and not gpu.fp8_support:
+        # TGI's launcher docs: fp8 (e4m3) weights need fp8 hardware; it has no weight-only fallback like vLLM's
         yield Problem(
-            f"TGI's fp8 KV cache needs a GPU with fp8 support; {gpu.name} has none",
-            path="kv_cache.dtype",
-            fix="use kv_cache.dtype auto, or engine vllm (which stores fp8 KV on Ampere)",
+            f"TGI's fp8 weights need a GPU with fp8 support (compute capability 8.9+); {gpu.name} has none",
+            path="model.quantization",
+            value="fp8",
+            has_value=True,
+            fix="use awq/gptq weights with TGI on this GPU, or engine vllm (fp8 weight-only via Marlin)",
         )
 
 

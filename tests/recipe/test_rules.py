@@ -81,14 +81,24 @@ def test_fp8_moe_weights_need_fp8_hardware(tmp_path: Path) -> None:
     assert all(p.path != "model.quantization" for p in _check(tmp_path, mixtral, "hardware.gpu=H100"))
 
 
-def test_fp8_kv_on_ampere_is_a_note_for_vllm_and_an_error_for_tgi(tmp_path: Path) -> None:
+def test_fp8_on_ampere_is_a_note_for_vllm_and_fp8_weights_an_error_for_tgi(tmp_path: Path) -> None:
     assert _check(tmp_path, LLAMA_8B, "kv_cache.dtype=fp8", "limits.max_model_len=8192") == []
+    assert _check(tmp_path, LLAMA_8B, "model.quantization=fp8", "limits.max_model_len=8192") == []
     recipe = load_recipe(ROOT / "recipes/production.yaml", env={})
     assert any("no fp8 tensor cores" in note for note in recipe_notes(recipe))
     problems = _check(
-        tmp_path, LLAMA_8B, "kv_cache.dtype=fp8", "engine.type=tgi", "limits.max_model_len=8192"
+        tmp_path, LLAMA_8B, "model.quantization=fp8", "engine.type=tgi", "limits.max_model_len=8192"
     )
-    assert "TGI's fp8 KV cache needs a GPU with fp8 support" in _only(problems, "kv_cache.dtype").message
+    assert "TGI's fp8 weights need a GPU with fp8 support" in _only(problems, "model.quantization").message
+    tgi_h100 = _check(
+        tmp_path,
+        LLAMA_8B,
+        "model.quantization=fp8",
+        "engine.type=tgi",
+        "hardware.gpu=H100",
+        "limits.max_model_len=8192",
+    )
+    assert all(p.path != "model.quantization" for p in tgi_h100)
 
 
 def test_tgi_prefill_tokens_cover_the_longest_input(tmp_path: Path) -> None:
