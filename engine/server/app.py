@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from llmdeploy_engine.server import openai_routes, tgi_routes
 from llmdeploy_engine.server.auth import APIKeyMiddleware
-from llmdeploy_engine.server.errors import install_error_handlers
+from llmdeploy_engine.server.errors import drop_validation_responses, install_error_handlers
 from llmdeploy_engine.server.metrics import ServerMetrics, read
 from llmdeploy_engine.server.state import ServedEngine, ServerSettings, ServerState, server_state
 
@@ -75,7 +75,11 @@ def build_app(
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={200: {"description": "ready"}, 503: {"description": "not ready"}},
+    )
     async def health(request: Request) -> Response:
         engine = server_state(request).engine
         ready = engine is not None and bool(getattr(engine, "is_running", True))
@@ -94,4 +98,11 @@ def build_app(
 
     app.include_router(openai_routes.router)
     app.include_router(tgi_routes.router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = drop_validation_responses(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

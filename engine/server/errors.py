@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("llmdeploy_engine.server")
@@ -24,6 +25,52 @@ _TYPE_BY_STATUS = {
     413: "invalid_request_error",
     503: "server_error",
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def _described(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+# For the API description: what every generation route can answer besides 200.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _described("Bad parameters, malformed JSON, or a prompt longer than max_model_len"),
+    401: _described("Missing or wrong API key (when the server has one)"),
+    404: _described("Unknown model"),
+    500: _described("Unexpected server error"),
+    503: _described("The waiting queue is full (see Retry-After) or the engine is not running"),
+}
+
+
+# 200 of a route that answers JSON, or an SSE stream when the body asks for one
+JSON_OR_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"application/json": {}, "text/event-stream": {}},
+        "description": "JSON, or SSE when stream",
+    }
+}
+STREAM_ONLY: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "SSE"}
+}
+
+
+def drop_validation_responses(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI documents 422 for every body; this server answers validation errors with 400."""
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            if isinstance(operation, dict):
+                operation.get("responses", {}).pop("422", None)
+    return schema
 
 
 class APIError(Exception):

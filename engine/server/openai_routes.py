@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from llmdeploy_engine.server.errors import bad_request
+from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, bad_request
 from llmdeploy_engine.server.generation import (
     check_model,
     check_prompt_ids,
@@ -37,7 +37,7 @@ from llmdeploy_engine.server.openai_stream import (
 from llmdeploy_engine.server.state import ServerState, server_state
 
 logger = logging.getLogger("llmdeploy_engine.server")
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
 
 @router.get("/v1/models")
@@ -73,7 +73,7 @@ def _completion_inputs(state: ServerState, body: CompletionRequest) -> list[tupl
     return out
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=JSON_OR_STREAM)
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     state = server_state(request)
     check_model(state, body.model)
@@ -126,7 +126,7 @@ def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int
     return [int(t) for t in rendered]
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=JSON_OR_STREAM)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     state = server_state(request)
     check_model(state, body.model)

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestOutput
-from llmdeploy_engine.server.errors import APIError
+from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, STREAM_ONLY, APIError
 from llmdeploy_engine.server.generation import (
     encode,
     last_output,
@@ -26,7 +26,7 @@ from llmdeploy_engine.server.state import ServerState, server_state
 from llmdeploy_engine.server.tgi_protocol import DEFAULT_MAX_NEW_TOKENS, TGIRequest
 
 logger = logging.getLogger("llmdeploy_engine.server")
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 VERSION = "2.4.0"  # the TGI protocol version these routes follow
 
 
@@ -171,7 +171,7 @@ async def _stream_response(request: Request, body: TGIRequest) -> StreamingRespo
     )
 
 
-@router.post("/")
+@router.post("/", responses=JSON_OR_STREAM)
 async def compat_generate(body: TGIRequest, request: Request) -> Any:
     """TGI's root route: a list with one result, or an SSE stream when `stream` is true."""
     if body.stream:
@@ -184,7 +184,7 @@ async def generate(body: TGIRequest, request: Request) -> dict[str, Any]:
     return await _generate_one(request, body)
 
 
-@router.post("/generate_stream")
+@router.post("/generate_stream", responses=STREAM_ONLY, response_class=StreamingResponse)
 async def generate_stream(body: TGIRequest, request: Request) -> StreamingResponse:
     return await _stream_response(request, body)
 
