@@ -44,7 +44,22 @@ def parse_yaml(text: str, file: str) -> ParsedYaml:
     tab_problems = _leading_tabs(text, file)
     if tab_problems:
         return ParsedYaml(None, {}, tuple(tab_problems))
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as e:
+        line = text[: e.position].count("\n") + 1
+        return ParsedYaml(
+            None,
+            {},
+            (
+                Problem(
+                    f"not valid YAML: control character #x{e.character:04x} is not allowed",
+                    file=file,
+                    line=line,
+                    fix="delete the invisible character (or write it as an escape in a double-quoted string)",
+                ),
+            ),
+        )
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as e:

@@ -72,3 +72,14 @@ def test_loader_on_nested_mappings(tmp_path: Path, lines: list[tuple[int, str, s
         load_recipe(path, env={})
     except UserError as e:
         assert e.problems and all(p.message for p in e.problems)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=120))
+def test_loader_on_arbitrary_unicode(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "any.yaml"
+    path.write_text("model: {id: x}\n" + text, encoding="utf-8", errors="surrogatepass")
+    try:
+        load_recipe(path, env={})
+    except UserError as e:
+        assert e.problems and all(p.message for p in e.problems)
