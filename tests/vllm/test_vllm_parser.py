@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from llmdeploy.planner import make_plan
+from llmdeploy.recipe import Recipe, load_recipe
 from llmdeploy.render import engine_command
 from llmdeploy.render.flag_catalogue import PINNED_VERSIONS, catalogue_path
 from llmdeploy.render.model_location import container_model_ref
@@ -43,23 +45,28 @@ print(json.dumps(results))
 """
 
 
-def _argvs() -> dict[str, list[str]]:
-    from render.recipe_factory import RECIPES, make_recipe, shipped
+def _recipe(**sections: object) -> Recipe:
+    data: dict[str, object] = {"name": "t", "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+                               "hardware": {"gpu": "A100-80GB"}, **sections}
+    return Recipe.model_validate(data)
 
+
+def _argvs() -> dict[str, list[str]]:
     cases: dict[str, list[str]] = {}
-    for path in RECIPES:
-        recipe, plan = shipped(path)
+    for path in sorted((REPO_ROOT / "recipes").glob("*.yaml")):
+        recipe = load_recipe(path)
         if recipe.engine.type != "vllm":
             continue
         ref = "/models/m" if recipe.target.type == "local" else container_model_ref(recipe)
-        cases[path.stem] = engine_command(recipe, plan, model_ref=ref).argv
+        cases[path.stem] = engine_command(recipe, make_plan(recipe), model_ref=ref).argv
     variants = {
-        "ngram": make_recipe("vllm", speculative={"method": "ngram", "num_speculative_tokens": 3}),
-        "draft": make_recipe("vllm", speculative={"method": "draft", "draft_model": "org/small"}),
-        "parallel": make_recipe("vllm", parallelism={"tensor": 4, "pipeline": 2}, hardware={"nodes": 2}),
-        "kv-fp16-no-caching": make_recipe("vllm", kv_cache={"dtype": "fp16", "prefix_caching": False},
+        "ngram": _recipe(speculative={"method": "ngram", "num_speculative_tokens": 3}),
+        "draft": _recipe(speculative={"method": "draft", "draft_model": "org/small"}),
+        "parallel": _recipe(parallelism={"tensor": 4, "pipeline": 2}, hardware={"nodes": 2}),
+        "kv-fp16-no-caching": _recipe(kv_cache={"dtype": "fp16", "prefix_caching": False},
                                           limits={"enable_chunked_prefill": False, "kv_cache_memory_gib": 1.5}),
-        "random": make_recipe("vllm", model={"id": "Qwen/Qwen2.5-0.5B-Instruct", "random_weights": True,
+        "cpu": _recipe(hardware={"device": "cpu"}, kv_cache={"block_size": 128}, limits={"kv_cache_memory_gib": 0.5}),
+        "random": _recipe(model={"id": "Qwen/Qwen2.5-0.5B-Instruct", "random_weights": True,
                                              "revision": "main", "trust_remote_code": True}),
     }
     for name, recipe in variants.items():
