@@ -123,6 +123,7 @@ async def stream_outputs(
     first_s: float | None = None
     last_s: float | None = None
     seen_tokens = 0
+    seen_longest = 0  # tokens of the longest choice: the engine steps each choice once per step
     final: RequestOutput | None = None
     try:
         try:
@@ -130,14 +131,19 @@ async def stream_outputs(
             async for output in stream:
                 now = time.monotonic()
                 num_tokens = sum(len(c.token_ids) for c in output.outputs)
+                longest = max((len(c.token_ids) for c in output.outputs), default=0)
                 if num_tokens > seen_tokens:
                     if first_s is None:
                         first_s = now
                         metrics.observe_first_token(now - start)
-                    elif last_s is not None:
-                        metrics.observe_token_gap(now - last_s)
+                    elif last_s is not None and longest > seen_longest:
+                        # a slow reader gets several steps at once: spread the gap over them
+                        steps = longest - seen_longest
+                        for _ in range(steps):
+                            metrics.observe_token_gap((now - last_s) / steps)
                     last_s = now
                     seen_tokens = num_tokens
+                    seen_longest = longest
                 final = output
                 yield output
                 if output.finished:

@@ -243,6 +243,9 @@ def test_metrics_names_and_counts(client: TestClient) -> None:
     assert lines[f'vllm:request_success_total{{{lab},finished_reason="length"}}'] == "1"
     assert lines[f'vllm:request_success_total{{{lab},finished_reason="stop"}}'] == "1"
     assert lines[f"vllm:e2e_request_latency_seconds_count{{{lab}}}"] == "2"
+    assert lines[f"vllm:time_to_first_token_seconds_count{{{lab}}}"] == "2"
+    assert lines[f"vllm:inter_token_latency_seconds_count{{{lab}}}"] == str((4 - 1) + (2 - 1))
+    assert lines[f"vllm:time_per_output_token_seconds_count{{{lab}}}"] == "2"
     assert lines[f"llmdeploy:num_kv_blocks{{{lab}}}"] == "256"
     assert 'num_gpu_blocks="256"' in text and 'block_size="16"' in text
 
