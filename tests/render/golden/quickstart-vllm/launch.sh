@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 b358c95980030951d96ff666198f61eba240b6589198bc3396a06fa1b252b416).
+# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 d5a77cfd07c3ff0ac76de5eaa5fa3aa0de369994a1b893cccc150c724168aa15).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
@@ -19,7 +19,7 @@ exec "${LLMDEPLOY_VLLM_PYTHON:-python3}" \
   --max-num-seqs 32 \
   --gpu-memory-utilization 0.9 \
   --kv-cache-memory-bytes 536870912 \
-  --block-size 16 \
+  --block-size 128 \
   --enable-prefix-caching \
   --enable-chunked-prefill \
   --served-model-name smollm2-135m-instruct
