@@ -76,3 +76,15 @@ def test_bad_environment_variable_names_are_refused(name: str) -> None:
                          target={"type": "local"})
     with pytest.raises(UserError):
         render(recipe, None)
+
+
+def test_leader_worker_shell_line_keeps_the_argv() -> None:
+    import shlex
+
+    recipe = make_recipe("vllm", hardware={"gpu": "H100-SXM", "nodes": 2}, parallelism={"tensor": 8, "pipeline": 2},
+                         server={"served_model_name": HOSTILE}, target={"type": "kubernetes"})
+    lws = next(d for d in render(recipe, None).documents if d["kind"] == "LeaderWorkerSet")
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"]
+    assert leader[:2] == ["sh", "-c"]
+    _, _, exec_part = leader[2].partition(" && exec ")
+    assert shlex.split(exec_part) == engine_command(recipe, model_ref=recipe.model.id, host="0.0.0.0").argv
