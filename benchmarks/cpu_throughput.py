@@ -12,8 +12,8 @@ Both systems load the same GGUF (transformers dequantizes it to float32, as the 
 the same number of torch threads. Each system does one short warm-up generation first. Prints a table
 with output tokens/s, total (prompt + output) tokens/s and the engine's speed-up over each.
 
-    python benchmarks/cpu_throughput.py                      # defaults: 32 requests x 64 tokens
-    python benchmarks/cpu_throughput.py --output-len 32 --hf-modes batched
+    python benchmarks/cpu_throughput.py                      # defaults: 32 requests x 32 tokens
+    python benchmarks/cpu_throughput.py --output-len 64 --hf-modes batched
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(DEFAULT_GGUF))
     ap.add_argument("--num-requests", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--hf-modes", default="sequential,batched", help="comma list of: sequential, batched")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=512 * 2**20)
@@ -183,10 +183,15 @@ def main() -> None:
     print(
         f"model {Path(args.model).name}; {args.num_requests} requests, prompt lengths "
         f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.output_len} output tokens each "
-        f"(greedy, ignore_eos); torch {torch.__version__}, {args.threads} threads"
+        f"(greedy, ignore_eos); torch {torch.__version__}, {args.threads} threads",
+        flush=True,
     )
     engine_result, engine_tokens = run_engine(engine, prompts, args.output_len)
-    print(f"engine: {engine.stats().num_kv_blocks} KV blocks, {engine.stats().num_preemptions} preemptions")
+    print(
+        f"{engine_result.system}: {engine_result.elapsed_s:.1f} s, {engine_result.output_tok_s:.1f} output tok/s "
+        f"({engine.stats().num_kv_blocks} KV blocks, {engine.stats().num_preemptions} preemptions)",
+        flush=True,
+    )
     del engine
 
     from transformers import AutoModelForCausalLM

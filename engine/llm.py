@@ -96,7 +96,7 @@ class LLM:
         single = bool(messages) and isinstance(messages[0], dict)
         conversations: list[list[Message]] = [messages] if single else messages  # type: ignore[list-item,assignment]
         tok = self.llm_engine.tokenizer
-        prompts: list[tuple[str | None, list[int]]] = []
+        prompts: list[tuple[str | None, list[int] | None]] = []
         for conv in conversations:
             text = tok.apply_chat_template(
                 conv, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {})
