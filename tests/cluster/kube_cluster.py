@@ -110,6 +110,39 @@ def _make_certs(pki: Path) -> None:
     (pki / "tokens.csv").write_text(f'{ADMIN_TOKEN},test-admin,test-admin,"system:masters"\n')
 
 
+def make_client_cert(pki: Path, user: str, group: str) -> tuple[Path, Path]:
+    """A client certificate signed by the cluster CA: CN is the user name, O the group."""
+    key, csr, crt = pki / f"{user}.key", pki / f"{user}.csr", pki / f"{user}.crt"
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        f"/O={group}/CN={user}",
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(pki / "ca.crt"),
+        "-CAkey",
+        str(pki / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        str(crt),
+    )
+    return crt, key
+
+
 def write_kubeconfig(path: Path, server: str, ca_file: Path, token: str) -> None:
     config = {
         "apiVersion": "v1",

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import manifests as m
 import pytest
+import yaml
+from kube_cluster import KubeCluster, make_client_cert
 
 from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity
 from llmdeploy.apply.discovery import Discovery
 from llmdeploy.apply.kube_client import APPLY_PATCH, KubeClient
+from llmdeploy.apply.kube_config import load_kubeconfig
 from llmdeploy.apply.kube_target import (
     ApplyOptions,
     apply_kubernetes,
@@ -416,3 +421,34 @@ def test_rendered_namespace_is_created_first_and_never_deleted(
         assert client.get(ns_rt, name) is not None  # namespaces hold other people's things too
     finally:
         client.delete(ns_rt, name)
+
+
+def test_client_certificate_kubeconfig_with_inline_data(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    pki = kube_cluster.workdir / "pki"
+    crt, key = make_client_cert(pki, "cert-admin", "system:masters")
+    b64 = lambda p: base64.b64encode(p.read_bytes()).decode()  # noqa: E731
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "c",
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {"server": kube_cluster.server, "certificate-authority-data": b64(pki / "ca.crt")},
+            }
+        ],
+        "users": [{"name": "u", "user": {"client-certificate-data": b64(crt), "client-key-data": b64(key)}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    with KubeClient(load_kubeconfig(path)) as client:
+        assert Discovery(client).server_version() == "v1.20.2"
+        ns_rt = Discovery(client).resolve("v1", "Namespace")
+        assert ns_rt is not None and client.get(ns_rt, "default") is not None
+    # credentials the cluster does not know are refused with a readable message
+    cfg["users"][0]["user"] = {"token": "not-a-valid-token"}
+    path.write_text(yaml.safe_dump(cfg))
+    with KubeClient(load_kubeconfig(path)) as client, pytest.raises(UserError) as err:
+        Discovery(client).served_versions("apps")
+    assert "HTTP 401" in str(err.value) and "credentials were rejected" in str(err.value)
