@@ -72,6 +72,13 @@ def test_apply_reapply_diff_status_delete_production_recipe(kubeconfig: Path, na
     assert status.returncode == 0, status.stdout + status.stderr
     assert "Available=True" in status.stdout
 
+    # the pods are found and their log requested; the fake node has no kubelet to serve it
+    logs = _llmdeploy("logs", recipe, kubeconfig=kubeconfig, namespace=namespace)
+    assert logs.returncode == 2, logs.stdout + logs.stderr
+    assert (
+        "read logs of pod production-" in logs.stderr and "could not reach the node's kubelet" in logs.stderr
+    )
+
     no_tty = _llmdeploy("delete", recipe, kubeconfig=kubeconfig, namespace=namespace)
     assert no_tty.returncode == 1 and "nothing deleted" in no_tty.stderr
     deleted = _llmdeploy("delete", recipe, "--yes", kubeconfig=kubeconfig, namespace=namespace)
