@@ -46,3 +46,16 @@ def test_output_folder_removes_stale_files_only(tmp_path: Path) -> None:
     assert result.removed == ("horizontalpodautoscaler.yaml",)
     assert (tmp_path / "mine.txt").is_file() and (tmp_path / MANIFEST).is_file()
     assert not (tmp_path / "horizontalpodautoscaler.yaml").exists()
+
+
+def test_secret_sources_must_suit_the_target() -> None:
+    import pytest
+
+    from llmdeploy.errors import UserError
+
+    with pytest.raises(UserError, match="Secret"):
+        render(make_recipe("vllm", server={"api_key": {"env": "KEY"}}, target={"type": "kubernetes"}), None)
+    with pytest.raises(UserError, match="Secret"):
+        render(make_recipe("vllm", server={"api_key": {"secret": {"name": "s"}}}, target={"type": "local"}), None)
+    launch = render(make_recipe("vllm", server={"api_key": {"env": "KEY"}}, target={"type": "local"}), None)
+    assert 'export VLLM_API_KEY="${KEY:?' in launch.files["launch.sh"]
