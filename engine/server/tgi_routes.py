@@ -125,13 +125,16 @@ async def _stream_events(
             c = output.outputs[0]
             new_ids = c.token_ids[sent_tokens:]
             delta = c.text[sent_chars:] if len(c.text) > sent_chars else ""
+            first_index = sent_tokens
+            if not new_ids and c.finish_reason is not None and c.token_ids:
+                # finished without a new token: close the stream on the last token, as TGI always does
+                new_ids, first_index = c.token_ids[-1:], len(c.token_ids) - 1
             for k, token_id in enumerate(new_ids):
-                step = (
-                    c.logprobs[sent_tokens + k] if c.logprobs and sent_tokens + k < len(c.logprobs) else None
-                )
+                i = first_index + k
+                step = c.logprobs[i] if c.logprobs and i < len(c.logprobs) else None
                 last = k == len(new_ids) - 1
                 event: dict[str, Any] = {
-                    "index": sent_tokens + k,
+                    "index": i,
                     "token": _token(tokenizer, token_id, step, special, text=delta if last else ""),
                     "top_tokens": _top_tokens(tokenizer, step, p.top_n_tokens or 0, special) or None,
                     "generated_text": None,

@@ -316,3 +316,21 @@ def test_metrics_names_and_counts(client: TestClient) -> None:
 
 def engine_prompt_chat() -> str:
     return "<user>x\n<assistant>"
+
+
+def test_tgi_stream_closes_when_finish_comes_without_a_token() -> None:
+    import dataclasses
+
+    class LateFinish(FakeEngine):
+        async def generate(self, prompt, params, request_id):  # type: ignore[no-untyped-def, override]
+            async for out in super().generate(prompt, params, request_id):
+                if out.finished:
+                    open_outs = [dataclasses.replace(c, finish_reason=None) for c in out.outputs]
+                    yield dataclasses.replace(out, outputs=open_outs, finished=False)
+                yield out
+
+    with make_client(LateFinish()) as c:
+        events = sse_events(c, "/generate_stream", {"inputs": "hi", "parameters": {"max_new_tokens": 3}})
+    payloads = [json.loads(e[len("data:") :]) for e in events]
+    assert payloads[-1]["generated_text"] == REPLY[:3]
+    assert [p["token"]["text"] for p in payloads] == [*REPLY[:3], ""]
