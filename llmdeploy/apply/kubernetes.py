@@ -125,13 +125,26 @@ class ChangeSet:
 def prepare(
     discovery: Discovery, objects: Sequence[dict[str, Any]], instance: Instance, capacity: Capacity | None
 ) -> tuple[list[PlannedObject], list[str]]:
-    """Resolve each rendered object against discovery, add our labels, namespace and capacity note."""
+    """Resolve each rendered object against discovery, add our labels, namespace and capacity note.
+
+    An add-on kind the cluster lacks (KEDA's ScaledObject) is skipped with a message; a missing
+    workload kind (LeaderWorkerSet) is an error, since nothing would serve without it.
+    """
     planned: list[PlannedObject] = []
     skipped: list[str] = []
+    missing_workloads: list[Problem] = []
     for original in apply_order(objects):
         body = copy.deepcopy(original)
         kind, api_version = str(body.get("kind")), str(body.get("apiVersion"))
         rt = discovery.resolve(api_version, kind)
+        if rt is None and kind in WORKLOAD_KINDS:
+            missing_workloads.append(
+                Problem(
+                    f"the cluster does not serve {kind} ({api_version}), which this recipe's workload needs",
+                    fix=f"install the {kind} CRDs and controller in the cluster first",
+                )
+            )
+            continue
         if rt is None:
             skipped.append(
                 f"{kind} {body['metadata'].get('name')}: the cluster does not serve {api_version} "
@@ -148,6 +161,8 @@ def prepare(
         if capacity is not None and kind in WORKLOAD_KINDS:
             meta.setdefault("annotations", {})[CAPACITY_ANNOTATION] = capacity.to_annotation()
         planned.append(PlannedObject(rt, body))
+    if missing_workloads:
+        raise UserError(missing_workloads)
     return planned, skipped
 
 

@@ -125,3 +125,26 @@ def full_set(instance: str = INSTANCE, max_num_seqs: int = 64) -> list[dict[str,
         pdb(instance),
         hpa(instance),
     ]
+
+
+def scaled_object(instance: str = INSTANCE) -> dict[str, Any]:
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": instance, "labels": labels(instance)},
+        "spec": {
+            "scaleTargetRef": {"name": instance},
+            "minReplicaCount": 1,
+            "maxReplicaCount": 3,
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metadata": {
+                        "serverAddress": "http://prometheus:9090",
+                        "threshold": "4",
+                        "query": "sum(vllm:num_requests_waiting)",
+                    },
+                }
+            ],
+        },
+    }

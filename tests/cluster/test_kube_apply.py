@@ -92,9 +92,9 @@ def _versions(client: KubeClient, discovery: Discovery, namespace: str) -> dict[
 def test_apply_creates_everything_and_deployment_becomes_available(
     client: KubeClient, discovery: Discovery, instance: Instance
 ) -> None:
-    out = _apply(client, instance, [*m.full_set(), m.leader_worker_set()], wait=True)
+    out = _apply(client, instance, [*m.full_set(), m.scaled_object()], wait=True)
     assert "Deployment demo is Available" in out.text
-    assert "skipped: LeaderWorkerSet demo: the cluster does not serve leaderworkerset.x-k8s.io/v1" in out.text
+    assert "skipped: ScaledObject demo: the cluster does not serve keda.sh/v1alpha1" in out.text
     dep = _live(client, discovery, "apps/v1", "Deployment", "demo", instance.namespace)
     assert dep is not None
     assert dep["status"]["availableReplicas"] == 1
@@ -452,3 +452,12 @@ def test_client_certificate_kubeconfig_with_inline_data(kube_cluster: KubeCluste
     with KubeClient(load_kubeconfig(path)) as client, pytest.raises(UserError) as err:
         Discovery(client).served_versions("apps")
     assert "HTTP 401" in str(err.value) and "credentials were rejected" in str(err.value)
+
+
+def test_missing_workload_api_is_an_error_before_anything_is_written(
+    client: KubeClient, discovery: Discovery, instance: Instance
+) -> None:
+    with pytest.raises(UserError) as err:
+        _apply(client, instance, [m.config_map(), m.leader_worker_set()])
+    assert "does not serve LeaderWorkerSet (leaderworkerset.x-k8s.io/v1)" in str(err.value)
+    assert _live(client, discovery, "v1", "ConfigMap", "demo-config", instance.namespace) is None
