@@ -2,8 +2,8 @@
 
 Routes never call `engine.generate` directly: `stream_outputs` records the latency and token
 metrics, turns a full queue into 503 and aborts the request in the engine (freeing its KV blocks)
-whenever the consumer stops early, such as when a streaming client disconnects.
-`collect_final` does the same for non-streaming requests, watching for the client going away.
+whenever the consumer stops early, such as when a streaming client disconnects. Non-streaming
+routes wrap their wait in `until_disconnect`, which cancels it (and so aborts) when the client goes.
 """
 
 from __future__ import annotations
@@ -36,17 +36,9 @@ def check_model(state: ServerState, model: str | None) -> None:
     raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
-def vocab_size(tokenizer: Any) -> int | None:
-    for name in ("vocab_size", "n_vocab"):
-        value = getattr(tokenizer, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 def check_prompt_ids(state: ServerState, ids: Sequence[int], param: str) -> list[int]:
     tokenizer = state.ready_engine().tokenizer
-    limit = vocab_size(tokenizer)
+    limit = getattr(tokenizer, "vocab_size", None)
     for token in ids:
         if not isinstance(token, int) or token < 0 or (limit is not None and token >= limit):
             raise bad_request(f"token id {token!r} is outside the vocabulary (0..{(limit or 0) - 1})", param)
@@ -57,11 +49,7 @@ def check_prompt_ids(state: ServerState, ids: Sequence[int], param: str) -> list
 
 def encode(state: ServerState, text: str, *, add_special_tokens: bool) -> list[int]:
     tokenizer = state.ready_engine().tokenizer
-    try:
-        ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    except TypeError:
-        ids = tokenizer.encode(text)
-    return [int(t) for t in ids]
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=add_special_tokens)]
 
 
 def resolve_max_tokens(
@@ -178,7 +166,7 @@ async def stream_outputs(
                 request_id,
                 len(prompt_ids),
                 seen_tokens,
-                "finished" if done else "aborted",
+                "finished" if done else ("aborted" if final is not None else "not started"),
             )
         if not done:
             task = asyncio.ensure_future(_abort(state, request_id))
