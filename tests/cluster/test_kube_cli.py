@@ -99,3 +99,16 @@ def test_unreachable_cluster_is_a_readable_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "cannot reach the Kubernetes API at https://127.0.0.1:1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _kubernetes_recipes() -> list[Path]:
+    return sorted(p for p in (ROOT / "recipes").glob("*.yaml") if "type: kubernetes" in p.read_text())
+
+
+@pytest.mark.parametrize("recipe", _kubernetes_recipes(), ids=lambda p: p.name)
+def test_every_shipped_kubernetes_recipe_passes_a_server_side_dry_run(
+    recipe: Path, kubeconfig: Path, namespace: str
+) -> None:
+    result = _llmdeploy("apply", str(recipe), "--dry-run", kubeconfig=kubeconfig, namespace=namespace)
+    assert result.returncode == 0, result.stderr
+    assert "dry run (server side): nothing was changed" in result.stderr
