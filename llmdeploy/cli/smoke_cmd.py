@@ -61,7 +61,7 @@ def smoke_command(
         kv_tolerance=kv_tolerance,
         progress_stream=sys.stderr,
     )
-    click.echo(report.format())
+    click.echo(report.render())
     if output_json:
         Path(output_json).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
     if not report.ok:

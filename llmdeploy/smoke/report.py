@@ -74,7 +74,7 @@ class SmokeReport:
     def failures(self) -> tuple[CheckResult, ...]:
         return tuple(c for c in self.checks if not c.ok)
 
-    def format(self) -> str:
+    def render(self) -> str:
         lines = [f"smoke test of {self.model or '(no model)'} at {self.url}"]
         lines += [c.line() for c in self.checks]
         if self.kv is not None:

@@ -203,7 +203,7 @@ def test_smoke_warns_when_kv_differs_from_plan(fault_server: str) -> None:
     report = smoke(fault_server, model="ok", plan=Plan(), kv_tolerance=0.1, progress_stream=None)
     assert report.ok and report.kv is not None
     assert not report.kv.within_tolerance
-    assert "warn  KV cache: engine reports 1,000 tokens" in report.format() and "800" in report.format()
+    assert "warn  KV cache: engine reports 1,000 tokens" in report.render() and "800" in report.render()
 
 
 def test_recipe_drives_smoke_and_bench(fault_server: str, tmp_path: Path) -> None:
