@@ -82,7 +82,7 @@ def _resolve_argv(argv: list[str]) -> list[str]:
 def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     from llmdeploy.planner import make_plan
     from llmdeploy.recipe import recipe_digest
-    from llmdeploy.render import engine_command
+    from llmdeploy.render.local_command import local_engine_command
 
     digest = recipe_digest(recipe)
     confirm = _confirm(assume_yes)
@@ -103,7 +103,7 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
 
     plan = make_plan(recipe)
     prepared = prepare_model(recipe.model, confirm, _echo)
-    command = engine_command(recipe, plan, model_ref=prepared.ref)
+    command = local_engine_command(recipe, plan, prepared.ref)
     host, port = recipe.server.host, recipe.server.port
     if not _port_free(host, port):
         raise UserError.one(
@@ -153,7 +153,7 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
 
     from llmdeploy.smoke import smoke
 
-    report = smoke(state.url, recipe=recipe, plan=plan)
+    report = smoke(state.url, recipe=recipe, plan=plan, log_file=str(log_path))
     _echo(report.render())
     served = recipe.server.served_model_name or recipe.model.id
     _echo(

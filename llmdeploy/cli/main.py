@@ -39,13 +39,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def _register() -> None:
     for module_name, names in COMMAND_MODULES.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            # TODO(integration): remove once every verb module exists.
-            if e.name == module_name:
-                continue
-            raise
+        module = importlib.import_module(module_name)
         for name in names:
             cli.add_command(getattr(module, name.replace("-", "_") + "_command"), name)
 
@@ -54,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     _register()
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        cli.main(args=argv, prog_name="llmdeploy", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="llmdeploy", standalone_mode=False)
     except UserError as e:
         if debug:
             raise
@@ -71,6 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    # Without standalone mode click hands back ctx.exit(n)'s code instead of exiting.
+    if isinstance(rv, int) and not isinstance(rv, bool):
+        sys.exit(rv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""HTTP server of the built-in engine: OpenAI and TGI routes, /health, /metrics."""
