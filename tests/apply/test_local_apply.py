@@ -5,32 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from local_apply_helpers import free_port as _free_port
+from local_apply_helpers import run_llmdeploy as _llmdeploy
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _llmdeploy(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmdeploy.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 @pytest.fixture(scope="module")
