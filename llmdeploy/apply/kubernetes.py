@@ -1,8 +1,5 @@
-"""The Kubernetes target: server-side apply of rendered objects, ordered by kind, with a diff first,
-prune of leftovers, rollout wait, and delete.
-
-Every object carries `app.kubernetes.io/instance=<recipe name>` and
-`app.kubernetes.io/managed-by=llmdeploy`; prune and delete only ever touch objects with both.
+"""The Kubernetes target: server-side apply of rendered objects, ordered by kind, with a diff first
+(from a server-side dry run), prune of leftovers and a rollout wait.
 """
 
 from __future__ import annotations
@@ -14,75 +11,37 @@ from typing import Any, Literal
 
 from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity, describe_change
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeApiError, KubeClient, ResourceType
+from llmdeploy.apply.kube_client import KubeApiError, KubeClient
+from llmdeploy.apply.kube_objects import (
+    INSTANCE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    WORKLOAD_KINDS,
+    Instance,
+    PlannedObject,
+)
 from llmdeploy.apply.object_diff import FieldChange, diff_objects, drop_settled
-from llmdeploy.apply.ordering import KIND_RANK, PRUNABLE_KINDS, apply_order, delete_order
+from llmdeploy.apply.ordering import KIND_RANK, apply_order
+from llmdeploy.apply.prune import delete_instance, find_leftovers, live_objects
 from llmdeploy.apply.rollout import STATE_OF_KIND, wait_for_rollout
 from llmdeploy.errors import Problem, UserError
 
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "llmdeploy"
-WORKLOAD_KINDS = frozenset({"Deployment", "LeaderWorkerSet", "StatefulSet"})
-
-# Where to look for leftovers of each prunable kind (discovery may pick an older version).
-DEFAULT_API_VERSIONS: dict[str, str] = {
-    "ServiceAccount": "v1",
-    "Secret": "v1",
-    "ConfigMap": "v1",
-    "PersistentVolumeClaim": "v1",
-    "Service": "v1",
-    "Role": "rbac.authorization.k8s.io/v1",
-    "RoleBinding": "rbac.authorization.k8s.io/v1",
-    "Deployment": "apps/v1",
-    "StatefulSet": "apps/v1",
-    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
-    "PodDisruptionBudget": "policy/v1",
-    "HorizontalPodAutoscaler": "autoscaling/v2",
-    "ScaledObject": "keda.sh/v1alpha1",
-}
-assert set(DEFAULT_API_VERSIONS) >= PRUNABLE_KINDS and set(DEFAULT_API_VERSIONS) <= set(KIND_RANK)
+__all__ = [
+    "INSTANCE_LABEL",
+    "ChangeSet",
+    "Instance",
+    "ObjectChange",
+    "PlannedObject",
+    "compute_changes",
+    "delete_instance",
+    "execute",
+    "explain_conflict",
+    "live_objects",
+    "prepare",
+    "wait_for_rollouts",
+]
 
 Action = Literal["create", "update", "unchanged", "prune"]
-
-
-@dataclass(frozen=True)
-class Instance:
-    """Which deployment of which recipe: the label value and the default namespace."""
-
-    name: str
-    namespace: str
-
-    @property
-    def selector(self) -> str:
-        return f"{INSTANCE_LABEL}={self.name},{MANAGED_BY_LABEL}={MANAGED_BY}"
-
-
-@dataclass(frozen=True)
-class PlannedObject:
-    rt: ResourceType
-    body: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return str(self.body["metadata"]["name"])
-
-    @property
-    def namespace(self) -> str | None:
-        ns = self.body["metadata"].get("namespace")
-        return str(ns) if ns else None
-
-    @property
-    def label(self) -> str:
-        return (
-            f"{self.rt.kind} {self.namespace}/{self.name}"
-            if self.namespace
-            else f"{self.rt.kind} {self.name}"
-        )
-
-
-def object_key(rt: ResourceType, namespace: str | None, name: str) -> tuple[str, str, str, str]:
-    return (rt.group, rt.kind, namespace or "", name)
 
 
 @dataclass(frozen=True)
@@ -174,32 +133,6 @@ def _live_capacity(lives: Sequence[tuple[PlannedObject, dict[str, Any] | None]])
     return None
 
 
-def find_leftovers(
-    client: KubeClient, discovery: Discovery, planned: Sequence[PlannedObject], instance: Instance
-) -> list[PlannedObject]:
-    """Live objects labelled with this instance and managed by llmdeploy that are not planned."""
-    wanted = {object_key(p.rt, p.namespace, p.name) for p in planned}
-    namespaces = {instance.namespace} | {p.namespace for p in planned if p.namespace}
-    leftovers: list[PlannedObject] = []
-    seen_types: set[tuple[str, str]] = set()
-    for kind in sorted(PRUNABLE_KINDS, key=lambda k: -KIND_RANK[k]):
-        rt = discovery.resolve(DEFAULT_API_VERSIONS[kind], kind)
-        if rt is None or (rt.group, rt.kind) in seen_types:
-            continue
-        seen_types.add((rt.group, rt.kind))
-        for ns in sorted(namespaces) if rt.namespaced else [None]:
-            for live in client.list(rt, ns, label_selector=instance.selector):
-                meta = live["metadata"]
-                labels = meta.get("labels") or {}
-                if labels.get(INSTANCE_LABEL) != instance.name or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
-                    continue  # the selector already says so; never trust it alone before deleting
-                if meta.get("ownerReferences"):
-                    continue  # made by a controller; it goes with its owner
-                if object_key(rt, meta.get("namespace"), meta["name"]) not in wanted:
-                    leftovers.append(PlannedObject(rt, live))
-    return leftovers
-
-
 def compute_changes(
     client: KubeClient,
     discovery: Discovery,
@@ -268,33 +201,6 @@ def wait_for_rollouts(
                 client, obj.rt, obj.name, obj.namespace or "default", timeout_s, on_progress=echo
             )
             echo(f"{obj.rt.kind} {obj.name} is Available")
-
-
-def live_objects(client: KubeClient, discovery: Discovery, instance: Instance) -> list[PlannedObject]:
-    """Every live object of this instance, in apply order (Namespaces excluded)."""
-    found = find_leftovers(client, discovery, [], instance)
-    ordered = apply_order(o.body for o in found)
-    by_id = {id(o.body): o for o in found}
-    return [by_id[id(b)] for b in ordered]
-
-
-def delete_instance(
-    client: KubeClient,
-    discovery: Discovery,
-    instance: Instance,
-    *,
-    dry_run: bool = False,
-    echo: Callable[[str], None] = print,
-) -> int:
-    """Delete every object of this instance in reverse kind order; returns how many."""
-    objects = live_objects(client, discovery, instance)
-    bodies = delete_order(o.body for o in objects)
-    by_id = {id(o.body): o for o in objects}
-    for body in bodies:
-        obj = by_id[id(body)]
-        client.delete(obj.rt, obj.name, obj.namespace, dry_run=dry_run)
-        echo(f"{'would delete' if dry_run else 'deleted'} {obj.label}")
-    return len(objects)
 
 
 def explain_conflict(error: KubeApiError) -> UserError:
