@@ -141,6 +141,13 @@ def apply_command(
     """Bring the recipe's deployment to the rendered state (local process or Kubernetes)."""
     recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
+        if dry_run:
+            raise UserError.one(
+                "--dry-run is for kubernetes targets; a local apply cannot be rehearsed",
+                path="target.type",
+                value="local",
+                fix=f"see what would run with `llmdeploy render {recipe_path}` or `llmdeploy plan {recipe_path}`",
+            )
         from llmdeploy.apply.local import apply_local
 
         sys.exit(apply_local(recipe, recipe_path, assume_yes))

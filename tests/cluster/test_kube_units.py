@@ -212,3 +212,20 @@ def test_drop_settled_ignores_changes_at_fields_already_at_the_desired_value() -
     }
     kept = [c.render() for c in drop_settled(diff_objects(live, server_says), desired, live)]
     assert kept == ['- metadata.labels.old: "x"', "~ spec.max: 3 -> 4"]
+
+
+def test_dry_run_of_a_local_recipe_is_refused_before_anything_starts() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "apply", "recipes/quickstart.yaml", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2
+    assert "--dry-run is for kubernetes targets" in result.stderr
