@@ -32,6 +32,12 @@ END_OF_TURN_TOKENS = (
 )
 
 
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
 class Tokenizer:
     def __init__(self, hf_tokenizer: Any, chat_template: str | None) -> None:
         self.hf = hf_tokenizer
@@ -44,14 +50,12 @@ class Tokenizer:
 
     @classmethod
     def from_model(cls, path: str | Path) -> Tokenizer:
-        """From a GGUF file or a folder with tokenizer.json (random:<id> models have no tokenizer)."""
+        """From a GGUF file or a folder with tokenizer.json; `random:<id>` models get the byte-level
+        tokenizer (`byte_level()`), since they have no files and their text means nothing anyway."""
         from transformers import AutoTokenizer
 
-        text = str(path)
-        if text.startswith("random:"):
-            raise ValueError(
-                f"{text} has random weights and no tokenizer; pass a tokenizer (GGUF file or folder) explicitly"
-            )
+        if str(path).startswith("random:"):
+            return cls.byte_level()
         p = Path(path)
         if p.is_file() and p.suffix == ".gguf":
             hf = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
@@ -64,6 +68,23 @@ class Tokenizer:
         if isinstance(template, dict):  # several named templates: use the default one
             template = template.get("default")
         return cls(hf, template)
+
+    @classmethod
+    def byte_level(cls) -> Tokenizer:
+        """A tokenizer that needs no files: one token per byte (GPT-2's byte alphabet, no merges) plus
+        `<|im_end|>` (eos), `<|im_start|>`, `<|endoftext|>`, with a ChatML template. For random-weight
+        benchmark models: ids stay below 259, inside any real vocabulary."""
+        from tokenizers import Tokenizer as RawTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        raw = RawTokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+        raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        raw.decoder = decoders.ByteLevel()
+        hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>")
+        hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|endoftext|>"]})
+        return cls(hf, CHATML_TEMPLATE)
 
     def _end_ids(self) -> set[int]:
         ids: set[int] = set()

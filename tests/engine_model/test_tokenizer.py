@@ -78,6 +78,14 @@ def test_chat_template_is_sandboxed(tokenizer: Tokenizer) -> None:
         evil.apply_chat_template([{"role": "user", "content": "x"}])
 
 
-def test_random_models_need_an_explicit_tokenizer() -> None:
-    with pytest.raises(ValueError, match="no tokenizer"):
-        Tokenizer.from_model("random:Qwen/Qwen2.5-0.5B")
+def test_random_models_get_the_byte_level_tokenizer() -> None:
+    tok = Tokenizer.from_model("random:Qwen/Qwen2.5-0.5B")
+    text = "Héllo 🦙, wörld"
+    ids = tok.encode(text)
+    assert len(ids) == len(text.encode()) and max(ids) < 256 and tok.vocab_size == 259
+    assert tok.decode(ids) == text
+    assert tok.eos_token_ids == {tok.encode("<|im_end|>")[0]}
+    decoder = tok.incremental_decoder()
+    assert "".join(decoder.add([i]) for i in ids) + decoder.flush() == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert chat == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
