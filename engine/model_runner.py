@@ -73,6 +73,13 @@ def default_max_num_batched_tokens(max_model_len: int) -> int:
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         start = time.perf_counter()
+        if config.tensor_parallel_size != 1:
+            raise ValueError("the built-in engine runs on one device: tensor_parallel_size must be 1")
+        if config.quantization not in (None, "gguf"):
+            raise ValueError(
+                f"quantization {config.quantization!r} is not supported by the built-in engine "
+                "(GGUF weights are dequantized at load; leave quantization unset)"
+            )
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -81,6 +88,14 @@ class ModelRunner:
         torch.manual_seed(config.seed)
 
         self.model_config = load_model_config(config.model)
+        if (
+            config.max_model_len is not None
+            and config.max_model_len > self.model_config.max_position_embeddings
+        ):
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the model's context "
+                f"({self.model_config.max_position_embeddings}); lower max_model_len"
+            )
         self.model = self._load_model()
         weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         load_time_s = time.perf_counter() - start
@@ -199,11 +214,6 @@ class ModelRunner:
         capacity = self.num_kv_blocks * self.block_size
         if self.config.max_model_len is None:
             return min(model_len, capacity)
-        if self.config.max_model_len > self.model_config.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len {self.config.max_model_len} exceeds the model's context "
-                f"({self.model_config.max_position_embeddings}); lower max_model_len"
-            )
         if self.config.max_model_len > capacity:
             raise ValueError(
                 f"max_model_len {self.config.max_model_len} needs more KV cache than is available "

@@ -25,7 +25,8 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="session")
 def runner(gguf_path: Path) -> ModelRunner:
-    torch.set_num_threads(2)
+    # one thread: the CI/dev machines are shared and OpenMP threads spin-wait badly when oversubscribed
+    torch.set_num_threads(1)
     return ModelRunner(
         EngineConfig(model=str(gguf_path), device="cpu", kv_cache_memory_bytes=TEST_KV_CACHE_BYTES)
     )

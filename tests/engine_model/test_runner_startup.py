@@ -1,0 +1,63 @@
+"""ModelRunner start-up: KV sizing by the planner's rule, the start-up report, refused settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.startup_report import StartupReport
+
+from llmdeploy.planner import builtin_rule
+
+
+def test_kv_pool_follows_the_builtin_rule(runner: ModelRunner) -> None:
+    mc = runner.model_config
+    per_token = builtin_rule.kv_bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, 4)
+    assert runner.kv_bytes_per_token == per_token == 2 * 30 * 3 * 64 * 4
+    budget = runner.config.kv_cache_memory_bytes
+    assert budget is not None
+    assert runner.num_kv_blocks == builtin_rule.num_kv_blocks(budget, per_token, runner.block_size)
+    k, v = runner.kv_caches[0]
+    assert len(runner.kv_caches) == mc.num_hidden_layers
+    assert tuple(k.shape) == (runner.num_kv_blocks, runner.block_size, mc.num_key_value_heads, mc.head_dim)
+    assert v.shape == k.shape
+    # max_model_len defaults to the model's context, capped by what the KV pool holds
+    assert runner.max_model_len == min(8192, runner.num_kv_blocks * runner.block_size)
+
+
+def test_startup_report_lines(runner: ModelRunner) -> None:
+    report = runner.startup_report
+    assert isinstance(report, StartupReport) and report.device == "cpu"
+    assert 0.4 < report.weights_gib < 0.6  # 134.5M float32 parameters (tied embeddings counted once)
+    assert report.kv_cache_tokens == runner.num_kv_blocks * runner.block_size
+    lines = report.log_lines()
+    assert lines[0].startswith("Model loading took ") and " GiB and " in lines[0]
+    assert lines[1] == f"Available KV cache memory: {report.available_kv_gib:.2f} GiB"
+    assert lines[2] == f"CPU KV cache size: {report.kv_cache_tokens:,} tokens"
+    assert lines[3].startswith(f"Maximum concurrency for {runner.max_model_len:,} tokens per request: ")
+    assert report.to_dict()["num_kv_blocks"] == runner.num_kv_blocks
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+        ({"quantization": "awq"}, "quantization"),
+        ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
+        ({"max_model_len": 100_000}, "max_model_len"),
+        ({"kv_cache_memory_bytes": 1000}, "KV cache"),
+        ({"dtype": "float64"}, "dtype"),
+    ],
+)
+def test_impossible_settings_are_refused(gguf_path: Path, overrides: dict[str, object], message: str) -> None:
+    settings: dict[str, object] = {"model": str(gguf_path), "device": "cpu", "kv_cache_memory_bytes": 2**24}
+    settings.update(overrides)
+    with pytest.raises(ValueError, match=message):
+        ModelRunner(EngineConfig(**settings))  # type: ignore[arg-type]
+
+
+def test_unknown_model_path_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"not a \.gguf file"):
+        ModelRunner(EngineConfig(model=str(tmp_path / "missing.gguf"), device="cpu"))
