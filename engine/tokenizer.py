@@ -120,49 +120,61 @@ class Tokenizer:
             **extra,
         )
 
-    def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
-        return IncrementalDecoder(self, skip_special_tokens)
+    def incremental_decoder(
+        self, skip_special_tokens: bool = True, prompt_token_ids: list[int] | None = None
+    ) -> IncrementalDecoder:
+        return IncrementalDecoder(self, skip_special_tokens, prompt_token_ids)
 
 
 class IncrementalDecoder:
     """Turns a growing list of generated ids into text deltas that never split a character.
 
     Decodes a short window of recent ids twice (with and without the new ones) and emits the
-    difference, holding it back while it ends in U+FFFD (an incomplete multi-byte character).
+    difference, holding it back while it ends in U+FFFD (an incomplete multi-byte character). Given
+    the prompt's ids, its last few seed the window, so tokenizers that drop a leading space at the
+    start of a decode (SentencePiece) keep the space before the first generated word.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+    SEED_TOKENS = 5
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        skip_special_tokens: bool = True,
+        prompt_token_ids: list[int] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.token_ids: list[int] = []
+        self._ids: list[int] = list((prompt_token_ids or [])[-self.SEED_TOKENS :])
+        self._num_seed = len(self._ids)
         self.text = ""
         self._prefix_offset = 0
-        self._read_offset = 0
+        self._read_offset = self._num_seed
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._ids[self._num_seed :]
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self.tokenizer.decode(self._ids[start:end], self.skip_special_tokens)
 
     def add(self, new_ids: list[int]) -> str:
         """Append generated ids; return the newly stable text (possibly empty)."""
-        self.token_ids.extend(new_ids)
-        decode = self.tokenizer.decode
-        prefix_text = decode(
-            self.token_ids[self._prefix_offset : self._read_offset], self.skip_special_tokens
-        )
-        full_text = decode(self.token_ids[self._prefix_offset :], self.skip_special_tokens)
+        self._ids.extend(new_ids)
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        full_text = self._decode(self._prefix_offset)
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             delta = full_text[len(prefix_text) :]
             self._prefix_offset = self._read_offset
-            self._read_offset = len(self.token_ids)
+            self._read_offset = len(self._ids)
             self.text += delta
             return delta
         return ""
 
     def flush(self) -> str:
         """At the end of generation: whatever is still held back (an incomplete character as U+FFFD)."""
-        rest = self.tokenizer.decode(self.token_ids[self._prefix_offset :], self.skip_special_tokens)
-        prefix = self.tokenizer.decode(
-            self.token_ids[self._prefix_offset : self._read_offset], self.skip_special_tokens
-        )
-        delta = rest[len(prefix) :]
-        self._prefix_offset = self._read_offset = len(self.token_ids)
+        delta = self._decode(self._prefix_offset)[len(self._decode(self._prefix_offset, self._read_offset)) :]
+        self._prefix_offset = self._read_offset = len(self._ids)
         self.text += delta
         return delta
 

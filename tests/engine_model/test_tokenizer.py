@@ -51,6 +51,14 @@ def test_incremental_decoding_in_chunks_and_with_special_tokens(tokenizer: Token
     assert (keep.add(ids) + keep.flush()).endswith("<|im_end|>")
 
 
+def test_incremental_decoding_seeded_with_the_prompt(tokenizer: Tokenizer) -> None:
+    prompt = tokenizer.encode("The answer is")
+    generated = tokenizer.encode(" forty-two, 四十二.")
+    decoder = tokenizer.incremental_decoder(prompt_token_ids=prompt)
+    text = "".join(decoder.add([i]) for i in generated) + decoder.flush()
+    assert text == " forty-two, 四十二." and decoder.token_ids == generated
+
+
 def test_chat_template_renders_like_transformers(tokenizer: Tokenizer) -> None:
     messages = [
         {"role": "system", "content": "Be brief."},
