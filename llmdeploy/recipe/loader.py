@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from llmdeploy.recipe.yaml_source import FieldPath, Mark, parse_yaml
 
 # fields holding file paths, resolved against the folder of the recipe file that wrote them
 _RELATIVE_PATH_FIELDS: tuple[FieldPath, ...] = (("model", "path"), ("bench", "dataset"))
+# a recipe is a short text; reading stops here (a mistyped path to a model file, /dev/zero, ...)
+MAX_RECIPE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,23 @@ def _load_layer(
     file: Path, env: Mapping[str, str], chain: tuple[tuple[Path, str], ...], problems: list[Problem]
 ) -> Layer | None:
     shown = _display(file)
+    if chain and _is_special(file):
+        # a base named by `extends:` is read without asking; devices and pipes could block forever
+        problems.append(Problem("not a regular file", file=shown, fix="extend a .yaml recipe file"))
+        return None
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as stream:
+            raw = stream.read(MAX_RECIPE_BYTES + 1)
+        if len(raw) > MAX_RECIPE_BYTES:
+            problems.append(
+                Problem(
+                    f"larger than {MAX_RECIPE_BYTES // 1024} KiB; not a recipe",
+                    file=shown,
+                    fix="check the path (a recipe is a short YAML file)",
+                )
+            )
+            return None
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text does
     except FileNotFoundError:
         problems.append(Problem("recipe file not found", file=shown, fix="check the path"))
         return None
@@ -167,6 +185,20 @@ def _extend(
         )
         return own
     base_file = file.parent / target
+    if base_file.suffix.lower() not in (".yaml", ".yml"):
+        # refusing other files keeps e.g. /etc/shadow or /proc/self/environ out of error messages
+        problems.append(
+            Problem(
+                "must name a recipe file ending in .yaml or .yml",
+                file=mark.file,
+                line=mark.line,
+                path="extends",
+                value=target,
+                has_value=True,
+                fix="e.g. extends: production.yaml (relative to this file)",
+            )
+        )
+        return own
     here = file.resolve()
     seen = (*chain, (here, _display(file)))
     resolved = [p for p, _ in seen]
@@ -217,6 +249,14 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> dict[str, Any
                 value = os.path.normpath(os.path.join(folder.resolve(), value))
             out[section] = {**part, key: value}
     return out
+
+
+def _is_special(file: Path) -> bool:
+    try:
+        mode = file.stat().st_mode
+    except OSError:
+        return False  # reading it reports the reason
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _display(file: Path) -> str:

@@ -22,6 +22,10 @@ _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _MAX_DEPTH = 64
+# aliases are expanded while building; a budget of built values stops alias bombs (billion laughs)
+_MAX_VALUES = 20_000
+# each merge copies the marks seen so far; recipes use a handful, so a small cap keeps this linear
+_MAX_MERGES = 200
 
 
 @dataclass(frozen=True)
@@ -66,14 +70,29 @@ def parse_yaml(text: str, file: str) -> ParsedYaml:
         return ParsedYaml(None, {}, (_syntax_problem(e, file),))
     except yaml.YAMLError as e:
         return ParsedYaml(None, {}, (Problem(f"not valid YAML: {e}", file=file),))
+    except RecursionError:
+        return ParsedYaml(None, {}, (_too_deep(file),))
     finally:
         loader.dispose()
     if node is None:
         return ParsedYaml(None, {}, ())
     builder = _Builder(loader, file)
-    data = builder.build(node, (), 0)
+    try:
+        data = builder.build(node, (), 0)
+    except RecursionError:
+        return ParsedYaml(None, {}, (_too_deep(file),))
+    if builder.exhausted:
+        return ParsedYaml(None, {}, tuple(builder.problems))
     builder.marks[()] = Mark(file, None)
     return ParsedYaml(data, builder.marks, tuple(builder.problems))
+
+
+def _too_deep(file: str) -> Problem:
+    return Problem(
+        f"not valid YAML for a recipe: nested more than {_MAX_DEPTH} levels deep",
+        file=file,
+        fix="a recipe is a few levels of sections and fields; flatten the nesting",
+    )
 
 
 def _leading_tabs(text: str, file: str) -> list[Problem]:
@@ -116,6 +135,9 @@ class _Builder:
         self.marks: dict[FieldPath, Mark] = {}
         self.problems: list[Problem] = []
         self._active: set[int] = set()
+        self._num_values = 0
+        self._num_merges = 0
+        self.exhausted = False
 
     def _problem(self, node: Node, path: FieldPath, message: str, fix: str | None = None) -> None:
         dotted = ".".join(str(p) for p in path) or None
@@ -123,7 +145,21 @@ class _Builder:
             Problem(message, file=self.file, line=node.start_mark.line + 1, path=dotted, fix=fix)
         )
 
+    def _over_budget(self, node: Node, path: FieldPath) -> bool:
+        self._num_values += 1
+        if self._num_values > _MAX_VALUES and not self.exhausted:
+            self.exhausted = True
+            self._problem(
+                node,
+                path,
+                f"the YAML expands to more than {_MAX_VALUES} values (aliases nested in aliases?)",
+                "write the values out instead of repeating anchors inside anchors",
+            )
+        return self.exhausted
+
     def build(self, node: Node, path: FieldPath, depth: int) -> Any:
+        if self._over_budget(node, path):
+            return None
         if id(node) in self._active or depth > _MAX_DEPTH:
             self._problem(
                 node, path, "recursive alias: a value refers to itself", "remove the self-reference"
@@ -197,18 +233,35 @@ class _Builder:
         # `<<: *base` or `<<: [*a, *b]`: keys written in this mapping win, earlier merges beat later ones.
         sources = node.value if isinstance(node, SequenceNode) else [node]
         for source in sources:
+            self._num_merges += 1
+            if self._num_merges > _MAX_MERGES and not self.exhausted:
+                self.exhausted = True
+                self._problem(
+                    source,
+                    path,
+                    f"more than {_MAX_MERGES} '<<' merges (merges nested in merges?)",
+                    "write the values out instead of merging anchors inside anchors",
+                )
+            if self._over_budget(source, path):
+                return
+            if depth > _MAX_DEPTH:
+                self._problem(source, path, "recursive merge: a mapping merges itself", "remove the '<<'")
+                return
             if not isinstance(source, MappingNode):
                 self._problem(source, path, "'<<' merge needs a mapping or a list of mappings")
                 continue
             saved = dict(self.marks)
             merged = self._mapping(source, path, depth + 1)
+            kept = {key for key in merged if key in result}
             for key, value in merged.items():
-                if key in result:
-                    self.marks = {k: v for k, v in self.marks.items() if not _under(k, (*path, key))}
-                    self.marks.update({k: v for k, v in saved.items() if _under(k, (*path, key))})
-                else:
+                if key not in kept:
                     result[key] = value
+            if kept:
+                # the marks of keys written here (not the merged ones) stay; one pass over all marks
+                self.marks = {k: v for k, v in self.marks.items() if not _under_any(k, path, kept)}
+                self.marks.update({k: v for k, v in saved.items() if _under_any(k, path, kept)})
 
 
-def _under(path: FieldPath, prefix: FieldPath) -> bool:
-    return path[: len(prefix)] == prefix
+def _under_any(path: FieldPath, prefix: FieldPath, keys: set[str]) -> bool:
+    n = len(prefix)
+    return len(path) > n and path[n] in keys and path[:n] == prefix
