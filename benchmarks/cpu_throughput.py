@@ -1,8 +1,9 @@
 """Offline throughput on this CPU: the built-in engine next to Hugging Face transformers, same run.
 
 Workload: N concurrent requests (default 32) with fixed prompts of different lengths and a fixed
-number of output tokens each (greedy, ignore_eos, so every system generates exactly the same number
-of tokens). The engine gets all requests at once and serves them with continuous batching through
+number of output tokens each (greedy; EOS masked until that length: min_tokens = max_tokens in the
+engine, min_new_tokens = max_new_tokens in transformers, so every system generates exactly the same
+tokens). The engine gets all requests at once and serves them with continuous batching through
 `LLMEngine.step()`. transformers runs the same requests two ways:
 
 * `hf-sequential`: one `model.generate` per request, batch size 1 (how a plain script serves them);
@@ -73,8 +74,9 @@ def make_prompts(tokenizer: object, num_requests: int) -> list[list[int]]:
 def run_engine(
     engine: LLMEngine, prompts: list[list[int]], output_len: int
 ) -> tuple[Result, list[list[int]]]:
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    engine.add_request("warmup", prompts[0][:8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    # min_tokens = max_tokens masks EOS until the end, exactly like transformers' min_new_tokens
+    params = SamplingParams(temperature=0, max_tokens=output_len, min_tokens=output_len)
+    engine.add_request("warmup", prompts[0][:8], SamplingParams(temperature=0, max_tokens=4, min_tokens=4))
     while engine.has_unfinished_requests():
         engine.step()
     start = time.perf_counter()
@@ -183,7 +185,7 @@ def main() -> None:
     print(
         f"model {Path(args.model).name}; {args.num_requests} requests, prompt lengths "
         f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.output_len} output tokens each "
-        f"(greedy, ignore_eos); torch {torch.__version__}, {args.threads} threads",
+        f"(greedy, EOS masked); torch {torch.__version__}, {args.threads} threads",
         flush=True,
     )
     engine_result, engine_tokens = run_engine(engine, prompts, args.output_len)

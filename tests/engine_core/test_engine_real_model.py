@@ -132,7 +132,8 @@ def test_prefix_cache_hits_give_the_same_tokens(llm: LLM) -> None:
 def test_greedy_matches_transformers_generate(llm: LLM, hf_model: Any) -> None:
     tok = llm.get_tokenizer()
     prompts = [tok.encode(p) for p in (*VLLM_EXAMPLE_PROMPTS[:3], "def fibonacci(n):\n    ")]
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    # min_tokens masks EOS the way transformers' min_new_tokens does
+    params = SamplingParams(temperature=0, max_tokens=10, min_tokens=10)
     ours = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for p, out in zip(prompts, ours, strict=True):
         with torch.inference_mode():
