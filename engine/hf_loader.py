@@ -42,6 +42,11 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
         )
     elif rope_type != "default":
         raise ValueError(f"rope type {rope_type!r} is not supported; supported: default, linear, llama3")
+    # no sliding-window attention here: exact only up to the window, so the context stops there
+    max_positions = int(cfg.get("max_position_embeddings", 4096))
+    window = cfg.get("sliding_window")
+    if window and (arch in ("llama", "mistral") or cfg.get("use_sliding_window")):
+        max_positions = min(max_positions, int(window))
     eos = cfg.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
@@ -54,7 +59,7 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
         num_attention_heads=heads,
         num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(head_dim),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        max_position_embeddings=max_positions,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=scaling,

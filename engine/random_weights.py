@@ -60,7 +60,10 @@ def config_from_spec(spec: Any) -> ModelConfig:
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
+        # no sliding-window attention here: exact only up to the window, so the context stops there
+        max_position_embeddings=min(
+            spec.max_position_embeddings, spec.sliding_window or spec.max_position_embeddings
+        ),
         rms_norm_eps=spec.rms_norm_eps or 1e-6,
         rope_theta=spec.rope_theta or 10000.0,
         rope_scaling=scaling,
