@@ -207,7 +207,8 @@ def main() -> None:
         result, tokens = runner(model, prompts, args.output_len)
         same = sum(a == b for a, b in zip(tokens, engine_tokens, strict=True))
         print(
-            f"{result.system}: {same}/{len(prompts)} requests token-identical to the engine's greedy output"
+            f"{result.system}: {result.elapsed_s:.1f} s, {result.output_tok_s:.1f} output tok/s; "
+            f"{same}/{len(prompts)} requests token-identical to the engine's greedy output"
         )
         results.append(result)
     print()
