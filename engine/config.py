@@ -59,6 +59,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = RopeScaling()
+    rope_freq_factors: tuple[float, ...] | None = None  # per-frequency divisors (GGUF rope_freqs, Llama 3.1)
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool = False  # RMSNorm on q and k per head before RoPE (Qwen3)

@@ -4,6 +4,8 @@ Every quantization `gguf.quants.dequantize` knows is accepted (F32, F16, BF16, Q
 Q4_K, Q6_K among them); weights are dequantized once at load and served in the engine's dtype.
 llama.cpp's converter permutes the rows of Q and K of Llama-type models (llama, mistral) into an
 interleaved RoPE layout; that permutation is undone so the model uses the rotate-half layout.
+Llama 3.1 files carry their long-context RoPE as a `rope_freqs` tensor of per-frequency divisors;
+it goes into the config (`rope_freq_factors`), not the weights.
 """
 
 from __future__ import annotations
@@ -65,10 +67,19 @@ def load_gguf_config(path: str | Path) -> ModelConfig:
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
-    return _config_from_fields(_fields(reader), {t.name for t in reader.tensors})
+    return _config_from_fields(_fields(reader), reader.tensors)
 
 
-def _config_from_fields(f: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
+def _rope_freq_factors(tensors: list[Any]) -> tuple[float, ...] | None:
+    """Llama 3.1 GGUFs store their long-context RoPE as per-frequency divisors (rope_freqs.weight)."""
+    for t in tensors:
+        if t.name == "rope_freqs.weight":
+            return tuple(float(x) for x in np.asarray(t.data, dtype=np.float32).reshape(-1))
+    return None
+
+
+def _config_from_fields(f: dict[str, Any], tensors: list[Any]) -> ModelConfig:
+    tensor_names = {t.name for t in tensors}
     arch = f.get("general.architecture")
     if arch not in _ARCHITECTURES:
         raise ValueError(
@@ -90,10 +101,6 @@ def _config_from_fields(f: dict[str, Any], tensor_names: set[str]) -> ModelConfi
     scaling = RopeScaling()
     if f.get(f"{arch}.rope.scaling.type") == "linear":
         scaling = RopeScaling(rope_type="linear", factor=float(f[f"{arch}.rope.scaling.factor"]))
-    if "rope_freqs.weight" in tensor_names:
-        raise ValueError(
-            "GGUF files with a rope_freqs tensor (Llama 3.1 long-context RoPE) are not supported yet"
-        )
     return ModelConfig(
         architecture=_ARCHITECTURES[arch],
         vocab_size=int(vocab),
@@ -107,6 +114,7 @@ def _config_from_fields(f: dict[str, Any], tensor_names: set[str]) -> ModelConfi
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(f.get(f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
+        rope_freq_factors=_rope_freq_factors(tensors),
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
@@ -139,10 +147,12 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
     reader = GGUFReader(str(path))
     fields = _fields(reader)
-    config = _config_from_fields(fields, {t.name for t in reader.tensors})
+    config = _config_from_fields(fields, reader.tensors)
     permuted = fields["general.architecture"] in _PERMUTED_QK
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            continue  # read into the config
         name = _hf_name(t.name)
         if name is None:
             raise ValueError(f"GGUF tensor {t.name!r} has no place in a {config.architecture} model")

@@ -153,7 +153,10 @@ class CausalLM(nn.Module):
 
     def _inv_freq(self) -> torch.Tensor:
         c = self.config
-        return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
+        if c.rope_freq_factors is not None:
+            inv_freq = inv_freq / torch.tensor(c.rope_freq_factors, dtype=torch.float32)
+        return inv_freq
 
     def reset_rope(self) -> None:
         """Recompute the float32 RoPE frequencies on the model's device (after meta construction)."""

@@ -30,7 +30,17 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_llama() -> torch.nn.Module:
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+
+def tiny_llama(rope: dict[str, object] | None = None) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
@@ -43,14 +53,16 @@ def tiny_llama() -> torch.nn.Module:
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def write_gguf(path: Path, model: torch.nn.Module, qtype: GGMLQuantizationType) -> None:
+def write_gguf(
+    path: Path, model: torch.nn.Module, qtype: GGMLQuantizationType, rope_freqs: np.ndarray | None = None
+) -> None:
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
@@ -75,6 +87,8 @@ def write_gguf(path: Path, model: torch.nn.Module, qtype: GGMLQuantizationType) 
             elif hf_name.startswith("self_attn.k"):
                 w = llama_cpp_permute(w, KV_HEADS)
             tensors[f"blk.{i}.{gguf_name}"] = w
+    if rope_freqs is not None:
+        tensors["rope_freqs.weight"] = rope_freqs
     for name, w in tensors.items():
         if w.ndim == 2 and qtype != GGMLQuantizationType.F32:
             writer.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
@@ -86,15 +100,22 @@ def write_gguf(path: Path, model: torch.nn.Module, qtype: GGMLQuantizationType) 
     writer.close()
 
 
-def test_f32_gguf_logits_match_the_original_model(tmp_path: Path) -> None:
-    from llmdeploy_engine.config import EngineConfig
+@pytest.mark.parametrize("llama3_rope", [False, True])
+def test_f32_gguf_logits_match_the_original_model(tmp_path: Path, llama3_rope: bool) -> None:
+    from llmdeploy_engine.config import EngineConfig, RopeScaling
     from llmdeploy_engine.forward_batch import ForwardBatch
+    from llmdeploy_engine.model import rope_inv_freq
     from llmdeploy_engine.model_runner import ModelRunner
 
-    hf = tiny_llama()
+    hf = tiny_llama(LLAMA3_ROPE if llama3_rope else None)
     path = tmp_path / "tiny.gguf"
-    write_gguf(path, hf, GGMLQuantizationType.F32)
+    freqs = None
+    if llama3_rope:  # as llama.cpp's converter writes it: default frequencies over Llama 3's
+        scaling = RopeScaling("llama3", 8.0, 1.0, 4.0, 32)  # LLAMA3_ROPE
+        freqs = (rope_inv_freq(16, 10000.0, RopeScaling()) / rope_inv_freq(16, 10000.0, scaling)).numpy()
+    write_gguf(path, hf, GGMLQuantizationType.F32, freqs)
     config = load_gguf_config(path)
+    assert (config.rope_freq_factors is not None) == llama3_rope
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (HEADS, KV_HEADS, 16)
     assert not config.tie_word_embeddings
     runner = ModelRunner(EngineConfig(model=str(path), device="cpu", kv_cache_memory_bytes=4 * 2**20))
