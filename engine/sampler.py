@@ -135,9 +135,10 @@ def _filter(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """top-k, top-p, min-p over temperature-scaled logits; masked entries become -inf."""
     vocab = x.shape[1]
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    top_p = [p.top_p for p in params]
+    # top_p 1.0 is off: never compare against it (cumulative sums can round past 1.0)
+    top_p = [p.top_p if p.top_p < 1.0 else 2.0 for p in params]
     min_p = [p.min_p for p in params]
-    if all(k == vocab for k in top_k) and all(p >= 1.0 for p in top_p) and all(m <= 0 for m in min_p):
+    if all(k == vocab for k in top_k) and all(p > 1.0 for p in top_p) and all(m <= 0 for m in min_p):
         return x
     dev = x.device
     sorted_x, order = x.sort(dim=-1, descending=True)

@@ -159,3 +159,15 @@ def test_mixed_batch_greedy_and_random_rows() -> None:
         [None, None],
     )
     assert out.token_ids == [1, 1]
+
+
+def test_unfiltered_rows_keep_the_whole_tail_when_batch_mates_filter() -> None:
+    torch.manual_seed(0)
+    s = Sampler(set())
+    vocab = 50_000
+    n = 200
+    logits = torch.zeros(n + 1, vocab)
+    params = [SamplingParams(temperature=1.0)] * n + [SamplingParams(temperature=1.0, top_k=1)]
+    out = s.sample(logits, params, [[]] * (n + 1), [[]] * (n + 1), [None] * (n + 1))
+    tail = [t for t in out.token_ids[:n] if t >= vocab * 9 // 10]
+    assert len(tail) > 5  # ~10% expected; cumulative-sum rounding must not cut the tail off
