@@ -176,7 +176,10 @@ class LLMEngine:
             checkers=[
                 StopChecker(
                     params,
-                    self.tokenizer.incremental_decoder(params.skip_special_tokens),
+                    # seeded with the prompt's tail so the first token's leading space survives
+                    self.tokenizer.incremental_decoder(
+                        params.skip_special_tokens, prompt_token_ids=prompt_token_ids
+                    ),
                     eos,
                     max_tokens,
                     self.max_model_len,

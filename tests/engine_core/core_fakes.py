@@ -124,7 +124,9 @@ class FakeTokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id], skip_special_tokens=False)
 
-    def incremental_decoder(self, skip_special_tokens: bool = True) -> FakeDecoder:
+    def incremental_decoder(
+        self, skip_special_tokens: bool = True, prompt_token_ids: list[int] | None = None
+    ) -> FakeDecoder:
         return FakeDecoder(self, skip_special_tokens)
 
 
