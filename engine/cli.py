@@ -23,6 +23,9 @@ from llmdeploy_engine.cli_args import (
 from llmdeploy_engine.config import EngineConfig
 
 LOG_FORMAT = "%(levelname)s %(asctime)s %(name)s: %(message)s"
+# on SIGTERM the server stops accepting, lets in-flight requests finish for this long, then exits;
+# rendered Kubernetes pods give it more (terminationGracePeriodSeconds, tests/hardening checks)
+DRAIN_TIMEOUT_S = 30
 
 
 def _check_model_path(config: EngineConfig, parser: argparse.ArgumentParser) -> None:
@@ -95,7 +98,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
         access_log=not args.disable_log_requests,
     )
 

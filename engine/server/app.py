@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from llmdeploy_engine.server import openai_routes, tgi_routes
 from llmdeploy_engine.server.auth import APIKeyMiddleware
+from llmdeploy_engine.server.body_limit import BodyLimitMiddleware
 from llmdeploy_engine.server.errors import drop_validation_responses, install_error_handlers
 from llmdeploy_engine.server.metrics import ServerMetrics, read
 from llmdeploy_engine.server.state import ServedEngine, ServerSettings, ServerState, server_state
@@ -74,6 +75,7 @@ def build_app(
     install_error_handlers(app)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(BodyLimitMiddleware)  # outermost: an oversized body is refused before auth reads it
 
     @app.get(
         "/health",

@@ -1,0 +1,159 @@
+"""Queue limits answer 503 with Retry-After; SIGTERM drains in-flight requests, refuses new ones, exits.
+
+The rendered Kubernetes pods give the server more than its drain deadline before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from llmdeploy_engine.cli import DRAIN_TIMEOUT_S
+
+from hardening.engine_server import MODEL_NAME, EngineServer, start
+from hardening.figures import record
+from hardening.test_server_bad_input import assert_openai_error
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_NUM_SEQS = 2
+MAX_QUEUE_LEN = 2
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+    server = start(
+        tmp_path_factory.mktemp("drain"),
+        "--max-model-len",
+        "256",
+        "--kv-cache-memory-bytes",
+        "16M",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-queue-len",
+        str(MAX_QUEUE_LEN),
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def _stream(
+    client: httpx.AsyncClient, url: str, max_tokens: int, started: asyncio.Event | None = None
+) -> str:
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Count: one two three",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                if response.status_code in (429, 503):
+                    assert response.headers.get("retry-after", "").isdigit()
+                    assert_openai_error(httpx.Response(response.status_code, content=response.content))
+                return f"HTTP {response.status_code}"
+            done = finished = False
+            async for line in response.aiter_lines():
+                if started is not None and line.startswith("data: "):
+                    started.set()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    finished = finished or any(
+                        c.get("finish_reason") for c in json.loads(line[6:])["choices"]
+                    )
+            return "completed" if done and finished else "cut off"
+    except httpx.HTTPError as e:
+        return type(e).__name__
+
+
+def test_full_queue_is_503_with_retry_after(small_server: EngineServer) -> None:
+    async def burst() -> Counter[str]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            return Counter(await asyncio.gather(*(_stream(client, small_server.url, 24) for _ in range(12))))
+
+    outcomes = burst_outcomes = asyncio.run(burst())
+    print(
+        f"\nburst of 12 against max_num_seqs={MAX_NUM_SEQS}, max_queue_len={MAX_QUEUE_LEN}: {dict(outcomes)}"
+    )
+    record("queue: requests sent past the queue limit", 12)
+    record("queue: answered 503 with Retry-After", burst_outcomes["HTTP 503"] + burst_outcomes["HTTP 429"])
+    assert outcomes["HTTP 503"] + outcomes["HTTP 429"] > 0
+    assert outcomes["completed"] >= MAX_NUM_SEQS
+    assert set(outcomes) <= {"completed", "HTTP 503", "HTTP 429"}, outcomes
+    assert httpx.get(small_server.url + "/health", timeout=10).status_code == 200
+
+
+def test_sigterm_drains_in_flight_then_exits(small_server: EngineServer) -> None:
+    num_in_flight = MAX_NUM_SEQS + MAX_QUEUE_LEN
+
+    async def scenario() -> tuple[list[str], str, float]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            first = [asyncio.Event() for _ in range(num_in_flight)]
+            tasks = [asyncio.create_task(_stream(client, small_server.url, 40, ev)) for ev in first]
+            await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in first[:MAX_NUM_SEQS])), 120)
+            signalled = time.monotonic()
+            small_server.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(1.0)
+            async with httpx.AsyncClient(timeout=10) as fresh:  # a new connection after the signal
+                late = await _stream(fresh, small_server.url, 2)
+            outcomes = await asyncio.gather(*tasks)
+            await asyncio.to_thread(small_server.proc.wait, DRAIN_TIMEOUT_S + 30)
+            return list(outcomes), late, time.monotonic() - signalled
+
+    try:
+        outcomes, late, exit_s = asyncio.run(scenario())
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server did not exit within {DRAIN_TIMEOUT_S + 30} s of SIGTERM")
+    print(
+        f"\nSIGTERM with {num_in_flight} in flight: {outcomes}; new request after it: {late}; exit after {exit_s:.1f} s"
+    )
+    record("SIGTERM: in-flight requests", num_in_flight)
+    record("SIGTERM: in-flight requests completed", outcomes.count("completed"))
+    record("SIGTERM: new requests accepted after the signal", int(late == "completed"))
+    assert outcomes == ["completed"] * num_in_flight
+    assert late in ("ConnectError", "HTTP 503"), late
+    assert small_server.proc.returncode == 0
+    assert exit_s < DRAIN_TIMEOUT_S + 5
+    assert "Traceback" not in small_server.log()
+
+
+def test_kubernetes_grace_period_covers_the_drain() -> None:
+    from llmdeploy.recipe import load_recipe
+    from llmdeploy.render import render
+
+    checked = 0
+    recipes = [load_recipe(path, env={}) for path in sorted((REPO / "recipes").glob("*.yaml"))]
+    # the built-in engine on Kubernetes: quickstart with its target switched
+    recipes.append(load_recipe(REPO / "recipes" / "quickstart.yaml", ["target.type=kubernetes"], env={}))
+    for recipe in recipes:
+        if recipe.target.type != "kubernetes":
+            continue
+        path = Path(recipe.name)
+        for doc in render(recipe, None).documents:
+            template = doc.get("spec", {}).get("template", {}).get("spec")
+            if doc["kind"] not in ("Deployment", "StatefulSet") or template is None:
+                continue
+            grace_s = template["terminationGracePeriodSeconds"]
+            assert grace_s >= DRAIN_TIMEOUT_S + 5, f"{path.name}: {grace_s} s < drain {DRAIN_TIMEOUT_S} s + 5"
+            container = template["containers"][0]
+            ready = container["readinessProbe"]
+            assert ready["periodSeconds"] * ready["failureThreshold"] <= grace_s
+            checked += 1
+    record("Kubernetes builtin workloads checked for grace >= drain", checked)
+    assert checked > 0
