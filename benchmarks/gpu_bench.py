@@ -1,0 +1,461 @@
+"""GPU speed of the built-in engine (issue 6): single stream, 256-request throughput, transformers peer.
+
+One call runs everything and prints a table last. Per model (random weights, bf16, architecture from
+llmdeploy's catalog, no hub):
+
+- single stream: 128-token prompt, 256 output tokens (greedy, ignore_eos); end-to-end and decode-only
+  tok/s, and decode tok/s as a fraction of the HBM roofline = copy bandwidth (measured here, bytes read
+  + written over time) / bytes read per token (weights a decode step reads + the mean KV context);
+- throughput: N requests (default 256), input and output lengths uniform in [100, 1024] (seed 0),
+  ignore_eos, all added at once; output tok/s;
+- peer: the same requests (or a stated subset) through transformers `generate` in static batches
+  (left padding, max_new_tokens = the batch's longest output), same GPU, same run, same weights;
+  useful output tok/s (each request's own output length) and engine / peer ratio;
+- where the time goes: host timers around schedule / execute / sample for every step, and
+  torch.profiler CUDA kernel time per step by kind (matmul, attention, KV gather/scatter, other).
+
+Run from the repository root (GPU machine):
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_bench.py --out $OUT
+
+CPU dry run of the script itself (tiny sizes): `python benchmarks/gpu_bench.py --device cpu --quick`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _import_engine() -> None:
+    """Use the checkout's engine/ as `llmdeploy_engine` when the package is not installed."""
+    sys.path.insert(0, str(ROOT))
+    if importlib.util.find_spec("llmdeploy_engine") is None:
+        spec = importlib.util.spec_from_file_location(
+            "llmdeploy_engine",
+            ROOT / "engine" / "__init__.py",
+            submodule_search_locations=[str(ROOT / "engine")],
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["llmdeploy_engine"] = module
+        spec.loader.exec_module(module)
+
+
+_import_engine()
+
+import torch  # noqa: E402
+from llmdeploy_engine.config import EngineConfig, ModelConfig  # noqa: E402
+from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
+from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
+
+MODELS = {"qwen": "random:Qwen/Qwen2.5-0.5B", "llama": "random:meta-llama/Llama-3.1-8B"}
+RESULTS: dict[str, Any] = {}
+START = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - START:7.1f}s] {msg}", flush=True)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth_bytes_per_s(device: str, size_bytes: int) -> float:
+    """Device-to-device copy, bytes read + written over the median of 10 timed copies."""
+    src = torch.randint(0, 255, (size_bytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    del src, dst
+    times.sort()
+    return 2 * size_bytes / times[len(times) // 2]
+
+
+class StepTimers:
+    """Host wall time of each engine phase, summed over steps (execute waits for its GPU work)."""
+
+    def __init__(self, engine: LLMEngine, device: str) -> None:
+        self.totals = {"schedule": 0.0, "execute": 0.0, "sample": 0.0}
+        self.steps = 0
+        for name, obj, attr in (
+            ("schedule", engine.scheduler, "schedule"),
+            ("execute", engine.runner, "execute"),
+            ("sample", engine.sampler, "sample"),
+        ):
+            setattr(obj, attr, self._wrap(name, getattr(obj, attr), device))
+
+    def _wrap(self, name: str, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if name == "execute":
+                sync(device)
+            self.totals[name] += time.perf_counter() - t0
+            return out
+
+        return timed
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(self.totals, 0.0)
+        self.steps = 0
+
+
+def kernel_kind(name: str) -> str:
+    n = name.lower()
+    if any(s in n for s in ("fmha", "flash", "attention", "attn")):
+        return "attention"
+    if any(s in n for s in ("gemm", "nvjet", "xmma", "cublas", "cutlass", "matmul", "splitk")):
+        return "matmul"
+    if "index" in n or "gather" in n or "scatter" in n:
+        return "kv_index"
+    return "other"
+
+
+def profile_steps(engine: LLMEngine, num_steps: int, device: str) -> tuple[dict[str, float], list[Any]]:
+    """CUDA kernel time per step by kind, and host wall per step, over num_steps profiled steps."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    outputs: list[Any] = []
+    with profile(activities=acts) as prof:
+        for _ in range(num_steps):
+            outputs += engine.step()
+        sync(device)
+    wall = time.perf_counter() - t0
+    kinds = {"matmul": 0.0, "attention": 0.0, "kv_index": 0.0, "other": 0.0}
+    launches = 0
+    for ev in prof.events():
+        if ev.device_type == DeviceType.CUDA:
+            kinds[kernel_kind(ev.name)] += ev.time_range.elapsed_us() * 1e-6
+            launches += 1
+    out = {f"{k}_ms": v / num_steps * 1e3 for k, v in kinds.items()}
+    out["kernels_total_ms"] = sum(kinds.values()) / num_steps * 1e3
+    out["wall_profiled_ms"] = wall / num_steps * 1e3
+    out["kernels_per_step"] = launches / num_steps
+    return out, outputs
+
+
+def make_engine(model: str, device: str, max_model_len: int, max_batched: int) -> LLMEngine:
+    config = EngineConfig(
+        model=model,
+        device=device,
+        dtype="bfloat16",
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_batched,
+        kv_cache_memory_bytes=2**30 if device == "cpu" else None,
+        gpu_memory_utilization=0.9,
+        seed=0,
+    )
+    return LLMEngine(config)
+
+
+def run_requests(
+    engine: LLMEngine, prompts: list[list[int]], out_lens: list[int], profile_at: int | None, device: str
+) -> tuple[float, int, dict[str, float] | None]:
+    """Add all requests at once, step to the end; (seconds, output tokens, profile of a few steps)."""
+    for i, (ids, n) in enumerate(zip(prompts, out_lens, strict=True)):
+        params = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
+        engine.add_request(f"r{i}", ids, params)
+    produced: dict[str, int] = {}
+    prof = None
+    steps = 0
+    sync(device)
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        if profile_at is not None and steps == profile_at:
+            prof, outs = profile_steps(engine, 3, device)
+            steps += 3
+        else:
+            outs = engine.step()
+            steps += 1
+        for out in outs:
+            if out.finished:
+                produced[out.request_id] = len(out.outputs[0].token_ids)
+    sync(device)
+    elapsed = time.perf_counter() - t0
+    want = {f"r{i}": n for i, n in enumerate(out_lens)}
+    if produced != want:
+        raise RuntimeError("engine did not produce every request's output length exactly")
+    return elapsed, sum(out_lens), prof
+
+
+def decode_bytes_per_token(mc: ModelConfig, weights_bytes: int, kv_bytes_per_token: int, ctx: float) -> float:
+    """Bytes one single-stream decode step reads: every weight except the input embedding table (one row
+    is read; a tied table is read whole as lm_head), plus the KV cache of the context."""
+    embed_bytes = mc.vocab_size * mc.hidden_size * 2
+    read = weights_bytes - (0 if mc.tie_word_embeddings else embed_bytes)
+    return read + kv_bytes_per_token * ctx
+
+
+def hf_model(mc: ModelConfig, state: dict[str, torch.Tensor], device: str) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.for_model(
+        mc.architecture,
+        vocab_size=mc.vocab_size,
+        hidden_size=mc.hidden_size,
+        intermediate_size=mc.intermediate_size,
+        num_hidden_layers=mc.num_hidden_layers,
+        num_attention_heads=mc.num_attention_heads,
+        num_key_value_heads=mc.num_key_value_heads,
+        head_dim=mc.head_dim,
+        max_position_embeddings=mc.max_position_embeddings,
+        rms_norm_eps=mc.rms_norm_eps,
+        tie_word_embeddings=mc.tie_word_embeddings,
+    )
+    rope: dict[str, Any] = {"rope_type": mc.rope_scaling.rope_type, "rope_theta": mc.rope_theta}
+    if mc.rope_scaling.rope_type == "llama3":
+        rs = mc.rope_scaling
+        rope.update(
+            factor=rs.factor,
+            low_freq_factor=rs.low_freq_factor,
+            high_freq_factor=rs.high_freq_factor,
+            original_max_position_embeddings=rs.original_max_position_embeddings,
+        )
+    hf_config.rope_parameters = rope
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return model.eval()
+
+
+def hf_generate(
+    model: Any, prompts: list[list[int]], out_lens: list[int], batch: int, device: str
+) -> dict[str, Any]:
+    """Static batches in request order; useful tokens = each request's own output length."""
+    useful = generated = 0
+    sync(device)
+    t0 = time.perf_counter()
+    for b in range(0, len(prompts), batch):
+        ps, ns = prompts[b : b + batch], out_lens[b : b + batch]
+        width = max(len(p) for p in ps)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in ps], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps], device=device)
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=max(ns),
+                min_new_tokens=max(ns),
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
+        assert out.shape[1] == width + max(ns)
+        useful += sum(ns)
+        generated += len(ps) * max(ns)
+    sync(device)
+    elapsed = time.perf_counter() - t0
+    return {
+        "requests": len(prompts),
+        "batch": batch,
+        "seconds": elapsed,
+        "useful_tok_s": useful / elapsed,
+        "generated_tok_s": generated / elapsed,
+    }
+
+
+def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
+    model = MODELS[key] if not args.quick else "random:HuggingFaceTB/SmolLM2-135M-Instruct"
+    res: dict[str, Any] = {"model": model}
+    dev = args.device
+    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens)
+    runner: Any = engine.runner
+    for line in runner.startup_report.log_lines():
+        log("  " + line)
+    mc, rep = runner.model_config, runner.startup_report
+    timers = StepTimers(engine, dev)
+    gen = torch.Generator().manual_seed(0)
+
+    # warm-up (first kernels, allocator)
+    run_requests(engine, [torch.randint(0, 256, (64,), generator=gen).tolist()] * 4, [8] * 4, None, dev)
+
+    # single stream
+    prompt_len, out_len = 128, args.single_tokens
+    prompt = torch.randint(0, 256, (prompt_len,), generator=gen).tolist()
+    timers.reset()
+    engine.add_request("single", prompt, SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0))
+    t_start = time.perf_counter()
+    t_first = None
+    while engine.has_unfinished_requests():
+        engine.step()
+        if t_first is None:
+            sync(dev)
+            t_first = time.perf_counter()
+    sync(dev)
+    t_end = time.perf_counter()
+    assert t_first is not None
+    e2e = out_len / (t_end - t_start)
+    decode = (out_len - 1) / (t_end - t_first)
+    per_tok = decode_bytes_per_token(mc, rep.weights_bytes, rep.kv_bytes_per_token, prompt_len + out_len / 2)
+    roofline = bandwidth / per_tok
+    split = {k: v / out_len * 1e3 for k, v in timers.totals.items()}
+    res["single"] = {
+        "e2e_tok_s": e2e,
+        "decode_tok_s": decode,
+        "roofline_tok_s": roofline,
+        "roofline_fraction": decode / roofline,
+        "bytes_per_token": per_tok,
+        "ms_per_step": {**split, "step_total": (t_end - t_start) / out_len * 1e3},
+    }
+    log(
+        f"  single stream: {e2e:.0f} tok/s end to end, {decode:.0f} tok/s decode, roofline {roofline:.0f} "
+        f"tok/s ({per_tok / 1e9:.2f} GB/token) -> {decode / roofline:.1%}; ms/step {res['single']['ms_per_step']}"
+    )
+    # profile of single-stream decode steps (separate short request)
+    engine.add_request("single-prof", prompt, SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0))
+    for _ in range(8):
+        engine.step()
+    res["single"]["profile_ms_per_step"] = profile_steps(engine, 5, dev)[0]
+    while engine.has_unfinished_requests():
+        engine.step()
+    log(f"  single-stream decode step profile: {res['single']['profile_ms_per_step']}")
+
+    # throughput
+    n = args.num_requests
+    in_lens = torch.randint(100, 1025, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    out_lens = torch.randint(100, 1025, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    if args.quick:
+        in_lens, out_lens = [x // 16 for x in in_lens], [x // 32 for x in out_lens]
+    pg = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (m,), generator=pg).tolist() for m in in_lens]
+    timers.reset()
+    elapsed, tokens, prof = run_requests(engine, prompts, out_lens, args.profile_step, dev)
+    res["throughput"] = {
+        "requests": n,
+        "seconds": elapsed,
+        "output_tok_s": tokens / elapsed,
+        "prompt_tokens": sum(in_lens),
+        "output_tokens": tokens,
+        "host_s": dict(timers.totals),
+        "profile_ms_per_step": prof,
+    }
+    log(
+        f"  throughput: {n} requests, {tokens} output tokens in {elapsed:.1f} s -> {tokens / elapsed:.0f} tok/s; "
+        f"phase seconds {timers.totals}; profile at step {args.profile_step}: {prof}"
+    )
+
+    # peer: transformers generate on the same weights
+    state = {k: v for k, v in runner.model.state_dict().items()}
+    del engine, runner, timers
+    gc.collect()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    k = min(n, args.hf_requests[key])
+    if time.perf_counter() - START > args.budget_s:
+        res["peer"] = None
+        log("  peer skipped: over the time budget")
+        return res
+    hf = hf_model(mc, state, dev)
+    del state
+    hf_generate(hf, [prompts[0][:32]], [4], 1, dev)  # warm-up
+    peer = hf_generate(hf, prompts[:k], out_lens[:k], args.hf_batch, dev)
+    peer["ratio"] = res["throughput"]["output_tok_s"] / peer["useful_tok_s"]
+    res["peer"] = peer
+    log(f"  transformers peer: {peer}")
+    del hf
+    gc.collect()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def table(bandwidth: float) -> str:
+    lines = [
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read+write)",
+        "",
+        "| model | workload | figure | value |",
+        "|---|---|---|---|",
+    ]
+    for key, r in RESULTS.items():
+        s, t, p = r["single"], r["throughput"], r.get("peer")
+        lines += [
+            f"| {key} | single stream | tok/s end to end / decode | {s['e2e_tok_s']:.0f} / {s['decode_tok_s']:.0f} |",
+            f"| {key} | single stream | decode / HBM roofline | {s['roofline_fraction']:.1%} of {s['roofline_tok_s']:.0f} tok/s |",
+            f"| {key} | single stream | host ms/step schedule/execute/sample/total | "
+            + " / ".join(f"{v:.2f}" for v in s["ms_per_step"].values())
+            + " |",
+            f"| {key} | single stream | GPU kernel ms/step (matmul/attn/kv_index/other) | "
+            + " / ".join(
+                f"{s['profile_ms_per_step'][x + '_ms']:.2f}"
+                for x in ("matmul", "attention", "kv_index", "other")
+            )
+            + f" of {s['profile_ms_per_step']['wall_profiled_ms']:.2f} wall |",
+            f"| {key} | {t['requests']} requests | output tok/s | {t['output_tok_s']:.0f} ({t['seconds']:.1f} s) |",
+        ]
+        if t["profile_ms_per_step"]:
+            pr = t["profile_ms_per_step"]
+            lines.append(
+                f"| {key} | {t['requests']} requests | GPU kernel ms/step (matmul/attn/kv_index/other) | "
+                + " / ".join(f"{pr[x + '_ms']:.2f}" for x in ("matmul", "attention", "kv_index", "other"))
+                + f" of {pr['wall_profiled_ms']:.2f} wall |"
+            )
+        if p:
+            lines.append(
+                f"| {key} | transformers, {p['requests']} requests, batch {p['batch']} | useful tok/s; engine/peer | "
+                f"{p['useful_tok_s']:.0f}; {p['ratio']:.2f}x |"
+            )
+        else:
+            lines.append(f"| {key} | transformers | skipped (time budget) | - |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="qwen,llama")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--single-tokens", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--hf-batch", type=int, default=128)
+    parser.add_argument("--hf-requests", default="qwen=256,llama=128", help="peer subset per model")
+    parser.add_argument("--profile-step", type=int, default=300, help="throughput step to profile (3 steps)")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="skip peers started after this")
+    parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    args.hf_requests = {k: int(v) for k, v in (x.split("=") for x in args.hf_requests.split(","))}
+    if args.quick:
+        args.num_requests, args.single_tokens, args.profile_step = 8, 16, 5
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_bench needs a CUDA GPU (or --device cpu --quick for a dry run)")
+    import transformers
+
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, {name}")
+    bandwidth = copy_bandwidth_bytes_per_s(args.device, 2**32 if args.device == "cuda" else 2**26)
+    log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")
+    for key in args.models.split(","):
+        log(f"== {key}")
+        RESULTS[key] = bench_model(key, args, bandwidth)
+        if args.out:
+            Path(args.out, "gpu_bench.json").write_text(
+                json.dumps({"bandwidth": bandwidth, **RESULTS}, indent=1)
+            )
+    print(table(bandwidth))
+
+
+if __name__ == "__main__":
+    main()
