@@ -70,6 +70,7 @@ def load_layered(
     data = {k: v for k, v in layer.data.items() if not k.startswith("x-")}
     if data.get("name") is None:
         data["name"] = default_name(file)
+    problems += _nul_problems(data, (), layer.marks)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as e:
@@ -249,6 +250,25 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> dict[str, Any
                 value = os.path.normpath(os.path.join(folder.resolve(), value))
             out[section] = {**part, key: value}
     return out
+
+
+def _nul_problems(value: Any, path: FieldPath, marks: Mapping[FieldPath, Mark]) -> list[Problem]:
+    # a NUL cannot reach a process (argv and environment strings end at it), so no recipe value holds one
+    if isinstance(value, str):
+        if "\x00" not in value:
+            return []
+        mark = next((marks[path[:end]] for end in range(len(path), 0, -1) if path[:end] in marks), None)
+        return [
+            Problem(
+                "contains a NUL character (\\0), which no command line or environment can carry",
+                file=mark.file if mark else None,
+                line=mark.line if mark else None,
+                path=".".join(str(p) for p in path),
+                fix="remove the \\0 escape",
+            )
+        ]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [p for key, item in items for p in _nul_problems(item, (*path, key), marks)]
 
 
 def _is_special(file: Path) -> bool:

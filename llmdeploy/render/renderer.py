@@ -4,6 +4,7 @@ identical input (sorted keys, no timestamps), each starting with a header naming
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from functools import cache
@@ -38,7 +39,25 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
                              autoescape=False, keep_trailing_newline=True)
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True}
+    env.filters["tojson"] = yaml_safe_json
     return env
+
+
+# a pair's escapes, not preceded by an escaped backslash (`\\\\ud800` is the text "\\ud800")
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def yaml_safe_json(value: Any, indent: int | None = None) -> str:
+    """Jinja's `tojson` (same bytes for BMP text), except that characters past U+FFFF are written as
+    YAML's `\\UXXXXXXXX`: JSON's surrogate-pair escapes would be read back by YAML as two broken halves."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=True, indent=indent)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+
+    def combine(match: re.Match[str]) -> str:
+        high, low = int(match.group(2), 16), int(match.group(3), 16)
+        return match.group(1) + f"\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
+
+    return _SURROGATE_PAIR.sub(combine, text)
 
 
 def render_template(template: str, **values: Any) -> str:

@@ -104,9 +104,16 @@ def test_sigterm_drains_in_flight_then_exits(small_server: EngineServer) -> None
 
     async def scenario() -> tuple[list[str], str, float]:
         async with httpx.AsyncClient(timeout=300) as client:
-            first = [asyncio.Event() for _ in range(num_in_flight)]
-            tasks = [asyncio.create_task(_stream(client, small_server.url, 40, ev)) for ev in first]
-            await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in first[:MAX_NUM_SEQS])), 120)
+            # fill the batch first, then the queue (a burst would see the queue full before any is scheduled)
+            events = [asyncio.Event() for _ in range(num_in_flight)]
+            tasks = [
+                asyncio.create_task(_stream(client, small_server.url, 48, ev)) for ev in events[:MAX_NUM_SEQS]
+            ]
+            await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in events[:MAX_NUM_SEQS])), 120)
+            tasks += [
+                asyncio.create_task(_stream(client, small_server.url, 48, ev)) for ev in events[MAX_NUM_SEQS:]
+            ]
+            await asyncio.sleep(1.0)
             signalled = time.monotonic()
             small_server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(1.0)
@@ -128,7 +135,8 @@ def test_sigterm_drains_in_flight_then_exits(small_server: EngineServer) -> None
     record("SIGTERM: new requests accepted after the signal", int(late == "completed"))
     assert outcomes == ["completed"] * num_in_flight
     assert late in ("ConnectError", "HTTP 503"), late
-    assert small_server.proc.returncode == 0
+    # uvicorn re-raises the signal it caught once the drain is done, so a clean exit reads as -SIGTERM
+    assert small_server.proc.returncode in (0, -signal.SIGTERM), small_server.proc.returncode
     assert exit_s < DRAIN_TIMEOUT_S + 5
     assert "Traceback" not in small_server.log()
 
@@ -155,5 +163,5 @@ def test_kubernetes_grace_period_covers_the_drain() -> None:
             ready = container["readinessProbe"]
             assert ready["periodSeconds"] * ready["failureThreshold"] <= grace_s
             checked += 1
-    record("Kubernetes builtin workloads checked for grace >= drain", checked)
+    record("Kubernetes workloads checked for grace period >= drain", checked)
     assert checked > 0
