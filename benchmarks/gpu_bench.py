@@ -286,6 +286,14 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     for line in runner.startup_report.log_lines():
         log("  " + line)
     mc, rep = runner.model_config, runner.startup_report
+    graphs: Any = None
+    if args.cuda_graphs:
+        from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+
+        graphs = CudaGraphRunner(runner)
+        engine.runner = graphs
+        res["cuda_graphs"] = graphs.report.log_line()
+        log("  " + res["cuda_graphs"])
     timers = StepTimers(engine, dev)
     gen = torch.Generator().manual_seed(0)
 
@@ -333,6 +341,10 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         engine.step()
     log(f"  single-stream decode step profile: {res['single']['profile_ms_per_step']}")
 
+    if key not in args.throughput_models.split(","):
+        del engine, runner, timers, graphs
+        gc.collect()
+        return res
     # throughput
     n = args.num_requests
     in_lens = torch.randint(100, 1025, (n,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -359,14 +371,14 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
 
     # peer: transformers generate on the same weights
     state = {k: v for k, v in runner.model.state_dict().items()}
-    del engine, runner, timers
+    del engine, runner, timers, graphs
     gc.collect()
     if dev == "cuda":
         torch.cuda.empty_cache()
     k = min(n, args.hf_requests[key])
-    if time.perf_counter() - START > args.budget_s:
+    if args.no_peer or time.perf_counter() - START > args.budget_s:
         res["peer"] = None
-        log("  peer skipped: over the time budget")
+        log("  peer skipped (--no-peer or over the time budget)")
         return res
     hf = hf_model(mc, state, dev)
     del state
@@ -390,7 +402,9 @@ def table(bandwidth: float) -> str:
         "|---|---|---|---|",
     ]
     for key, r in RESULTS.items():
-        s, t, p = r["single"], r["throughput"], r.get("peer")
+        s, t, p = r["single"], r.get("throughput"), r.get("peer")
+        if "cuda_graphs" in r:
+            lines.append(f"| {key} | start-up | CUDA graphs | {r['cuda_graphs']} |")
         lines += [
             f"| {key} | single stream | tok/s end to end / decode | {s['e2e_tok_s']:.0f} / {s['decode_tok_s']:.0f} |",
             f"| {key} | single stream | decode / HBM roofline | {s['roofline_fraction']:.1%} of {s['roofline_tok_s']:.0f} tok/s |",
@@ -403,8 +417,12 @@ def table(bandwidth: float) -> str:
                 for x in ("matmul", "attention", "kv_index", "other")
             )
             + f" of {s['profile_ms_per_step']['wall_profiled_ms']:.2f} wall |",
-            f"| {key} | {t['requests']} requests | output tok/s | {t['output_tok_s']:.0f} ({t['seconds']:.1f} s) |",
         ]
+        if t is None:
+            continue
+        lines.append(
+            f"| {key} | {t['requests']} requests | output tok/s | {t['output_tok_s']:.0f} ({t['seconds']:.1f} s) |"
+        )
         if t["profile_ms_per_step"]:
             pr = t["profile_ms_per_step"]
             lines.append(
@@ -418,7 +436,7 @@ def table(bandwidth: float) -> str:
                 f"{p['useful_tok_s']:.0f}; {p['ratio']:.2f}x |"
             )
         else:
-            lines.append(f"| {key} | transformers | skipped (time budget) | - |")
+            lines.append(f"| {key} | transformers | skipped (--no-peer or time budget) | - |")
     return "\n".join(lines)
 
 
@@ -433,6 +451,9 @@ def main() -> None:
     parser.add_argument("--hf-requests", default="qwen=256,llama=128", help="peer subset per model")
     parser.add_argument("--profile-step", type=int, default=300, help="throughput step to profile (3 steps)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip peers started after this")
+    parser.add_argument("--cuda-graphs", action="store_true", help="replay decode steps from CUDA graphs")
+    parser.add_argument("--throughput-models", default="qwen,llama")
+    parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
