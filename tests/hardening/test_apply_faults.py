@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 
 from hardening.figures import record
+from llmdeploy.apply.discovery import Discovery
 from llmdeploy.apply.kube_client import KubeClient
 from llmdeploy.apply.kube_config import load_kubeconfig
 from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes
 from llmdeploy.apply.kubernetes import Instance
+from llmdeploy.apply.prune import live_objects
 from llmdeploy.errors import UserError
 
 CLUSTER_DIR = Path(__file__).resolve().parents[1] / "cluster"
@@ -145,8 +147,13 @@ def test_api_server_gone_mid_apply_then_a_later_apply_converges(
     record("apply faults: API server cut mid-apply", 1)
     assert "Traceback" not in message and "cannot reach the Kubernetes API" in message, message
 
+    written = len(live_objects(client, Discovery(client), instance))
+    print(f"\ncut at {fraction:.0%} of {total_bytes} bytes: {written} of {len(objects)} objects written")
+    record("apply faults: objects written before the cut", written)
+
     rc, text = _apply(client, instance, objects)
     assert rc == 0, text
+    assert len(live_objects(client, Discovery(client), instance)) == len(objects)
     rc, text = _apply(client, instance, objects)
     assert rc == 0 and "no changes" in text, text
     record("apply faults: later applies that converged", 1)
