@@ -3,3 +3,24 @@
 The only part of llmdeploy that imports torch. Parts, one noun per module: loader, tokenizer, model,
 block_manager, scheduler, model_runner, sampler, llm_engine, async_engine, server.
 """
+
+from typing import Any
+
+# vLLM-style top-level names, loaded on first use so torch-free modules (cli_args) stay torch-free.
+_EXPORTS = {
+    "LLM": "llmdeploy_engine.llm",
+    "SamplingParams": "llmdeploy_engine.sampling_params",
+    "AsyncLLMEngine": "llmdeploy_engine.async_engine",
+    "LLMEngine": "llmdeploy_engine.llm_engine",
+    "EngineConfig": "llmdeploy_engine.config",
+    "RequestOutput": "llmdeploy_engine.outputs",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'llmdeploy_engine' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 d5a77cfd07c3ff0ac76de5eaa5fa3aa0de369994a1b893cccc150c724168aa15).
+# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 027095eeee958307f609873bfbc04ef24f6a19986127d3eecc879db3ceef3c7f).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
@@ -15,6 +15,7 @@ exec "${LLMDEPLOY_VLLM_PYTHON:-python3}" \
   --host 127.0.0.1 \
   --port 8001 \
   --model "$model" \
+  --dtype float32 \
   --max-model-len 2048 \
   --max-num-seqs 32 \
   --gpu-memory-utilization 0.9 \

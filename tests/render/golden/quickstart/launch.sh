@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 c62592020152cbf89411183c7964d48d3152b8293ac60fd27cdace2603b78495).
+# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 085a8ef771e1e0ee3908148cd82ef3261cd1a9b0dc706ad9994fad51dd79a7e3).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
@@ -15,6 +15,7 @@ exec llmdeploy-engine \
   --host 127.0.0.1 \
   --port 8000 \
   --model "$model" \
+  --dtype float32 \
   --device cpu \
   --max-model-len 2048 \
   --max-num-seqs 32 \
