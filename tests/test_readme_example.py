@@ -29,3 +29,12 @@ def test_library_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "KV tokens" in out and "fits=True" in out
     assert "limits.max_model_len" in out  # the UserError names the field
+
+
+@pytest.mark.slow
+def test_engine_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import DEFAULT_MODEL_GGUF
+
+    code = _example("engine").replace("path/to/model.gguf", str(DEFAULT_MODEL_GGUF))
+    exec(compile(code, "README.md:engine", "exec"), {})
+    assert capsys.readouterr().out.strip()
