@@ -156,7 +156,7 @@ def profile_steps(engine: LLMEngine, num_steps: int, device: str) -> tuple[dict[
     return out, outputs
 
 
-def make_engine(model: str, device: str, max_model_len: int, max_batched: int) -> LLMEngine:
+def make_engine(model: str, device: str, max_model_len: int, max_batched: int, eager: bool) -> LLMEngine:
     config = EngineConfig(
         model=model,
         device=device,
@@ -166,6 +166,7 @@ def make_engine(model: str, device: str, max_model_len: int, max_batched: int) -
         kv_cache_memory_bytes=2**30 if device == "cpu" else None,
         gpu_memory_utilization=0.9,
         seed=0,
+        enforce_eager=eager,
     )
     return LLMEngine(config)
 
@@ -281,13 +282,22 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     model = MODELS[key] if not args.quick else "random:HuggingFaceTB/SmolLM2-135M-Instruct"
     res: dict[str, Any] = {"model": model}
     dev = args.device
-    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens)
-    runner: Any = engine.runner
+    if args.triton_attention:  # before start-up, so CUDA graphs capture the kernel
+        import llmdeploy_engine.model as model_module
+        from llmdeploy_engine.triton_attention import paged_attention_triton
+
+        model_module.paged_attention = paged_attention_triton  # type: ignore[assignment]
+    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens, not args.cuda_graphs)
+    runner: Any = getattr(engine.runner, "runner", engine.runner)  # the ModelRunner under any wrapper
     for line in runner.startup_report.log_lines():
         log("  " + line)
     mc, rep = runner.model_config, runner.startup_report
     graphs: Any = None
-    if args.cuda_graphs:
+    if engine.runner is not runner:  # the engine built its own CUDA graphs
+        graphs = engine.runner
+        res["cuda_graphs"] = graphs.report.log_line()
+        log("  " + res["cuda_graphs"])
+    elif args.cuda_graphs:
         from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 
         graphs = CudaGraphRunner(runner)
@@ -451,7 +461,12 @@ def main() -> None:
     parser.add_argument("--hf-requests", default="qwen=256,llama=128", help="peer subset per model")
     parser.add_argument("--profile-step", type=int, default=300, help="throughput step to profile (3 steps)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip peers started after this")
-    parser.add_argument("--cuda-graphs", action="store_true", help="replay decode steps from CUDA graphs")
+    parser.add_argument(
+        "--cuda-graphs", action="store_true", help="CUDA graphs for decode (else enforce_eager)"
+    )
+    parser.add_argument(
+        "--triton-attention", action="store_true", help="pure-decode steps through engine/triton_attention.py"
+    )
     parser.add_argument("--throughput-models", default="qwen,llama")
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
