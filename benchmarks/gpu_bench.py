@@ -120,7 +120,7 @@ class StepTimers:
 
 def kernel_kind(name: str) -> str:
     n = name.lower()
-    if any(s in n for s in ("fmha", "flash", "attention", "attn")):
+    if any(s in n for s in ("fmha", "flash", "attention", "attn", "paged_decode")):
         return "attention"
     if any(s in n for s in ("gemm", "nvjet", "xmma", "cublas", "cutlass", "matmul", "splitk")):
         return "matmul"
