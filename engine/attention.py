@@ -13,6 +13,7 @@ head_dim]. Prefill chunks use SDPA's own GQA support (enable_gqa).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -109,8 +110,26 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
+    if q.is_cuda and kv_cache is not None and not meta.prefills and meta.num_decodes:
+        decode_kernel = _triton_decode()
+        # 16-bit only: the kernel's float32 products run in tf32, looser than the float32 checks here
+        if (
+            decode_kernel is not None
+            and q.dtype in (torch.bfloat16, torch.float16)
+            and kv_cache[0].dtype == q.dtype
+        ):
+            return decode_kernel(q, k, v, kv_cache, meta, scale)  # reads the blocks in place
     with sdpa_kernel(_SDPA_BACKENDS):
         return _paged_attention(q, k, v, kv_cache, meta, scale)
+
+
+def _triton_decode() -> Any:
+    """triton_attention.paged_attention_triton when Triton is installed (GPU machines), else None."""
+    try:
+        from llmdeploy_engine.triton_attention import paged_attention_triton
+    except ImportError:
+        return None
+    return paged_attention_triton
 
 
 def _paged_attention(

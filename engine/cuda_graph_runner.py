@@ -1,5 +1,6 @@
 """CUDA graphs for decode steps: capture the model's forward once per (batch size, context bucket) at
 start-up, then replay it for pure-decode batches; everything else runs eagerly through ModelRunner.
+LLMEngine wraps its CUDA runner in this unless `enforce_eager` is set.
 
 Why: an eager decode step launches about 50 kernels per layer from Python, and on the H200 the host
 takes ~15-30 us per launch while each kernel runs ~2 us (docs/gpu-notes.md), so single-stream decode
@@ -15,6 +16,7 @@ vocabulary-sized buffers.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ from llmdeploy_engine.attention import AttentionMetadata
 from llmdeploy_engine.forward_batch import ForwardBatch
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+logger = logging.getLogger("llmdeploy_engine")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class CudaGraphRunner:
         self.graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self.num_replays = 0
         self.report = self._capture_all()
+        logger.info(self.report.log_line())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)

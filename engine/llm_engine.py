@@ -79,6 +79,11 @@ class LLMEngine:
             from llmdeploy_engine.model_runner import ModelRunner
 
             runner = ModelRunner(config)
+            if runner.device.type == "cuda" and not config.enforce_eager:
+                # decode steps replayed from CUDA graphs captured now (docs/gpu-notes.md)
+                from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+
+                runner = CudaGraphRunner(runner)
         self.runner = runner
         if tokenizer is None:
             from llmdeploy_engine.tokenizer import Tokenizer
