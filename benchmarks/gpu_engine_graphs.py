@@ -8,7 +8,6 @@ import gc
 import time
 
 import torch
-
 from llmdeploy_engine import LLM, SamplingParams
 
 prompts = [f"Request {i}: " + "word " * (5 + 7 * i) for i in range(8)]
