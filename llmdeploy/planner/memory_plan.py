@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,17 +63,7 @@ class MemoryPlan:
             f"max_model_len {self.max_model_len:,}, max_num_seqs {self.max_num_seqs}, "
             f"max_num_batched_tokens {self.max_num_batched_tokens:,}",
             "",
-            f"  per GPU{'':<15}{'':>9}",
-            row("total", self.total_gib),
-            row("usable", self.usable_gib, f"x gpu_memory_utilization {self.gpu_memory_utilization}")
-            if self.device == "cuda"
-            else row("KV budget", self.usable_gib, "fixed KV space on CPU (limits.kv_cache_memory_gib)"),
-            row("weights", self.weights_gib),
-            row("activations", self.activation_gib, "profile-run peak"),
-            row("non-torch", self.non_torch_gib),
-            row("CUDA graphs", self.cuda_graph_gib),
-            row("KV cache", self.kv_cache_gib),
-            row("headroom", self.headroom_gib, "outside the budget (CUDA context lives here)"),
+            *(self._gpu_rows(row) if self.device == "cuda" else self._cpu_rows(row)),
             "",
             f"  KV: {self.kv_bytes_per_token:,} bytes/token, {self.num_kv_blocks:,} blocks of {self.block_size} "
             f"= {self.kv_cache_tokens:,} tokens; max concurrency at {self.max_model_len:,} tokens: "
@@ -83,3 +74,26 @@ class MemoryPlan:
         lines += [f"  fix: {s}" for s in self.suggestions]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def _gpu_rows(self, row: Callable[..., str]) -> list[str]:
+        return [
+            f"  per GPU{'':<15}{'':>9}",
+            row("total", self.total_gib),
+            row("usable", self.usable_gib, f"x gpu_memory_utilization {self.gpu_memory_utilization}"),
+            row("weights", self.weights_gib),
+            row("activations", self.activation_gib, "profile-run peak"),
+            row("non-torch", self.non_torch_gib),
+            row("CUDA graphs", self.cuda_graph_gib),
+            row("KV cache", self.kv_cache_gib),
+            row("headroom", self.headroom_gib, "outside the budget (CUDA context lives here)"),
+        ]
+
+    def _cpu_rows(self, row: Callable[..., str]) -> list[str]:
+        # On CPU the KV space is fixed; weights and activations live in ordinary RAM beside it.
+        return [
+            f"  CPU (RAM){'':<13}{'':>9}",
+            row("weights", self.weights_gib),
+            row("activations", self.activation_gib, "profile-run peak"),
+            row("KV cache", self.kv_cache_gib, "fixed KV space (limits.kv_cache_memory_gib)"),
+            row("RAM needed", self.weights_gib + self.activation_gib + self.kv_cache_gib, "about"),
+        ]
