@@ -109,7 +109,14 @@ def paged_attention(
     kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Write k/v to their slots, then attend. k_scale/v_scale (float32, one element) are the per-tensor
+    scales of an fp8 KV cache: stored = (x / scale) cast to fp8, read = stored.float() * scale; None
+    for a 16/32-bit cache. Every kernel behind this function follows that rule."""
+    if kv_cache is not None and kv_cache[0].element_size() == 1:
+        raise NotImplementedError("fp8 KV cache: not implemented in this path yet")
     if q.is_cuda and kv_cache is not None and not meta.prefills and meta.num_decodes:
         decode_kernel = _triton_decode()
         # 16-bit only: the kernel's float32 products run in tf32, looser than the float32 checks here

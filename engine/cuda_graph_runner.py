@@ -129,7 +129,7 @@ class CudaGraphRunner:
         n = batch.num_seqs
         if n == 0 or any(q != 1 for q in batch.query_len) or any(c <= 1 for c in batch.context_len):
             return None
-        if batch.sample_indices != list(range(n)):
+        if batch.sample_indices != list(range(n)) or batch.num_logits is not None:
             return None
         need = -(-max(batch.context_len) // self.block_size)
         b = next((s for s in self.batch_sizes if s >= n), None)

@@ -20,6 +20,9 @@ class ForwardBatch:
     context_len: list[int]  # per sequence: tokens in the KV cache after this step (cached + new)
     block_tables: list[list[int]]  # per sequence: its block ids, in order
     sample_indices: list[int]  # sequences whose last new token produces a next token this step
+    # per entry of sample_indices: how many of that sequence's trailing new tokens need logits
+    # (speculative verification); None means one each. Logits come back in that order, concatenated.
+    num_logits: list[int] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -28,3 +31,12 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
+
+    def logit_rows(self) -> list[int]:
+        """Flat token indices whose logits the runner returns, in the order it returns them."""
+        rows: list[int] = []
+        counts = self.num_logits or [1] * len(self.sample_indices)
+        for i, count in zip(self.sample_indices, counts, strict=True):
+            end = self.query_start[i] + self.query_len[i]
+            rows.extend(range(end - count, end))
+        return rows

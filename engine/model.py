@@ -12,6 +12,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from llmdeploy_engine import ops
 from llmdeploy_engine.attention import AttentionMetadata, paged_attention
 from llmdeploy_engine.config import ModelConfig, RopeScaling
 from torch import nn
@@ -26,9 +27,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -53,11 +52,6 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
     raise ValueError(
         f"unsupported rope_scaling type {scaling.rope_type!r}; supported: default, linear, llama3"
     )
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Attention(nn.Module):
@@ -89,8 +83,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = ops.apply_rope(q, k, cos, sin)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(n, c.q_size))
 
@@ -117,13 +110,18 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); the next layer adds them."""
+        eps = self.input_layernorm.eps
+        x, residual = ops.add_rms_norm(h, residual, self.input_layernorm.weight, eps)
+        h = self.self_attn(x, cos, sin, kv_cache, meta)
+        x, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
+        return self.mlp(x), residual
 
 
 class Backbone(nn.Module):
@@ -177,9 +175,11 @@ class CausalLM(nn.Module):
         """Hidden states after the final norm, [num_tokens, hidden_size]."""
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rope_tables(positions, h.dtype)
+        residual: torch.Tensor | None = None
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, None if kv_caches is None else kv_caches[i], meta)
-        normed: torch.Tensor = self.model.norm(h)
+            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], meta)
+        norm = self.model.norm
+        normed, _ = ops.add_rms_norm(h, residual, norm.weight, norm.eps)
         return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

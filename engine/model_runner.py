@@ -236,11 +236,10 @@ class ModelRunner:
     # phase: run
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32 logits [len(batch.sample_indices), vocab]; writes the new K/V to batch.slot_mapping."""
+        """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
         meta = build_attention_metadata(batch, self.block_size, self.device)
         hidden = self.model(ids, positions, meta, self.kv_caches)
-        last = [batch.query_start[i] + batch.query_len[i] - 1 for i in batch.sample_indices]
-        rows = torch.tensor(last, dtype=torch.long, device=self.device)
+        rows = torch.tensor(batch.logit_rows(), dtype=torch.long, device=self.device)
         return self.model.compute_logits(hidden[rows])
