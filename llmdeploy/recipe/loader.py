@@ -172,33 +172,20 @@ def _extend(
     marks = {k: m for k, m in layer.marks.items() if k[:1] != ("extends",)}
     mark = layer.marks.get(("extends",), Mark(_display(file), None))
     own = Layer(data, marks)
-    if not isinstance(target, str) or not target.strip():
-        problems.append(
-            Problem(
-                "must be the path of another recipe file",
-                file=mark.file,
-                line=mark.line,
-                path="extends",
-                value=target,
-                has_value=True,
-                fix="e.g. extends: production.yaml (relative to this file)",
-            )
+
+    def problem(message: str, fix: str) -> Problem:
+        return Problem(
+            message, file=mark.file, line=mark.line, path="extends", value=target, has_value=True, fix=fix
         )
+
+    example = "e.g. extends: production.yaml (relative to this file)"
+    if not isinstance(target, str) or not target.strip():
+        problems.append(problem("must be the path of another recipe file", example))
         return own
     base_file = file.parent / target
     if base_file.suffix.lower() not in (".yaml", ".yml"):
         # refusing other files keeps e.g. /etc/shadow or /proc/self/environ out of error messages
-        problems.append(
-            Problem(
-                "must name a recipe file ending in .yaml or .yml",
-                file=mark.file,
-                line=mark.line,
-                path="extends",
-                value=target,
-                has_value=True,
-                fix="e.g. extends: production.yaml (relative to this file)",
-            )
-        )
+        problems.append(problem("must name a recipe file ending in .yaml or .yml", example))
         return own
     here = file.resolve()
     seen = (*chain, (here, _display(file)))
@@ -206,14 +193,9 @@ def _extend(
     if base_file.resolve() in resolved:
         cycle = [shown for _, shown in seen[resolved.index(base_file.resolve()) :]] + [_display(base_file)]
         problems.append(
-            Problem(
+            problem(
                 "extends cycle: " + " -> ".join(cycle),
-                file=mark.file,
-                line=mark.line,
-                path="extends",
-                value=target,
-                has_value=True,
-                fix="remove one `extends:` so the chain ends in a recipe that extends nothing",
+                "remove one `extends:` so the chain ends in a recipe that extends nothing",
             )
         )
         return own
@@ -222,14 +204,9 @@ def _extend(
     if base is None:
         problems.insert(
             before,
-            Problem(
+            problem(
                 f"cannot use the extended recipe {_display(base_file)} (problems below)",
-                file=mark.file,
-                line=mark.line,
-                path="extends",
-                value=target,
-                has_value=True,
-                fix="fix the extended file, or the path (relative to this recipe's folder)",
+                "fix the extended file, or the path (relative to this recipe's folder)",
             ),
         )
         return own
