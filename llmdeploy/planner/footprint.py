@@ -68,7 +68,7 @@ NON_TORCH_RULES = (
     NonTorchRule(
         (0, 7, 0),
         0.08,
-        0.23,
+        0.25,
         "0.7 and later (V0 and V1): the increase of device memory in use minus torch's *reserved* "
         "bytes, measured from a snapshot taken after the CUDA context exists",
         (
@@ -80,6 +80,7 @@ NON_TORCH_RULES = (
             "vllm-issue-16570-qwen25-vl-72b-4xa100-40gb-tp4",
             "vllm-issue-50722-qwen35-35b-a3b-h100-tp",
             "vllm-pr-14447-moe-wna16-3090-multi-gpu",
+            "vllm-issue-15815-qwen25-32b-2xl40s-tp2",
         ),
     ),
 )
@@ -170,6 +171,69 @@ def _target_weights_per_gpu(inputs: PlanInputs) -> int:
     stage_ends = max(p.embedding, p.head) * inputs.model_dtype_bytes
     layer_share = math.ceil(spec.num_layers / pp) / spec.num_layers
     return math.ceil((stage_ends + (total - ends_bytes) * layer_share) / tp)
+
+
+# PyTorch's CUDA caching allocator (default, non-expandable segments): a request of 10 MiB or more
+# gets a segment of its own, rounded up to 2 MiB, and a remainder of at most 1 MiB is not split off,
+# so it counts as allocated. vLLM's "model loading took" is torch's allocated bytes, so a weight
+# matrix of 35 MiB reports 36 MiB (Qwen2.5-32B at TP 2: three such matrices per layer, +0.19 GiB).
+MIB = 2**20
+ALLOC_ROUND_BYTES = 2 * MIB
+ALLOC_OWN_SEGMENT_BYTES = 10 * MIB
+ALLOC_SPLIT_MIN_BYTES = MIB
+
+
+def allocated_bytes(nbytes: int) -> int:
+    """What torch's caching allocator books for one fresh request of `nbytes`."""
+    nbytes = -(-nbytes // 512) * 512
+    if nbytes < ALLOC_OWN_SEGMENT_BYTES:
+        return nbytes  # carved from a shared 2 / 20 MiB buffer, remainder split off
+    segment = -(-nbytes // ALLOC_ROUND_BYTES) * ALLOC_ROUND_BYTES
+    return segment if segment - nbytes <= ALLOC_SPLIT_MIN_BYTES else nbytes
+
+
+def _matrix_shapes_per_gpu(inputs: PlanInputs) -> list[tuple[int, int]]:
+    """(count, bytes) of the 16-bit weight matrices vLLM allocates on one GPU (merged QKV and
+    gate/up projections, vocab-parallel embedding and head padded to 64 rows)."""
+    spec, tp, dt = inputs.spec, inputs.tensor_parallel_size, inputs.model_dtype_bytes
+    h, hd = spec.hidden_size, spec.head_dim
+    layers = math.ceil(spec.num_layers / inputs.pipeline_parallel_size)
+    q = spec.num_attention_heads * hd // tp
+    kv = max(1, spec.num_kv_heads // tp) * hd
+    out = [(layers, (q + 2 * kv) * h * dt), (layers, q * h * dt)]
+    up = 2 if spec.mlp_gated else 1
+    dense_layers = spec.first_k_dense_replace if spec.is_moe else layers
+    if dense_layers:
+        inter = spec.intermediate_size // tp
+        out += [(dense_layers, up * inter * h * dt), (dense_layers, inter * h * dt)]
+    if spec.is_moe:
+        moe_layers = layers - spec.first_k_dense_replace
+        inter = spec.moe_intermediate_size // tp
+        out += [
+            (moe_layers, spec.num_experts * up * inter * h * dt),
+            (moe_layers, spec.num_experts * inter * h * dt),
+        ]
+    vocab = -(-spec.vocab_size // 64) * 64 // tp
+    out.append((1 if spec.tie_word_embeddings else 2, vocab * h * dt))
+    return out
+
+
+def vllm_load_overhead_bytes(inputs: PlanInputs) -> int:
+    """What vLLM's "model loading took" counts beyond the parameters, per GPU: the rotary cos/sin
+    cache (max_position_embeddings x rotary dim in the model dtype: 32 MiB for Llama-3.1's 131,072
+    positions) and the allocator's rounding of 16-bit weight matrices (`allocated_bytes`; not
+    modelled for quantized, MLA or GGUF checkpoints, whose tensor layouts differ)."""
+    spec = inputs.spec
+    rotary = spec.qk_rope_head_dim if spec.is_mla else int(spec.head_dim * spec.partial_rotary_factor)
+    rope = spec.max_position_embeddings * rotary * inputs.model_dtype_bytes
+    plain = (
+        inputs.effective_quantization == "none"
+        and not spec.is_mla
+        and spec.source != "gguf"
+        and spec.torch_dtype in ("bfloat16", "float16", "float32")
+    )
+    rounding = sum(n * (allocated_bytes(b) - b) for n, b in _matrix_shapes_per_gpu(inputs)) if plain else 0
+    return rope + rounding
 
 
 def kv_layout(inputs: PlanInputs) -> KVLayout:

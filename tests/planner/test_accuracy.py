@@ -104,10 +104,13 @@ def test_bytes_per_token_part_matches_logged_kv_tokens() -> None:
 
 def test_weights_match_the_logged_model_loading_line() -> None:
     checks = [c for c in check_all() if c.weights_error_gib is not None and not c.hybrid]
-    assert len(checks) >= 6
+    assert len(checks) >= 10
     for c in checks:
         assert c.weights_gib is not None
         assert abs(c.weights_error_gib) / c.weights_gib < 0.02, c.log_id  # type: ignore[operator]
+    # regression guard at the measured figures: within 0.03 GiB of every "model loading took" line
+    # (the Qwen2 TP 2 logs were +0.19 GiB before the allocator rounding was modelled)
+    assert max(abs(c.weights_error_gib) for c in checks) <= 0.03  # type: ignore[arg-type]
 
 
 def test_held_out_error_differs_only_where_the_thread_states_non_torch() -> None:
@@ -122,11 +125,11 @@ def test_held_out_error_differs_only_where_the_thread_states_non_torch() -> None
 
 def test_full_prediction_error_regression_guard() -> None:
     # measured when the fixtures were collected (docs/planner.md: vLLM >= 0.7, non-hybrid, held out,
-    # median 2.51 %, max 5.42 %); a guard against regressions, not the 2 % target
+    # median 1.90 %, max 5.62 %, n = 4); a guard against regressions, not proof of the 2 % target
     figures = summaries(check_all())
     target = figures[f"full prediction held out, {TARGET}"]
-    assert len(target) >= 3
-    assert statistics.median(target) <= 0.03
+    assert len(target) >= 4
+    assert statistics.median(target) <= 0.0195
     assert max(target) <= 0.06
     assert len(figures[f"full prediction, {LEGACY}"]) >= 4
     assert "median |error|" in report(check_all())
