@@ -227,7 +227,8 @@ def vllm_load_overhead_bytes(inputs: PlanInputs) -> int:
     rotary = spec.qk_rope_head_dim if spec.is_mla else int(spec.head_dim * spec.partial_rotary_factor)
     rope = spec.max_position_embeddings * rotary * inputs.model_dtype_bytes
     plain = (
-        inputs.effective_quantization == "none"
+        inputs.device == "cuda"  # the rounding is the CUDA caching allocator's
+        and inputs.effective_quantization == "none"
         and not spec.is_mla
         and spec.source != "gguf"
         and spec.torch_dtype in ("bfloat16", "float16", "float32")
