@@ -1,11 +1,17 @@
 """Planner accuracy against public vLLM start-up logs (`python -m llmdeploy.planner.accuracy [FILE]`).
 
-Two checks per log:
-- bytes/token: the log's own "Available KV cache memory" divided as the planner divides it
-  (whole blocks of the KV layout) must give the log's "GPU KV cache size".
+Checks per log (tests/planner/fixtures/vllm_logs.json, each with its source and the quoted lines):
+- bytes/token: the log's own "Available KV cache memory" divided as the planner divides it (whole
+  blocks of the KV layout) must give the log's "GPU KV cache size";
+- weights: the planner's per-GPU weights vs "Model loading took";
 - full: the planner's whole estimate (weights, activation, non-torch, graphs) for the log's GPU and
-  flags, compared with the logged KV tokens (or, when the thread shows no token line, with the tokens
-  its logged KV memory holds, marked "derived").
+  flags vs the logged KV tokens (or, when the thread shows no token line, the tokens its logged KV
+  memory holds, marked "derived"). The non-torch constants are medians of logged non-torch lines
+  (`footprint.NON_TORCH_RULES`); the "held-out" error re-fits them without the lines of the log's own
+  thread, so no log is predicted with a constant that its own numbers helped to set.
+
+Groups: vLLM >= 0.7 non-hybrid (the accuracy target), vLLM < 0.7 (V0's older non-torch accounting)
+and hybrid/sliding-window models, reported separately.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.errors import UserError
 from llmdeploy.planner.engine_rules import graphs_in_budget, kv_capacity, plan_for, vllm_defaults
+from llmdeploy.planner.footprint import NON_TORCH_RULES, NonTorchRule, non_torch_bytes, non_torch_rule
 from llmdeploy.planner.plan_inputs import GIB, PlanInputs
 
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "planner" / "fixtures" / "vllm_logs.json"
+TARGET, LEGACY, HYBRID = "vllm>=0.7", "vllm<0.7", "hybrid"
 
 
 @dataclass(frozen=True)
@@ -41,11 +49,30 @@ class LogCheck:
     weights_error_gib: float | None
     activation_error_gib: float | None
     kv_error_gib: float | None = None  # predicted minus logged KV memory (before clamping at 0)
+    group: str = TARGET
+    model: str = ""
+    gpu: str = ""
+    version: str = ""
+    weights_gib: float | None = None  # logged
+    heldout_tokens: int | None = None  # full prediction with non-torch re-fitted without this thread
+    heldout_error: float | None = None
+
+
+@dataclass(frozen=True)
+class NonTorchObservation:
+    obs_id: str
+    source: str
+    version: str
+    tensor_parallel_size: int
+    non_torch_gib: float
+
+
+def _release_text(entry: dict[str, Any]) -> str:
+    return str(entry["vllm_version"]).split()[0]
 
 
 def _inputs(entry: dict[str, Any]) -> PlanInputs:
     flags = {k: v for k, v in entry["inputs"].items() if v is not None}
-    version = entry["vllm_version"].split()[0].lstrip(">=")
     try:
         gpu = resolve_gpu(entry["gpu"])
     except UserError:
@@ -53,43 +80,90 @@ def _inputs(entry: dict[str, Any]) -> PlanInputs:
     return PlanInputs(
         spec=resolve_model(entry["model"]),
         engine="vllm",
-        engine_version=version,
+        engine_version=_release_text(entry),
         gpu=gpu,
         gpu_memory_gib=entry.get("total_gpu_memory_gib") or 80.0,
         **flags,
     )
 
 
-def _tokens_for(kv_gib: float, inputs: PlanInputs) -> int:
+def load(path: Path = DEFAULT_FIXTURES) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def observations(data: dict[str, Any]) -> list[NonTorchObservation]:
+    out = []
+    for o in data.get("non_torch_observations", []):
+        ranks = o.get("non_torch_gib_per_rank")
+        value = statistics.median(ranks) if ranks else o["non_torch_gib"]
+        out.append(
+            NonTorchObservation(o["id"], o["source"], _release_text(o), int(o["tensor_parallel_size"]), value)
+        )
+    return out
+
+
+def fit_non_torch(
+    obs: list[NonTorchObservation], rule: NonTorchRule, exclude_source: str | None = None
+) -> tuple[float | None, float | None]:
+    """(single-GPU, multi-GPU) medians of the observations of `rule`'s release family, without those
+    from `exclude_source`; None where no observation is left."""
+    family = [o for o in obs if non_torch_rule(o.version) == rule and o.source != exclude_source]
+    single = [o.non_torch_gib for o in family if o.tensor_parallel_size == 1]
+    multi = [o.non_torch_gib for o in family if o.tensor_parallel_size > 1]
+    return (
+        statistics.median(single) if single else None,
+        statistics.median(multi) if multi else None,
+    )
+
+
+def _tokens_for(kv_bytes: int, inputs: PlanInputs) -> int:
     batched = inputs.max_num_batched_tokens or vllm_defaults(inputs)[0]
-    return kv_capacity(inputs, int(kv_gib * GIB), batched)[2]
+    return kv_capacity(inputs, kv_bytes, batched)[2]
 
 
-def check_log(entry: dict[str, Any]) -> LogCheck:
+def _group(entry: dict[str, Any]) -> str:
+    if entry.get("hybrid"):
+        return HYBRID
+    return TARGET if non_torch_rule(_release_text(entry)).since >= (0, 7, 0) else LEGACY
+
+
+def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = None) -> LogCheck:
     inputs = _inputs(entry)
     logged = entry["logged"]
     tokens = logged.get("kv_cache_tokens")
     bpt_tokens = bpt_error = None
     if tokens and logged.get("kv_cache_gib"):
-        bpt_tokens = _tokens_for(logged["kv_cache_gib"], inputs)
+        bpt_tokens = _tokens_for(int(logged["kv_cache_gib"] * GIB), inputs)
         bpt_error = (bpt_tokens - tokens) / tokens
-    full_tokens = full_error = weights_err = act_err = kv_err = None
+    full_tokens = full_error = act_err = kv_err = heldout_tokens = heldout_error = None
+    weights_err = None
     reference, derived = tokens, False
+    plan = plan_for(inputs)
+    if logged.get("weights_gib") is not None:
+        weights_err = plan.weights_gib - logged["weights_gib"]
     if entry.get("total_gpu_memory_gib"):
-        plan = plan_for(inputs)
         full_tokens = plan.kv_cache_tokens
         if reference is None and logged.get("kv_cache_gib"):
-            reference, derived = _tokens_for(logged["kv_cache_gib"], inputs), True
+            reference, derived = _tokens_for(int(logged["kv_cache_gib"] * GIB), inputs), True
         if reference:
             full_error = (full_tokens - reference) / reference
-        if logged.get("weights_gib") is not None:
-            weights_err = plan.weights_gib - logged["weights_gib"]
         if logged.get("activation_gib") is not None:
             act_err = plan.activation_gib - logged["activation_gib"]
+        graphs = plan.cuda_graph_gib if graphs_in_budget(inputs) else 0.0
+        raw_kv = plan.usable_gib - plan.weights_gib - plan.activation_gib - plan.non_torch_gib - graphs
         if logged.get("kv_cache_gib") is not None:
-            graphs = plan.cuda_graph_gib if graphs_in_budget(inputs) else 0.0
-            raw_kv = plan.usable_gib - plan.weights_gib - plan.activation_gib - plan.non_torch_gib - graphs
             kv_err = raw_kv - logged["kv_cache_gib"]
+        if obs is not None and reference:
+            parallel = inputs.tensor_parallel_size * inputs.pipeline_parallel_size > 1
+            refit = fit_non_torch(obs, non_torch_rule(inputs.engine_version), exclude_source=entry["source"])[
+                1 if parallel else 0
+            ]
+            if refit is not None:
+                shipped = non_torch_bytes(inputs)
+                heldout_kv = int(raw_kv * GIB) + shipped - int(refit * GIB)
+                heldout_tokens = _tokens_for(heldout_kv, inputs) if heldout_kv > 0 else 0
+                heldout_error = (heldout_tokens - reference) / reference
     return LogCheck(
         entry["id"],
         entry["source"],
@@ -104,12 +178,20 @@ def check_log(entry: dict[str, Any]) -> LogCheck:
         weights_err,
         act_err,
         kv_err,
+        group=_group(entry),
+        model=inputs.spec.hf_id,
+        gpu=inputs.gpu.name if inputs.gpu else str(entry["gpu"]).split()[0] + "?",
+        version=_release_text(entry),
+        weights_gib=logged.get("weights_gib"),
+        heldout_tokens=heldout_tokens,
+        heldout_error=heldout_error,
     )
 
 
 def check_all(path: Path = DEFAULT_FIXTURES) -> list[LogCheck]:
-    data = json.loads(path.read_text())
-    return [check_log(e) for e in data["logs"]]
+    data = load(path)
+    obs = observations(data)
+    return [check_log(e, obs) for e in data["logs"]]
 
 
 def _pct(x: float | None) -> str:
@@ -120,10 +202,32 @@ def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
 
+def _summary(label: str, errors: list[float]) -> str:
+    if not errors:
+        return f"{label}: n=0"
+    return f"{label}: n={len(errors)} median |error| {statistics.median(errors) * 100:.2f}%, max {max(errors) * 100:.2f}%"
+
+
+def summaries(checks: list[LogCheck]) -> dict[str, list[float]]:
+    """|error| lists per reported figure (used by the report and the regression tests)."""
+    out: dict[str, list[float]] = {
+        "bytes/token check (non-hybrid)": [
+            abs(c.bpt_error) for c in checks if c.bpt_error is not None and not c.hybrid
+        ]
+    }
+    for group in (TARGET, LEGACY, HYBRID):
+        rows = [c for c in checks if c.group == group]
+        out[f"full prediction, {group}"] = [abs(c.full_error) for c in rows if c.full_error is not None]
+        out[f"full prediction held out, {group}"] = [
+            abs(c.heldout_error) for c in rows if c.heldout_error is not None
+        ]
+    return out
+
+
 def report(checks: list[LogCheck]) -> str:
     lines = [
-        f"{'log':<46}{'logged tok':>11}{'bpt tok':>10}{'bpt err':>9}{'full tok':>11}{'ref tok':>12}{'full err':>10}"
-        f"{'dW GiB':>8}{'dAct GiB':>9}{'dKV GiB':>8}"
+        f"{'log':<48}{'model':<28}{'GPU':<10}{'vLLM':<10}{'group':<10}{'ref tok':>11}{'pred tok':>10}{'error':>9}"
+        f"{'held-out':>9}{'bpt err':>9}{'dW GiB':>8}{'dAct':>7}{'dKV':>7}"
     ]
     for c in checks:
         ref = (
@@ -131,21 +235,27 @@ def report(checks: list[LogCheck]) -> str:
             if c.full_reference is None
             else f"{c.full_reference:,}" + ("*" if c.full_reference_derived else "")
         )
+        if c.full_tokens is None and c.logged_tokens:
+            ref = f"{c.logged_tokens:,}"
+        pred = "-" if c.full_tokens is None else f"{c.full_tokens:,}"
         lines.append(
-            f"{c.log_id:<46}{c.logged_tokens or '-':>11}{c.bpt_tokens or '-':>10}{_pct(c.bpt_error):>9}"
-            f"{c.full_tokens if c.full_tokens is not None else '-':>11}{ref:>12}{_pct(c.full_error):>10}"
-            f"{_gib(c.weights_error_gib):>8}{_gib(c.activation_error_gib):>9}{_gib(c.kv_error_gib):>8}"
+            f"{c.log_id:<48}{c.model[-27:]:<28}{c.gpu:<10}{c.version[:9]:<10}{c.group:<10}{ref:>11}{pred:>10}"
+            f"{_pct(c.full_error):>9}{_pct(c.heldout_error):>9}{_pct(c.bpt_error):>9}{_gib(c.weights_error_gib):>8}"
+            f"{_gib(c.activation_error_gib):>7}{_gib(c.kv_error_gib):>7}"
         )
-    for label, errors in (
-        ("bytes/token check", [abs(c.bpt_error) for c in checks if c.bpt_error is not None and not c.hybrid]),
-        ("full prediction", [abs(c.full_error) for c in checks if c.full_error is not None and not c.hybrid]),
-    ):
-        if errors:
-            lines.append(
-                f"{label}: n={len(errors)} median |error| {statistics.median(errors) * 100:.2f}%, "
-                f"max {max(errors) * 100:.2f}%"
-            )
+    for label, errors in summaries(checks).items():
+        lines.append(_summary(label, errors))
     lines.append("* reference derived from the log's KV memory (the thread shows no token line)")
+    lines.append(
+        "held-out: the non-torch constant re-fitted without the thread's own non-torch lines (the same as error "
+        "where the thread has none; - where no other line of its release family is left)"
+    )
+    for rule in NON_TORCH_RULES:
+        since = ".".join(str(x) for x in rule.since)
+        lines.append(
+            f"non-torch since {since}: {rule.single_gpu_gib:.2f} GiB (1 GPU), {rule.multi_gpu_gib:.2f} GiB (TP/PP), "
+            f"median of {len(rule.fitted_on)} logged lines"
+        )
     return "\n".join(lines)
 
 
@@ -158,4 +268,15 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     main()
 
-__all__ = ["LogCheck", "check_all", "check_log", "main", "report"]
+__all__ = [
+    "LogCheck",
+    "NonTorchObservation",
+    "check_all",
+    "check_log",
+    "fit_non_torch",
+    "load",
+    "main",
+    "observations",
+    "report",
+    "summaries",
+]

@@ -19,6 +19,7 @@ from llmdeploy.planner.footprint import (
     cuda_graph_bytes,
     kv_layout,
     non_torch_bytes,
+    vllm_load_overhead_bytes,
     weights_bytes_per_gpu,
 )
 from llmdeploy.planner.memory_plan import MemoryPlan
@@ -166,7 +167,7 @@ def _plan(
 
 def plan_vllm(inputs: PlanInputs) -> MemoryPlan:
     batched, seqs = vllm_defaults(inputs)
-    weights = weights_bytes_per_gpu(inputs)
+    weights = weights_bytes_per_gpu(inputs) + vllm_load_overhead_bytes(inputs)
     if inputs.device == "cpu":
         kv = int((inputs.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB) * GIB)
         act = activation_bytes(inputs, batched, seqs)

@@ -34,9 +34,77 @@ ACTIVATION_FACTOR = 1.1
 # sorted values + int64 indices for top-k/top-p, cumulative sums): ~40 in both the Llama-3-8B log
 # (256 rows x 128,256 -> 1.26 GiB) and the gpt-oss-120b logs (1024 rows x 201,088 -> ~7.5 GiB)
 SAMPLER_BYTES_PER_LOGIT = 40
-NON_TORCH_GIB = 0.15  # calibrated: cuBLAS/cuDNN workspaces and allocator slack outside torch, one GPU
-NON_TORCH_PARALLEL_GIB = 0.1  # calibrated: + NCCL and custom all-reduce buffers when TP/PP > 1
 CUDA_CONTEXT_GIB = 0.5  # outside vLLM's accounting, but it occupies the GPU
+
+
+@dataclass(frozen=True)
+class NonTorchRule:
+    """vLLM's "non-torch" memory (GPU memory in use that torch's allocator does not hold: cuBLAS
+    workspaces, NCCL and custom all-reduce buffers) for one family of releases that measure it the
+    same way. Each figure is the median of the non-torch lines logged by the releases of the family
+    (tests/planner/fixtures/vllm_logs.json, "non_torch_observations"; tests check the medians)."""
+
+    since: tuple[int, int, int]  # first vLLM release of the family
+    single_gpu_gib: float
+    multi_gpu_gib: float  # TP/PP > 1 (NCCL, custom all-reduce)
+    accounting: str
+    fitted_on: tuple[str, ...]  # observation ids in the fixtures
+
+
+NON_TORCH_RULES = (
+    NonTorchRule(
+        (0, 0, 0),
+        0.35,
+        3.58,
+        "before 0.7: device memory in use minus torch's *allocated* bytes, so blocks the caching "
+        "allocator keeps after the profile run count as non-torch (varies with the run; rough)",
+        (
+            "vllm-pr-10511-llama3-8b-h100-tp1",
+            "vllm-pr-10511-llama3-8b-h100-tp2",
+            "vllm-issue-10517-llama31-8b-3090-20k",
+            "vllm-issue-10517-llama31-8b-3090-29k",
+        ),
+    ),
+    NonTorchRule(
+        (0, 7, 0),
+        0.08,
+        0.25,
+        "0.7 and later (V0 and V1): the increase of device memory in use minus torch's *reserved* "
+        "bytes, measured from a snapshot taken after the CUDA context exists",
+        (
+            "vllm-pr-12126-llama32-11b-vision-h100",
+            "vllm-issue-12330-llama3-8b-a100-40gb",
+            "vllm-issue-17327-qwen3-30b-a3b-w4a16-3090",
+            "vllm-issue-13882-qwen25-7b-int4-4060",
+            "vllm-issue-13061-r1-distill-qwen-14b-2x4090-tp2",
+            "vllm-issue-16570-qwen25-vl-72b-4xa100-40gb-tp4",
+            "vllm-issue-50722-qwen35-35b-a3b-h100-tp",
+            "vllm-pr-14447-moe-wna16-3090-multi-gpu",
+            "vllm-issue-15815-qwen25-32b-2xl40s-tp2",
+        ),
+    ),
+)
+# engines without their own measured figure (TGI): the earlier single constant, + NCCL with TP/PP
+OTHER_ENGINE_NON_TORCH_GIB = 0.15
+OTHER_ENGINE_NON_TORCH_PARALLEL_GIB = 0.1
+
+
+def release(text: str | None) -> tuple[int, int, int] | None:
+    """'0.8.5', 'v0.10.1.dev3', '0.6.x', '>=0.21' -> (major, minor, patch); None when not given."""
+    if not text:
+        return None
+    parts = [
+        int("".join(ch for ch in piece if ch.isdigit()) or 0) for piece in text.lstrip(">=v ").split(".")[:3]
+    ]
+    parts += [0] * (3 - len(parts))
+    return parts[0], parts[1], parts[2]
+
+
+def non_torch_rule(engine_version: str | None) -> NonTorchRule:
+    """The family of the given vLLM release (the newest family when no release is given)."""
+    version = release(engine_version)
+    rules = [r for r in NON_TORCH_RULES if version is None or version >= r.since]
+    return rules[-1]
 
 
 @dataclass(frozen=True)
@@ -105,6 +173,70 @@ def _target_weights_per_gpu(inputs: PlanInputs) -> int:
     return math.ceil((stage_ends + (total - ends_bytes) * layer_share) / tp)
 
 
+# PyTorch's CUDA caching allocator (default, non-expandable segments): a request of 10 MiB or more
+# gets a segment of its own, rounded up to 2 MiB, and a remainder of at most 1 MiB is not split off,
+# so it counts as allocated. vLLM's "model loading took" is torch's allocated bytes, so a weight
+# matrix of 35 MiB reports 36 MiB (Qwen2.5-32B at TP 2: three such matrices per layer, +0.19 GiB).
+MIB = 2**20
+ALLOC_ROUND_BYTES = 2 * MIB
+ALLOC_OWN_SEGMENT_BYTES = 10 * MIB
+ALLOC_SPLIT_MIN_BYTES = MIB
+
+
+def allocated_bytes(nbytes: int) -> int:
+    """What torch's caching allocator books for one fresh request of `nbytes`."""
+    nbytes = -(-nbytes // 512) * 512
+    if nbytes < ALLOC_OWN_SEGMENT_BYTES:
+        return nbytes  # carved from a shared 2 / 20 MiB buffer, remainder split off
+    segment = -(-nbytes // ALLOC_ROUND_BYTES) * ALLOC_ROUND_BYTES
+    return segment if segment - nbytes <= ALLOC_SPLIT_MIN_BYTES else nbytes
+
+
+def _matrix_shapes_per_gpu(inputs: PlanInputs) -> list[tuple[int, int]]:
+    """(count, bytes) of the 16-bit weight matrices vLLM allocates on one GPU (merged QKV and
+    gate/up projections, vocab-parallel embedding and head padded to 64 rows)."""
+    spec, tp, dt = inputs.spec, inputs.tensor_parallel_size, inputs.model_dtype_bytes
+    h, hd = spec.hidden_size, spec.head_dim
+    layers = math.ceil(spec.num_layers / inputs.pipeline_parallel_size)
+    q = spec.num_attention_heads * hd // tp
+    kv = max(1, spec.num_kv_heads // tp) * hd
+    out = [(layers, (q + 2 * kv) * h * dt), (layers, q * h * dt)]
+    up = 2 if spec.mlp_gated else 1
+    dense_layers = spec.first_k_dense_replace if spec.is_moe else layers
+    if dense_layers:
+        inter = spec.intermediate_size // tp
+        out += [(dense_layers, up * inter * h * dt), (dense_layers, inter * h * dt)]
+    if spec.is_moe:
+        moe_layers = layers - spec.first_k_dense_replace
+        inter = spec.moe_intermediate_size // tp
+        out += [
+            (moe_layers, spec.num_experts * up * inter * h * dt),
+            (moe_layers, spec.num_experts * inter * h * dt),
+        ]
+    vocab = -(-spec.vocab_size // 64) * 64 // tp
+    out.append((1 if spec.tie_word_embeddings else 2, vocab * h * dt))
+    return out
+
+
+def vllm_load_overhead_bytes(inputs: PlanInputs) -> int:
+    """What vLLM's "model loading took" counts beyond the parameters, per GPU: the rotary cos/sin
+    cache (max_position_embeddings x rotary dim in the model dtype: 32 MiB for Llama-3.1's 131,072
+    positions) and the allocator's rounding of 16-bit weight matrices (`allocated_bytes`; not
+    modelled for quantized, MLA or GGUF checkpoints, whose tensor layouts differ)."""
+    spec = inputs.spec
+    rotary = spec.qk_rope_head_dim if spec.is_mla else int(spec.head_dim * spec.partial_rotary_factor)
+    rope = spec.max_position_embeddings * rotary * inputs.model_dtype_bytes
+    plain = (
+        inputs.device == "cuda"  # the rounding is the CUDA caching allocator's
+        and inputs.effective_quantization == "none"
+        and not spec.is_mla
+        and spec.source != "gguf"
+        and spec.torch_dtype in ("bfloat16", "float16", "float32")
+    )
+    rounding = sum(n * (allocated_bytes(b) - b) for n, b in _matrix_shapes_per_gpu(inputs)) if plain else 0
+    return rope + rounding
+
+
 def kv_layout(inputs: PlanInputs) -> KVLayout:
     spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
     kv_bytes = inputs.kv_dtype_bytes
@@ -169,8 +301,14 @@ def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int)
 
 
 def non_torch_bytes(inputs: PlanInputs) -> int:
+    """Non-torch memory inside the engine's budget: vLLM's per-release figure (`NON_TORCH_RULES`),
+    the older single constant for other engines."""
     parallel = inputs.tensor_parallel_size * inputs.pipeline_parallel_size > 1
-    return int((NON_TORCH_GIB + (NON_TORCH_PARALLEL_GIB if parallel else 0.0)) * GIB)
+    if inputs.engine == "vllm":
+        rule = non_torch_rule(inputs.engine_version)
+        return int((rule.multi_gpu_gib if parallel else rule.single_gpu_gib) * GIB)
+    extra = OTHER_ENGINE_NON_TORCH_PARALLEL_GIB if parallel else 0.0
+    return int((OTHER_ENGINE_NON_TORCH_GIB + extra) * GIB)
 
 
 def cuda_graph_bytes(inputs: PlanInputs, max_num_seqs: int) -> int:

@@ -1,4 +1,4 @@
-"""Planner vs public vLLM start-up logs (fixtures/vllm_logs.json, each with its source URL)."""
+"""Planner vs public vLLM start-up logs (fixtures/vllm_logs.json, each with its source and quoted lines)."""
 
 from __future__ import annotations
 
@@ -6,30 +6,130 @@ import json
 import statistics
 from pathlib import Path
 
-from llmdeploy.planner.accuracy import DEFAULT_FIXTURES, check_all, report
+import pytest
+
+from llmdeploy.planner.accuracy import (
+    DEFAULT_FIXTURES,
+    LEGACY,
+    TARGET,
+    NonTorchObservation,
+    check_all,
+    fit_non_torch,
+    load,
+    observations,
+    report,
+    summaries,
+)
+from llmdeploy.planner.footprint import NON_TORCH_RULES, non_torch_rule, release
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs.json"
 
 
-def test_fixtures_cite_their_source() -> None:
+def test_fixtures_parse_and_cite_their_source() -> None:
     assert FIXTURES.resolve() == DEFAULT_FIXTURES.resolve()
-    for entry in json.loads(FIXTURES.read_text())["logs"]:
-        assert entry["source"].startswith("https://")
+    data = json.loads(FIXTURES.read_text())
+    ids = [e["id"] for e in data["logs"]] + [o["id"] for o in data["non_torch_observations"]]
+    assert len(set(e["id"] for e in data["logs"])) == len(data["logs"])
+    assert len(set(o["id"] for o in data["non_torch_observations"])) == len(data["non_torch_observations"])
+    assert ids
+    for item in data["logs"] + data["non_torch_observations"]:
+        assert item["source"].startswith("https://"), item["id"]
+        assert item["quoted"] and all(isinstance(q, str) and q for q in item["quoted"]), item["id"]
+        assert release(str(item["vllm_version"]).split()[0]) is not None
+    for entry in data["logs"]:
+        assert set(entry["inputs"]) >= {"gpu_memory_utilization", "tensor_parallel_size", "max_model_len"}
+        assert "kv_cache_tokens" in entry["logged"] and "kv_cache_gib" in entry["logged"]
+
+
+def test_logged_figures_appear_in_the_quoted_lines() -> None:
+    # the stated numbers were copied from the quotes, not typed in: each one is in some quoted line
+    for entry in load()["logs"]:
+        text = " ".join(entry["quoted"]).replace(",", "")
+        for key in ("kv_cache_tokens", "weights_gib"):
+            value = entry["logged"].get(key)
+            if value is not None:
+                # V0 logs print blocks of 16 tokens instead of tokens
+                assert f"{value}" in text or (
+                    key == "kv_cache_tokens" and f"blocks: {value // 16}" in text
+                ), (
+                    entry["id"],
+                    key,
+                )
+    for o in load()["non_torch_observations"]:
+        for value in o.get("non_torch_gib_per_rank", [o["non_torch_gib"]]):
+            assert f"{value:.2f}GiB" in " ".join(o["quoted"]).replace(" GiB", "GiB"), o["id"]
+
+
+def test_release_parsing_and_families() -> None:
+    assert release("0.8.5") == (0, 8, 5)
+    assert release("v0.10.1.dev3") == (0, 10, 1)
+    assert release(">=0.21") == (0, 21, 0)
+    assert release("0.6.x") == (0, 6, 0)
+    assert release(None) is None
+    assert non_torch_rule("0.6.5.dev").since == (0, 0, 0)
+    assert non_torch_rule("0.7.0").since == (0, 7, 0)
+    assert non_torch_rule(None) is NON_TORCH_RULES[-1]
+
+
+def test_shipped_non_torch_constants_are_the_medians_of_the_logged_lines() -> None:
+    obs = observations(load())
+    for rule in NON_TORCH_RULES:
+        family = [o.obs_id for o in obs if non_torch_rule(o.version) == rule]
+        assert sorted(family) == sorted(rule.fitted_on)
+        single, multi = fit_non_torch(obs, rule)
+        assert single is not None and multi is not None
+        assert rule.single_gpu_gib == pytest.approx(round(single, 2), abs=1e-9)
+        assert rule.multi_gpu_gib == pytest.approx(round(multi, 2), abs=1e-9)
+
+
+def test_fit_leaves_out_the_excluded_source() -> None:
+    rule = non_torch_rule("0.8.0")
+    obs = [
+        NonTorchObservation("a", "https://x/1", "0.8.0", 1, 0.1),
+        NonTorchObservation("b", "https://x/2", "0.9.0", 1, 0.3),
+        NonTorchObservation("c", "https://x/2", "0.9.0", 2, 0.5),
+        NonTorchObservation("old", "https://x/3", "0.6.0", 1, 9.0),  # other family
+    ]
+    assert fit_non_torch(obs, rule) == (pytest.approx(0.2), 0.5)
+    assert fit_non_torch(obs, rule, exclude_source="https://x/2") == (0.1, None)
 
 
 def test_bytes_per_token_part_matches_logged_kv_tokens() -> None:
     # the log's own KV memory divided by our bytes/token must give the log's token count
     errors = [abs(c.bpt_error) for c in check_all() if c.bpt_error is not None and not c.hybrid]
-    assert len(errors) >= 4
+    assert len(errors) >= 6
     assert statistics.median(errors) <= 0.02
-    assert max(errors) <= 0.10
+    assert max(errors) <= 0.02
 
 
-def test_full_prediction_error_is_reported_and_bounded() -> None:
-    checks = [c for c in check_all() if c.full_error is not None and not c.hybrid]
-    assert len(checks) >= 4
-    assert max(abs(c.full_error) for c in checks) <= 0.10  # type: ignore[arg-type]
+def test_weights_match_the_logged_model_loading_line() -> None:
+    checks = [c for c in check_all() if c.weights_error_gib is not None and not c.hybrid]
+    assert len(checks) >= 10
     for c in checks:
-        if c.weights_error_gib is not None:
-            assert abs(c.weights_error_gib) < 0.1, c.log_id
+        assert c.weights_gib is not None
+        assert abs(c.weights_error_gib) / c.weights_gib < 0.02, c.log_id  # type: ignore[operator]
+    # regression guard at the measured figures: within 0.03 GiB of every "model loading took" line
+    # (the Qwen2 TP 2 logs were +0.19 GiB before the allocator rounding was modelled)
+    assert max(abs(c.weights_error_gib) for c in checks) <= 0.03  # type: ignore[arg-type]
+
+
+def test_held_out_error_differs_only_where_the_thread_states_non_torch() -> None:
+    data = load()
+    sources_with_lines = {o["source"] for o in data["non_torch_observations"]}
+    for c in check_all():
+        if c.full_error is None or c.heldout_error is None:
+            continue
+        if c.source not in sources_with_lines:
+            assert c.heldout_error == c.full_error, c.log_id
+
+
+def test_full_prediction_error_regression_guard() -> None:
+    # measured when the fixtures were collected (docs/planner.md: vLLM >= 0.7, non-hybrid, held out,
+    # median 1.90 %, max 5.62 %, n = 4); a guard against regressions, not proof of the 2 % target
+    figures = summaries(check_all())
+    target = figures[f"full prediction held out, {TARGET}"]
+    assert len(target) >= 4
+    assert statistics.median(target) <= 0.0195
+    assert max(target) <= 0.06
+    assert len(figures[f"full prediction, {LEGACY}"]) >= 4
     assert "median |error|" in report(check_all())

@@ -158,3 +158,29 @@ def test_hybrid_that_does_not_fit_names_the_kv_needed() -> None:
         "one request of max_model_len 131,072 needs" in plan.problems[0]
         or "no memory left" in plan.problems[0]
     )
+
+
+def test_allocator_rounding_of_one_request() -> None:
+    from llmdeploy.planner.footprint import MIB, allocated_bytes
+
+    assert allocated_bytes(5 * MIB) == 5 * MIB  # below 10 MiB: carved from a shared buffer
+    assert allocated_bytes(35 * MIB) == 36 * MIB  # 1 MiB left in its 36 MiB segment: not split off
+    assert allocated_bytes(int(67.5 * MIB)) == 68 * MIB
+    assert allocated_bytes(int(742.5 * MIB)) == int(742.5 * MIB)  # 1.5 MiB remainder is split off
+    assert allocated_bytes(224 * MIB) == 224 * MIB
+    assert allocated_bytes(1000) == 1024  # 512-byte granules
+
+
+def test_vllm_load_overhead_rope_cache_and_rounding() -> None:
+    from llmdeploy.planner.footprint import MIB, vllm_load_overhead_bytes
+
+    # Llama-3.1-8B: every matrix is a whole number of 2 MiB (qkv 48, o 32, gate_up 224, down 112
+    # MiB), so only the cos/sin cache counts: 131,072 positions x 128 x 2 bytes = 32 MiB
+    assert vllm_load_overhead_bytes(_inputs("meta-llama/Llama-3.1-8B")) == 32 * MIB
+    # Qwen2.5-32B at TP 2: qkv (3584 x 5120), o (5120 x 2560) and down (5120 x 13824) are 35, 25 and
+    # 135 MiB, each booked as the next 2 MiB (64 layers x 3 MiB), + 32,768 x 128 x 2 bytes of cache
+    qwen = _inputs("Qwen/Qwen2.5-32B", tensor_parallel_size=2)
+    assert vllm_load_overhead_bytes(qwen) == 64 * 3 * MIB + 8 * MIB
+    # quantized checkpoints: only the cache (their packed layouts are not modelled)
+    awq = _inputs("Qwen/Qwen2.5-32B", tensor_parallel_size=2, quantization="awq")
+    assert vllm_load_overhead_bytes(awq) == 8 * MIB
