@@ -49,6 +49,17 @@ def test_round_trip_error_is_within_half_an_ulp(dtype: torch.dtype, scale_value:
 
 
 @pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dequantize_is_float32_multiply_then_one_rounding(dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    every = torch.arange(256, dtype=torch.uint8).view(dtype)
+    every = every[~torch.isnan(every.float())]  # all 254 (e4m3) / 248 (e5m2) finite codes, and e5m2's infs
+    for s in (1.0, 0.0123, 3.7, 2.0**-10 * 1.37):
+        scale = torch.tensor([s])
+        want = (every.double() * torch.tensor(s, dtype=torch.float32).double()).float().to(out_dtype)
+        assert torch.equal(kv_cache.dequantize(every, scale, out_dtype), want)
+
+
+@pytest.mark.parametrize("dtype", FP8)
 def test_values_beyond_the_range_saturate(dtype: torch.dtype) -> None:
     scale = torch.tensor([0.5])
     limit = kv_cache.fp8_max(dtype)
