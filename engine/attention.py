@@ -8,6 +8,10 @@ prefill chunks run one SDPA call each (causal, offset by the cached prefix when 
 GQA in decode without copying K/V: the query heads that share a KV head are folded into the
 query-length axis, so q is [n, num_kv_heads, group, head_dim] against k/v [n, num_kv_heads, ctx,
 head_dim]. Prefill chunks use SDPA's own GQA support (enable_gqa).
+
+An fp8 cache (kv_cache.py) is quantized on write with the layer's k_scale / v_scale and dequantized
+to q's dtype right after the block gather; a prefill without a cached prefix attends over its own
+unquantized K/V, as it never reads the cache. This path is the reference for every fp8 kernel.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.kv_cache import read_blocks, write_kv
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # cuDNN attention builds a graph per new shape; decode contexts change shape every step, so leave it out
@@ -94,14 +99,6 @@ def build_profile_metadata(num_tokens: int, max_seq_len: int, device: torch.devi
     )
 
 
-def _read_blocks(cache: torch.Tensor, blocks: torch.Tensor, num_seqs: int) -> torch.Tensor:
-    """[num_seqs, kv_heads, blocks_per_seq * block_size, head_dim] from whole blocks (index_select on
-    blocks copies contiguous rows: several times faster on CPU than gathering single slots)."""
-    num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
-    rows = cache.index_select(0, blocks)
-    return rows.view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-
-
 def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -115,11 +112,10 @@ def paged_attention(
     """Write k/v to their slots, then attend. k_scale/v_scale (float32, one element) are the per-tensor
     scales of an fp8 KV cache: stored = (x / scale) cast to fp8, read = stored.float() * scale; None
     for a 16/32-bit cache. Every kernel behind this function follows that rule."""
-    if kv_cache is not None and kv_cache[0].element_size() == 1:
-        raise NotImplementedError("fp8 KV cache: not implemented in this path yet")
     if q.is_cuda and kv_cache is not None and not meta.prefills and meta.num_decodes:
         decode_kernel = _triton_decode()
-        # 16-bit only: the kernel's float32 products run in tf32, looser than the float32 checks here
+        # 16-bit only: the kernel's float32 products run in tf32, looser than the float32 checks here;
+        # a cache of another dtype (fp8 included) is read by the pure-torch path below
         if (
             decode_kernel is not None
             and q.dtype in (torch.bfloat16, torch.float16)
@@ -127,7 +123,7 @@ def paged_attention(
         ):
             return decode_kernel(q, k, v, kv_cache, meta, scale)  # reads the blocks in place
     with sdpa_kernel(_SDPA_BACKENDS):
-        return _paged_attention(q, k, v, kv_cache, meta, scale)
+        return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
 
 
 def _triton_decode() -> Any:
@@ -146,24 +142,24 @@ def _paged_attention(
     kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     if kv_cache is not None:
         assert meta.slot_mapping is not None
-        k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
-        v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
+        write_kv(kv_cache[0], meta.slot_mapping, k, k_scale)
+        write_kv(kv_cache[1], meta.slot_mapping, v, v_scale)
     out = torch.empty_like(q)
 
     if meta.num_decodes:
         assert kv_cache is not None, "decode needs a KV cache"
         n = meta.num_decodes
         qd = q[meta.decode_token_index].view(n, num_kv_heads, group, head_dim)
-        kd = _read_blocks(kv_cache[0], meta.decode_blocks, n).to(q.dtype)  # [n, kv_heads, ctx, head_dim]
-        vd = _read_blocks(kv_cache[1], meta.decode_blocks, n).to(q.dtype)
+        kd = read_blocks(kv_cache[0], meta.decode_blocks, n, k_scale, q.dtype)  # [n, kv_heads, ctx, head_dim]
+        vd = read_blocks(kv_cache[1], meta.decode_blocks, n, v_scale, q.dtype)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
         out[meta.decode_token_index] = od.reshape(n, num_heads, head_dim)
 
@@ -175,8 +171,9 @@ def _paged_attention(
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
         else:
             assert kv_cache is not None
-            kp = _read_blocks(kv_cache[0], chunk.context_blocks, 1)[0, :, : chunk.context_len].to(q.dtype)
-            vp = _read_blocks(kv_cache[1], chunk.context_blocks, 1)[0, :, : chunk.context_len].to(q.dtype)
+            ctx = chunk.context_len
+            kp = read_blocks(kv_cache[0], chunk.context_blocks, 1, k_scale, q.dtype)[0, :, :ctx]
+            vp = read_blocks(kv_cache[1], chunk.context_blocks, 1, v_scale, q.dtype)[0, :, :ctx]
             offset = chunk.context_len - chunk.query_len
             token_pos = torch.arange(chunk.query_len, device=q.device) + offset
             mask = torch.arange(chunk.context_len, device=q.device)[None, :] <= token_pos[:, None]

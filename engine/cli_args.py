@@ -123,7 +123,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "needed on CPU",
     )
     cache.add_argument(
-        "--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPES, help="KV cache dtype"
+        "--kv-cache-dtype",
+        default=d.kv_cache_dtype,
+        choices=KV_CACHE_DTYPES,
+        help="KV cache dtype (auto: the model dtype; fp8 = fp8_e4m3, 1 byte per element with per-layer scales)",
+    )
+    cache.add_argument(
+        "--calculate-kv-scales",
+        action=argparse.BooleanOptionalAction,
+        default=d.calculate_kv_scales,
+        help="fp8 KV cache: per-layer K/V scales from a start-up calibration pass (else 1.0)",
     )
     cache.add_argument("--block-size", type=_positive_int, default=d.block_size, help="tokens per KV block")
     cache.add_argument(
@@ -269,6 +278,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         kv_cache_dtype=args.kv_cache_dtype,
+        calculate_kv_scales=args.calculate_kv_scales,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -20,7 +20,8 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context, capped by the KV cache
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None  # explicit KV budget (required sizing rule on CPU)
-    kv_cache_dtype: str = "auto"  # auto | fp16 | bf16 | fp8 | fp8_e4m3 | fp8_e5m2
+    kv_cache_dtype: str = "auto"  # auto | fp16 | bf16 | fp8 | fp8_e4m3 | fp8_e5m2 (fp8 = e4m3)
+    calculate_kv_scales: bool = True  # fp8 KV: per-layer scales from a start-up calibration pass, else 1.0
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # default: max(max_model_len, 2048) capped at 8192

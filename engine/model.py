@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from llmdeploy_engine import ops
 from llmdeploy_engine.attention import AttentionMetadata, paged_attention
 from llmdeploy_engine.config import ModelConfig, RopeScaling
+from llmdeploy_engine.kv_cache import KVAmaxObserver
 from torch import nn
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -67,6 +68,15 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.scale = config.head_dim**-0.5
+        # per-tensor scales of an fp8 KV cache (kv_cache.py); updated in place (CUDA graphs hold them)
+        self.register_buffer("k_scale", torch.ones(1), persistent=False)
+        self.register_buffer("v_scale", torch.ones(1), persistent=False)
+        self.kv_observer: KVAmaxObserver | None = None  # set while calibrating the scales
+
+    def reset_kv_scales(self, device: torch.device) -> None:
+        """float32 scales of 1.0 on device (after meta construction and any dtype cast of the model)."""
+        self.k_scale = torch.ones(1, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones(1, dtype=torch.float32, device=device)
 
     def forward(
         self,
@@ -84,7 +94,9 @@ class Attention(nn.Module):
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ops.apply_rope(q, k, cos, sin)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        if self.kv_observer is not None:
+            self.kv_observer.update(k, v)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
         return self.o_proj(out.reshape(n, c.q_size))
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from llmdeploy_engine import kv_cache
 from llmdeploy_engine.attention import build_attention_metadata, build_profile_metadata
 from llmdeploy_engine.config import EngineConfig, ModelConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
@@ -24,13 +25,10 @@ from llmdeploy_engine.startup_report import StartupReport
 logger = logging.getLogger("llmdeploy_engine")
 
 CPU_DEFAULT_KV_CACHE_BYTES = 4 * 2**30
+# fp8 KV scale calibration (calculate_kv_scales): 512 tokens in 4 sequences
+CALIBRATION_TOKENS = 512
+CALIBRATION_SEQ_LEN = 128
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_KV_DTYPES = {
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-}
 
 
 def load_model_config(model: str) -> ModelConfig:
@@ -83,7 +81,7 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.kv_dtype = self._kv_dtype(config.kv_cache_dtype)
+        self.kv_dtype = kv_cache.kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.block_size = config.block_size
         torch.manual_seed(config.seed)
 
@@ -105,6 +103,8 @@ class ModelRunner:
             model_len
         )
         peak_activation_bytes, non_torch_bytes, total_bytes = self._profile(model_len)
+        if kv_cache.is_fp8(self.kv_dtype) and config.calculate_kv_scales:
+            self._calibrate_kv_scales()
 
         from llmdeploy.planner import builtin_rule
 
@@ -147,20 +147,12 @@ class ModelRunner:
                 self.num_kv_blocks, self.block_size, self.max_model_len
             ),
             load_time_s=load_time_s,
+            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
         )
         for line in self.startup_report.log_lines():
             logger.info(line)
 
     # phase: load
-    def _kv_dtype(self, name: str) -> torch.dtype:
-        if name == "auto":
-            return self.dtype
-        if name not in _KV_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype {name!r} is not supported by the built-in engine; use auto, fp16 or bf16"
-            )
-        return _KV_DTYPES[name]
-
     def _load_model(self) -> CausalLM:
         from llmdeploy_engine import random_weights
 
@@ -171,6 +163,8 @@ class ModelRunner:
         if mc.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.reset_rope()
+        for layer in model.model.layers:
+            layer.self_attn.reset_kv_scales(self.device)
         if random_weights.is_random(self.config.model):
             random_weights.init_random_weights(model, self.config.seed)
         else:
@@ -209,6 +203,36 @@ class ModelRunner:
         non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
         torch.cuda.empty_cache()
         return peak, non_torch, total
+
+    def _calibrate_kv_scales(self) -> None:
+        """Per-layer fp8 scales from the |K| / |V| maxima of one cache-free prefill of fixed pseudo-random
+        tokens (CALIBRATION_TOKENS, in sequences of CALIBRATION_SEQ_LEN so several see position 0).
+        Runs before any CUDA graph is captured; the scale buffers are updated in place."""
+        n = min(CALIBRATION_TOKENS, self.max_num_batched_tokens)
+        gen = torch.Generator().manual_seed(self.config.seed)
+        ids = torch.randint(0, self.model_config.vocab_size, (n,), generator=gen).to(self.device)
+        positions = torch.arange(n, device=self.device) % CALIBRATION_SEQ_LEN
+        meta = build_profile_metadata(n, CALIBRATION_SEQ_LEN, self.device)
+        attns = [layer.self_attn for layer in self.model.model.layers]
+        for attn in attns:
+            attn.kv_observer = kv_cache.KVAmaxObserver(self.device)
+        try:
+            with torch.inference_mode():
+                self.model(ids, positions, meta, None)
+        finally:
+            observers = [attn.kv_observer for attn in attns]
+            for attn in attns:
+                attn.kv_observer = None
+        for attn, obs in zip(attns, observers, strict=True):
+            assert obs is not None
+            attn.k_scale.copy_(kv_cache.calibrated_scale(obs.k_amax, self.kv_dtype))
+            attn.v_scale.copy_(kv_cache.calibrated_scale(obs.v_amax, self.kv_dtype))
+        k_scales = torch.cat([a.k_scale for a in attns]).tolist()
+        v_scales = torch.cat([a.v_scale for a in attns]).tolist()
+        logger.info(
+            "fp8 KV scales from %d calibration tokens: k %.3g..%.3g, v %.3g..%.3g",
+            n, min(k_scales), max(k_scales), min(v_scales), max(v_scales),
+        )  # fmt: skip
 
     def _max_model_len(self, model_len: int) -> int:
         capacity = self.num_kv_blocks * self.block_size

@@ -21,6 +21,7 @@ class StartupReport:
     max_model_len: int
     max_concurrency: float
     load_time_s: float
+    kv_cache_dtype: str = "auto"  # storage dtype of the KV cache (torch name, e.g. float8_e4m3fn)
 
     @property
     def weights_gib(self) -> float:
@@ -41,6 +42,7 @@ class StartupReport:
             f"Available KV cache memory: {self.available_kv_gib:.2f} GiB",
             f"{kind} KV cache size: {self.kv_cache_tokens:,} tokens",
             f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
+            f"KV cache dtype: {self.kv_cache_dtype}, {self.kv_bytes_per_token:,} bytes per token",
         ]
 
     def to_dict(self) -> dict[str, float | int | str]:
@@ -58,4 +60,5 @@ class StartupReport:
             "max_model_len": self.max_model_len,
             "max_concurrency": self.max_concurrency,
             "load_time_s": self.load_time_s,
+            "kv_cache_dtype": self.kv_cache_dtype,
         }

@@ -10,15 +10,16 @@ from llmdeploy.catalog import ModelSpec, resolve_model
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.recipe.schema import Recipe
 
-# What the built-in engine can run: engine/model.py SUPPORTED_ARCHITECTURES (a test keeps them equal)
-# and engine/model_runner.py's KV dtypes. The toolkit never imports the engine (it imports torch).
+# What the built-in engine can run: engine/model.py SUPPORTED_ARCHITECTURES and engine/kv_cache.py's
+# KV dtypes (tests keep them equal). The toolkit never imports the engine (it imports torch).
 BUILTIN_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16")
+# fp8 is e4m3 (vLLM's meaning), stored with per-layer scales; 1 byte per element in the plan
+BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BUILTIN_QUANTIZATIONS = ("none", "gguf")
 # TGI's --quantize has no GGUF loader
 TGI_UNSUPPORTED_QUANTIZATIONS = ("gguf",)
@@ -38,11 +39,11 @@ def engine_support_problems(recipe: Recipe, model: ModelSpec) -> Iterator[Proble
             )
         if recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES:
             yield Problem(
-                "the built-in engine keeps its KV cache in 16-bit",
+                "the built-in engine has no such KV cache dtype",
                 path="kv_cache.dtype",
                 value=recipe.kv_cache.dtype,
                 has_value=True,
-                fix=f"use one of: {', '.join(BUILTIN_KV_DTYPES)}; or engine vllm for fp8 KV",
+                fix=f"use one of: {', '.join(BUILTIN_KV_DTYPES)}",
             )
         if recipe.model.quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights:
             yield Problem(

@@ -45,7 +45,7 @@ def test_startup_report_lines(runner: ModelRunner) -> None:
     [
         ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
         ({"quantization": "awq"}, "quantization"),
-        ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
+        ({"kv_cache_dtype": "int8"}, "kv_cache_dtype"),
         ({"max_model_len": 100_000}, "max_model_len"),
         ({"kv_cache_memory_bytes": 1000}, "KV cache"),
         ({"dtype": "float64"}, "dtype"),

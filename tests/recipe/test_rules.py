@@ -12,7 +12,7 @@ import pytest
 from llmdeploy.errors import Problem
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe
-from llmdeploy.recipe.engine_support import BUILTIN_ARCHITECTURES
+from llmdeploy.recipe.engine_support import BUILTIN_ARCHITECTURES, BUILTIN_KV_DTYPES
 from llmdeploy.recipe.rules import check_recipe, recipe_notes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,9 +152,26 @@ def test_builtin_engine_limits(tmp_path: Path) -> None:
         "the built-in engine cannot run MixtralForCausalLM with MoE/MLA layers"
         in _only(problems, "engine.type").message
     )
-    assert _only(problems, "kv_cache.dtype").value == "fp8"
+    assert not [p for p in problems if p.path == "kv_cache.dtype"]  # fp8 KV is supported
     assert _only(problems, "model.quantization").value == "awq"
     assert "no speculative decoding" in _only(problems, "speculative").message
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_builtin_fp8_kv_validates_and_plans_one_byte_per_element(tmp_path: Path, dtype: str) -> None:
+    text = LLAMA_8B.replace("A100-80GB", "H100") + "engine: {type: builtin}\nlimits: {max_model_len: 8192}\n"
+    assert _check(tmp_path, text, f"kv_cache.dtype={dtype}") == []
+    path = tmp_path / "r.yaml"
+    fp8 = make_plan(load_recipe(path, overrides=(f"kv_cache.dtype={dtype}",), env={}))
+    bf16 = make_plan(load_recipe(path, overrides=("kv_cache.dtype=bf16",), env={}))
+    assert fp8.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1 == bf16.kv_bytes_per_token // 2
+    assert fp8.kv_cache_gib == bf16.kv_cache_gib
+    assert fp8.kv_cache_tokens in range(2 * bf16.kv_cache_tokens - 16, 2 * bf16.kv_cache_tokens + 17)
+
+
+def test_builtin_kv_dtypes_match_the_engine() -> None:
+    kv_cache = pytest.importorskip("llmdeploy_engine.kv_cache")
+    assert set(BUILTIN_KV_DTYPES) - {"auto"} <= set(kv_cache.KV_CACHE_DTYPES)
 
 
 def test_builtin_architectures_match_the_engine() -> None:

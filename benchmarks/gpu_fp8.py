@@ -1,0 +1,282 @@
+"""Decode speed of the built-in engine with an fp8 KV cache against a 16-bit one (issue 6 item 4).
+
+The target workload: Llama-3.1-8B with random bf16 weights, 32 sequences of ~8,000 prompt tokens each
+(random byte-token ids, seed 0), 128 output tokens each (greedy, ignore_eos), all added at once. Only decode is
+timed: the clock starts after the step in which the last sequence got its first token (every prefill
+done, all 32 decoding) and stops when all are finished; decode tok/s = tokens produced in between /
+that time. One engine per KV dtype (default: auto = bf16, fp8_e4m3, fp8_e5m2), same process, same
+prompts; the table gives each run's ratio to the first run.
+
+Each run also says which attention path served its pure-decode steps (counted at CUDA graph capture
+and in eager steps): the Triton decode kernel, or the pure-torch path (block gather + SDPA). Until
+the Triton kernel reads fp8 caches, fp8 decode runs the pure-torch path, so the ratio then compares
+two different attention implementations; the column keeps the figure honest. "bytes/step" is what
+one decode step must read (weights, minus the embedding table, plus every sequence's KV context) and
+"GB/s" that over the measured step time.
+
+Run from the repository root (GPU machine):
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_fp8.py --out $OUT
+
+CPU dry run of the script itself (tiny sizes): `python benchmarks/gpu_fp8.py --quick`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_bench import _import_engine, log, sync
+
+_import_engine()
+
+import torch  # noqa: E402
+from llmdeploy_engine import attention  # noqa: E402
+from llmdeploy_engine.config import EngineConfig  # noqa: E402
+from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
+from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
+
+TARGET_MODEL = "random:meta-llama/Llama-3.1-8B"
+QUICK_MODEL = "random:HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class PathCounter:
+    """Counts pure-decode attention calls per path by wrapping attention.py's dispatch points."""
+
+    def __init__(self) -> None:
+        self.triton = 0
+        self.torch = 0
+        self._saved: list[tuple[str, Any]] = []
+
+    def install(self) -> None:
+        find_kernel = getattr(attention, "_triton_decode", None)
+        torch_path = getattr(attention, "_paged_attention", None)
+        if find_kernel is not None:
+            self._patch("_triton_decode", self._wrap_finder(find_kernel))
+        if torch_path is not None:
+            self._patch("_paged_attention", self._wrap_torch(torch_path))
+
+    def uninstall(self) -> None:
+        for name, original in reversed(self._saved):
+            setattr(attention, name, original)
+        self._saved.clear()
+
+    def reset(self) -> None:
+        self.triton = self.torch = 0
+
+    def counts(self) -> tuple[int, int]:
+        return self.triton, self.torch
+
+    @staticmethod
+    def describe(triton: int, torch_calls: int) -> str:
+        if triton and not torch_calls:
+            return "triton decode kernel"
+        if torch_calls and not triton:
+            return "pure-torch (gather + SDPA)"
+        if not (triton or torch_calls):
+            return "unknown (no decode call seen)"
+        return f"mixed: triton {triton} / torch {torch_calls} calls"
+
+    def _patch(self, name: str, replacement: Any) -> None:
+        self._saved.append((name, getattr(attention, name)))
+        setattr(attention, name, replacement)
+
+    def _wrap_finder(self, find_kernel: Callable[[], Any]) -> Callable[[], Any]:
+        def finder() -> Any:
+            kernel = find_kernel()
+            if kernel is None:
+                return None
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.triton += 1
+                return kernel(*args, **kwargs)
+
+            return counted
+
+        return finder
+
+    def _wrap_torch(self, torch_path: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(q: Any, k: Any, v: Any, kv_cache: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
+            if kv_cache is not None and meta.num_decodes and not meta.prefills:
+                self.torch += 1
+            return torch_path(q, k, v, kv_cache, meta, *args, **kwargs)
+
+        return counted
+
+
+def make_engine(args: argparse.Namespace, kv_cache_dtype: str) -> LLMEngine:
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        calculate_kv_scales=not args.no_calculate_kv_scales,
+        max_model_len=args.prompt_len + args.output_len,
+        max_num_seqs=max(args.num_seqs, 1),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=False,  # random prompts share nothing; keep the block manager out of it
+        seed=0,
+        enforce_eager=args.enforce_eager,
+    )
+    return LLMEngine(config)
+
+
+def decode_run(engine: LLMEngine, prompts: list[list[int]], output_len: int, device: str) -> dict[str, Any]:
+    """All prompts at once; decode-only timing from the step that gives the last first token."""
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", ids, params)
+    produced: dict[str, int] = {}
+    t_prefill = time.perf_counter()
+    t0: float | None = None
+    tokens_at_t0 = decode_steps = 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        for out in outs:
+            produced[out.request_id] = len(out.outputs[0].token_ids)
+        if t0 is None:
+            if len(produced) == len(prompts) and all(produced.values()):
+                sync(device)
+                t0 = time.perf_counter()
+                tokens_at_t0 = sum(produced.values())
+        else:
+            decode_steps += 1
+    sync(device)
+    t_end = time.perf_counter()
+    if produced != {f"r{i}": output_len for i in range(len(prompts))}:
+        raise RuntimeError("the engine did not produce every request's output length exactly")
+    assert t0 is not None
+    decode_tokens = sum(produced.values()) - tokens_at_t0
+    return {
+        "prefill_s": t0 - t_prefill,
+        "decode_s": t_end - t0,
+        "decode_steps": decode_steps,
+        "decode_tokens": decode_tokens,
+        "decode_tok_s": decode_tokens / (t_end - t0),
+        "ms_per_step": (t_end - t0) / max(decode_steps, 1) * 1e3,
+    }
+
+
+def bench_dtype(args: argparse.Namespace, kv_cache_dtype: str, prompts: list[list[int]]) -> dict[str, Any]:
+    counter = PathCounter()
+    counter.install()  # before start-up: CUDA graph capture runs the dispatch once per graph
+    try:
+        engine = make_engine(args, kv_cache_dtype)
+        runner: Any = getattr(engine.runner, "runner", engine.runner)
+        report = runner.startup_report
+        for line in report.log_lines():
+            log("  " + line)
+        if engine.runner is not runner:
+            log("  " + engine.runner.report.log_line())
+        layer0 = runner.model.model.layers[0].self_attn
+        # warm-up: first kernels, allocator, the eager path's shapes
+        warm = [p[: min(len(p), 64)] for p in prompts[: min(4, len(prompts))]]
+        decode_run(engine, warm, 4, args.device)
+        at_start_up = counter.counts()  # CUDA graph capture and warm-up
+        counter.reset()
+        replays_before = getattr(engine.runner, "num_replays", 0)
+        res = decode_run(engine, prompts, args.output_len, args.device)
+        replays = getattr(engine.runner, "num_replays", 0) - replays_before
+        timed = counter.counts()
+    finally:
+        counter.uninstall()
+    if any(timed):
+        path = PathCounter.describe(*timed)
+    else:  # every timed decode step replayed a graph: no Python ran, the capture decided the path
+        path = PathCounter.describe(*at_start_up) + " (as captured in the CUDA graphs)"
+    mc = runner.model_config
+    embed = 0 if mc.tie_word_embeddings else mc.vocab_size * mc.hidden_size * runner.dtype.itemsize
+    mean_ctx = args.prompt_len + args.output_len / 2
+    bytes_per_step = report.weights_bytes - embed + len(prompts) * mean_ctx * report.kv_bytes_per_token
+    res.update(
+        kv_cache_dtype=kv_cache_dtype,
+        storage_dtype=report.kv_cache_dtype,
+        decode_attention_path=path,
+        cuda_graph_replays=replays,
+        kv_bytes_per_token=report.kv_bytes_per_token,
+        kv_cache_tokens=report.kv_cache_tokens,
+        k_scale_layer0=float(layer0.k_scale),
+        v_scale_layer0=float(layer0.v_scale),
+        bytes_per_step=bytes_per_step,
+        achieved_gb_s=bytes_per_step / (res["ms_per_step"] / 1e3) / 1e9,
+    )
+    log(
+        f"  {kv_cache_dtype}: decode {res['decode_tok_s']:.0f} tok/s ({res['ms_per_step']:.2f} ms/step, "
+        f"{res['decode_steps']} steps), prefill {res['prefill_s']:.1f} s, path: {res['decode_attention_path']}"
+    )
+    del engine, runner
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    base = results[0]["decode_tok_s"]
+    lines = [
+        "| KV cache dtype | storage | decode attention path | KV tokens | decode tok/s | ms/step "
+        "| bytes/step | GB/s | vs first |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['kv_cache_dtype']} | {r['storage_dtype']} | {r['decode_attention_path']} | "
+            f"{r['kv_cache_tokens']:,} | {r['decode_tok_s']:.0f} | {r['ms_per_step']:.2f} | "
+            f"{r['bytes_per_step'] / 1e9:.2f} GB | {r['achieved_gb_s']:.0f} | {r['decode_tok_s'] / base:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=TARGET_MODEL)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--kv-dtypes", default="auto,fp8_e4m3,fp8_e5m2", help="first one is the baseline")
+    parser.add_argument("--num-seqs", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=8000)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--no-calculate-kv-scales", action="store_true", help="fp8 scales stay 1.0")
+    parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
+    parser.add_argument("--out", default=None, help="folder for gpu_fp8.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.model, args.device, args.dtype = QUICK_MODEL, "cpu", "float32"
+        args.num_seqs, args.prompt_len, args.output_len = 4, 48, 8
+        args.max_num_batched_tokens, args.kv_cache_memory_bytes = 256, 64 * 2**20
+        torch.set_num_threads(1)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_fp8 needs a CUDA GPU (or --quick for a CPU dry run)")
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    log(
+        f"torch {torch.__version__}, {name}; {args.model}, {args.num_seqs} x ({args.prompt_len} + {args.output_len})"
+    )
+    gen = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(0, 256, (args.prompt_len,), generator=gen).tolist() for _ in range(args.num_seqs)
+    ]
+    results: list[dict[str, Any]] = []
+    for kv in args.kv_dtypes.split(","):
+        log(f"== kv_cache_dtype {kv}")
+        results.append(bench_dtype(args, kv, prompts))
+        if args.out:
+            payload = {"args": vars(args), "device": name, "runs": results}
+            Path(args.out, "gpu_fp8.json").write_text(json.dumps(payload, indent=1))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
