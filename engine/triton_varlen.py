@@ -26,6 +26,58 @@ BLOCK_N = 64
 
 
 @triton.jit
+def _attend_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    start,
+    k_ptr,
+    v_ptr,
+    table_row_ptr,
+    qpos,
+    hi,
+    qk_scale,
+    kv_head,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One K/V tile of the online softmax. MASKED=False: every key of the tile is at or before every
+    row's position (no bounds or causal checks needed)."""
+    pos = start + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_DIM)
+    if MASKED:
+        valid = pos < hi
+        block = tl.load(table_row_ptr + pos // BLOCK_SIZE, mask=valid, other=0)
+    else:
+        block = tl.load(table_row_ptr + pos // BLOCK_SIZE)
+    off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+    if MASKED:
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+    else:
+        k = tl.load(k_ptr + off[:, None] + d[None, :]).to(q.dtype)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        # row 0's key 0 is always visible, so every row's running max is finite after the first tile
+        s = tl.where(valid[None, :] & (pos[None, :] <= qpos[:, None]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+    else:
+        v = tl.load(v_ptr + off[:, None] + d[None, :]).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _varlen_kernel(
     q_ptr,
     k_ptr,
@@ -78,23 +130,19 @@ def _varlen_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     last_tok = tl.minimum(qlen - 1, (tile * BLOCK_M + BLOCK_M - 1) // GROUP)
     hi = prefix + last_tok + 1  # keys past the tile's last row are masked for every row
-    n = tl.arange(0, BLOCK_N)
-    for start in range(0, hi, BLOCK_N):
-        pos = start + n
-        valid = pos < hi
-        block = tl.load(tables_ptr + seq * stride_tn + pos // BLOCK_SIZE, mask=valid, other=0)
-        off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        # row 0's key 0 is always visible, so every row's running max is finite after the first tile
-        s = tl.where(valid[None, :] & (pos[None, :] <= qpos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-        m_i = m_new
+    # keys 0 .. prefix + first row's token are visible to every row: whole tiles there skip the masks
+    free = (prefix + (tile * BLOCK_M) // GROUP + 1) // BLOCK_N * BLOCK_N
+    table_row = tables_ptr + seq * stride_tn
+    for start in range(0, free, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, k_ptr, v_ptr, table_row, qpos, hi, qk_scale, kv_head,
+            stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
+        )  # fmt: skip
+    for start in range(free, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, k_ptr, v_ptr, table_row, qpos, hi, qk_scale, kv_head,
+            stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
+        )  # fmt: skip
     out = acc / l_i[:, None]
     if FP8:
         out = out * tl.load(v_scale_ptr)
