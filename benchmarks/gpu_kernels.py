@@ -31,6 +31,7 @@ from llmdeploy_engine import ops, triton_ops
 from llmdeploy_engine.attention import _paged_attention, build_attention_metadata
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.triton_attention import paged_attention_triton
+from llmdeploy_engine.triton_varlen import varlen_attention
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, BS = 32, 8, 128, 4096, 16
 DEV = torch.device("cuda")
@@ -164,12 +165,15 @@ def prefill_rows(cases: list[tuple[str, list[int], list[int]]]) -> None:
             c = attention_case(qlens, ctxs, torch.bfloat16)
             t_torch = bench(torch_attention(c))
             t_triton = bench(triton_attention(c))
+            varlen = c["meta"].varlen
+            t_m128 = bench(lambda: varlen_attention(c["q"], *c["cache"], varlen, HEAD_DIM**-0.5, block_m=128))
             flops = sum(
                 4 * HEADS * HEAD_DIM * q * (x - q + (q + 1) / 2) for q, x in zip(qlens, ctxs, strict=True)
             )
             return (
                 f"torch {fmt(t_torch)} ({flops / t_torch / 1e9:5.1f} TFLOP/s) | "
-                f"triton {fmt(t_triton)} ({flops / t_triton / 1e9:5.1f} TFLOP/s) | {vs(t_torch, t_triton)}"
+                f"triton {fmt(t_triton)} ({flops / t_triton / 1e9:5.1f} TFLOP/s) | {vs(t_torch, t_triton)} | "
+                f"attention only, BLOCK_M 128: {fmt(t_m128)} ({flops / t_m128 / 1e9:5.1f} TFLOP/s)"
             )
 
         row(name, measure)

@@ -35,13 +35,14 @@ def _add_rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        x = x + r  # rounded to the input dtype, as torch's add is
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # torch's add: float32, one rounding
         tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
     x32 = x.to(tl.float32)
     var = tl.sum(x32 * x32, 0) / hidden
     normed = (x32 * tl.rsqrt(var + eps)).to(x.dtype)  # ops.rms_norm casts before the weight
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_o + cols, (normed.to(tl.float32) * w.to(tl.float32)), mask=mask)
+    out = normed.to(tl.float32) * w.to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm(
