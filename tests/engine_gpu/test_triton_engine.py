@@ -67,7 +67,7 @@ def test_bf16_runner_with_kernels_matches_pure_torch(monkeypatch: pytest.MonkeyP
             device="cuda",
             dtype=dtype,
             max_model_len=512,
-            gpu_memory_utilization=0.2,
+            kv_cache_memory_bytes=2**28,
         )
 
     bf16 = ModelRunner(config("bfloat16"))
