@@ -65,6 +65,8 @@ def test_varlen_matches_float64(case, dtypes) -> None:  # type: ignore[no-untype
     if INTERPRET and dtype != torch.float32:
         pytest.skip("Triton's CPU interpreter computes 16-bit tl.dot wrongly: checked on the GPU only")
     if DEVICE == "cuda" and dtype == torch.float32:
+        if case != CASES[1]:
+            pytest.skip("float32 on the GPU: one case (tf32); all cases under the interpreter")
         tol = 2e-2  # float32 tl.dot runs in tf32 on the GPU
     qlens, ctxs, num_heads, num_kv_heads, head_dim, bs = case
     b = make_batch(
