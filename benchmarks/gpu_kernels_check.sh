@@ -28,6 +28,6 @@ wait
 echo "tests took $(($(date +%s) - start)) s"
 for f in "$out"/t_*.log; do
     echo "== $f"
-    grep -E "^(FAILED|ERROR) |passed|failed|^step |^exit " "$f" | tail -30
+    grep -E "^(FAILED|ERROR) | in [0-9.]+s|^step |^exit " "$f" | tail -30
 done
 PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT_S:-120}" python3 benchmarks/gpu_kernels.py 2>&1 | tee "$out/bench.log" | tail -45
