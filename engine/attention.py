@@ -8,6 +8,10 @@ prefill chunks run one SDPA call each (causal, offset by the cached prefix when 
 GQA in decode without copying K/V: the query heads that share a KV head are folded into the
 query-length axis, so q is [n, num_kv_heads, group, head_dim] against k/v [n, num_kv_heads, ctx,
 head_dim]. Prefill chunks use SDPA's own GQA support (enable_gqa).
+
+On CUDA, 16-bit queries go to the Triton kernels instead (triton_attention.py: decode-only batches;
+triton_varlen.py: any other batch in one launch, from `AttentionMetadata.varlen`), which also take
+fp8 caches; this module's torch code stays the reference and the CPU path.
 """
 
 from __future__ import annotations
