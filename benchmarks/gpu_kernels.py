@@ -144,6 +144,31 @@ def decode_rows(sizes: list[tuple[int, int]]) -> None:
         row(f"decode attention n={n} ctx={ctx}", measure)
 
 
+def decode_tuning_rows(sizes: list[tuple[int, int]]) -> None:
+    """paged_decode alone (no write) with other tiles / warps than the defaults (64 keys, 4 warps)."""
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    for n, ctx in sizes:
+
+        def measure(n: int = n, ctx: int = ctx) -> str:
+            c = attention_case([1] * n, [ctx] * n, torch.bfloat16)
+            meta = c["meta"]
+            q, (kc, vc) = c["q"], c["cache"]
+            tables = meta.decode_blocks.view(n, -1)
+            lengths = meta.decode_mask.view(n, -1).sum(-1)
+            cells = []
+            for tile, warps in ((64, 4), (128, 4), (128, 8), (32, 4)):
+                t = bench(
+                    lambda tile=tile, warps=warps: paged_decode(
+                        q, kc, vc, tables, lengths, HEAD_DIM**-0.5, tile=tile, num_warps=warps
+                    )
+                )
+                cells.append(f"tile {tile} warps {warps}: {fmt(t, c['bytes'])}")
+            return " | ".join(cells)
+
+        row(f"decode kernel only n={n} ctx={ctx}", measure)
+
+
 def fp8_rows(n: int, ctx: int) -> None:
     base: list[float] = []
     for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
@@ -239,6 +264,7 @@ def main() -> None:
         sizes = [(1, 2048), (32, 8192), (256, 1024)]
     decode_rows(sizes)
     fp8_rows(32, 8192)
+    decode_tuning_rows([(1, 8192), (32, 8192), (256, 2048)])
     prefill_rows(
         [
             ("prefill 8 x 1024 new tokens, no prefix", [1024] * 8, [1024] * 8),

@@ -272,6 +272,8 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,  # None: choose_num_splits
+    tile: int = TILE_TOKENS,  # keys per loop step (a tuning knob: the benchmark times others)
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
@@ -289,7 +291,7 @@ def paged_decode(
         num_splits = choose_num_splits(n, num_kv_heads, max_context, q.device)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0
     split_tokens = -(-max_context // num_splits)
-    split_tokens = -(-split_tokens // TILE_TOKENS) * TILE_TOKENS
+    split_tokens = -(-split_tokens // tile) * tile
     if num_splits > 1:
         part_o = torch.empty(n, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(n, num_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -322,9 +324,10 @@ def paged_decode(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        TILE=TILE_TOKENS,
+        TILE=tile,
         NUM_SPLITS=num_splits,
         FP8=fp8,
+        num_warps=num_warps,
     )
     if num_splits > 1:
         _merge_splits_kernel[(n, num_heads)](
