@@ -145,7 +145,8 @@ def decode_rows(sizes: list[tuple[int, int]]) -> None:
 
 
 def decode_tuning_rows(sizes: list[tuple[int, int]]) -> None:
-    """paged_decode alone (no write) with other tiles / warps than the defaults (64 keys, 4 warps)."""
+    """paged_decode alone (no write): split counts at the default tile, then other tiles / warps
+    than the defaults (64 keys, 4 warps) at the chosen split count."""
     from llmdeploy_engine.triton_attention import paged_decode
 
     for n, ctx in sizes:
@@ -157,7 +158,14 @@ def decode_tuning_rows(sizes: list[tuple[int, int]]) -> None:
             tables = meta.decode_blocks.view(n, -1)
             lengths = meta.decode_mask.view(n, -1).sum(-1)
             cells = []
-            for tile, warps in ((64, 4), (128, 4), (128, 8), (32, 4)):
+            for splits in (1, 2, 4, 8, 16, 32):
+                t = bench(
+                    lambda splits=splits: paged_decode(
+                        q, kc, vc, tables, lengths, HEAD_DIM**-0.5, num_splits=splits
+                    )
+                )
+                cells.append(f"{splits} splits: {t * 1000:.1f} us")
+            for tile, warps in ((64, 8), (128, 4), (128, 8), (32, 4)):
                 t = bench(
                     lambda tile=tile, warps=warps: paged_decode(
                         q, kc, vc, tables, lengths, HEAD_DIM**-0.5, tile=tile, num_warps=warps
@@ -264,7 +272,6 @@ def main() -> None:
         sizes = [(1, 2048), (32, 8192), (256, 1024)]
     decode_rows(sizes)
     fp8_rows(32, 8192)
-    decode_tuning_rows([(1, 8192), (32, 8192), (256, 2048)])
     prefill_rows(
         [
             ("prefill 8 x 1024 new tokens, no prefix", [1024] * 8, [1024] * 8),
@@ -280,6 +287,7 @@ def main() -> None:
     )
     elementwise_rows()
     row("varlen 32 x 4-token verify at ctx 1000 in a CUDA graph", graph_capture)
+    decode_tuning_rows([(1, 8192), (32, 8192), (1, 2048)])
     print("\n| kernel | timings |\n|---|---|")
     for name, text in ROWS:
         print(f"| {name} | {text} |")
