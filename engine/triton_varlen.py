@@ -158,7 +158,7 @@ def varlen_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
-    block_m: int | None = None,  # rows per program; None: 16 for decode-sized queries, else 64
+    block_m: int | None = None,  # rows per program; None: from max_query_len * group (16 to 128)
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context (see the module doc).
     Rows of q that belong to no sequence are left uninitialised."""
@@ -175,7 +175,9 @@ def varlen_attention(
         return out
     rows = meta.max_query_len * group
     if block_m is None:
-        block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+        # H200, bf16, 8 x 1024-token prefill: 128 rows ran 1.5x faster than 64; 4-token
+        # verification (16 rows with GQA 4) ran 2x faster at 16 than at 128
+        block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 256 else 128
     dummy = meta.query_len
     _varlen_kernel[(num_seqs, num_kv_heads, triton.cdiv(rows, block_m))](
         q,

@@ -78,7 +78,7 @@ def test_varlen_matches_float64(case, dtypes) -> None:  # type: ignore[no-untype
     assert err < tol, err
 
 
-@pytest.mark.parametrize("block_m", [16, 64])
+@pytest.mark.parametrize("block_m", [16, 64, 128])
 def test_varlen_row_tiles_cover_long_queries(block_m: int) -> None:
     """The same batch with small and large row tiles (many tiles per sequence, partial last tiles)."""
     from llmdeploy_engine.triton_varlen import varlen_attention
