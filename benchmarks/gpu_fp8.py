@@ -48,24 +48,26 @@ QUICK_MODEL = "random:HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 class PathCounter:
-    """Counts pure-decode attention calls per path by wrapping attention.py's dispatch points."""
+    """Counts pure-decode attention calls per path by wrapping the Triton entry point and the torch path."""
 
     def __init__(self) -> None:
         self.triton = 0
         self.torch = 0
-        self._saved: list[tuple[str, Any]] = []
+        self._saved: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
-        find_kernel = getattr(attention, "_triton_decode", None)
-        torch_path = getattr(attention, "_paged_attention", None)
-        if find_kernel is not None:
-            self._patch("_triton_decode", self._wrap_finder(find_kernel))
-        if torch_path is not None:
-            self._patch("_paged_attention", self._wrap_torch(torch_path))
+        try:
+            from llmdeploy_engine import triton_attention
+        except ImportError:  # no Triton: every call takes the torch path
+            triton_attention = None
+        if triton_attention is not None:
+            kernel = triton_attention.paged_attention_triton
+            self._patch(triton_attention, "paged_attention_triton", self._wrap_triton(kernel))
+        self._patch(attention, "_paged_attention", self._wrap_torch(attention._paged_attention))
 
     def uninstall(self) -> None:
-        for name, original in reversed(self._saved):
-            setattr(attention, name, original)
+        for module, name, original in reversed(self._saved):
+            setattr(module, name, original)
         self._saved.clear()
 
     def reset(self) -> None:
@@ -84,23 +86,17 @@ class PathCounter:
             return "unknown (no decode call seen)"
         return f"mixed: triton {triton} / torch {torch_calls} calls"
 
-    def _patch(self, name: str, replacement: Any) -> None:
-        self._saved.append((name, getattr(attention, name)))
-        setattr(attention, name, replacement)
+    def _patch(self, module: Any, name: str, replacement: Any) -> None:
+        self._saved.append((module, name, getattr(module, name)))
+        setattr(module, name, replacement)
 
-    def _wrap_finder(self, find_kernel: Callable[[], Any]) -> Callable[[], Any]:
-        def finder() -> Any:
-            kernel = find_kernel()
-            if kernel is None:
-                return None
-
-            def counted(*args: Any, **kwargs: Any) -> Any:
+    def _wrap_triton(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(q: Any, k: Any, v: Any, kv_cache: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
+            if kv_cache is not None and meta.num_decodes and not meta.prefills:
                 self.triton += 1
-                return kernel(*args, **kwargs)
+            return kernel(q, k, v, kv_cache, meta, *args, **kwargs)
 
-            return counted
-
-        return finder
+        return counted
 
     def _wrap_torch(self, torch_path: Callable[..., Any]) -> Callable[..., Any]:
         def counted(q: Any, k: Any, v: Any, kv_cache: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:

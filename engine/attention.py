@@ -12,6 +12,10 @@ head_dim]. Prefill chunks use SDPA's own GQA support (enable_gqa).
 An fp8 cache (kv_cache.py) is quantized on write with the layer's k_scale / v_scale and dequantized
 to q's dtype right after the block gather; a prefill without a cached prefix attends over its own
 unquantized K/V, as it never reads the cache. This path is the reference for every fp8 kernel.
+
+On CUDA, 16-bit queries go to the Triton kernels instead (triton_attention.py: decode-only batches;
+triton_varlen.py: any other batch in one launch, from `AttentionMetadata.varlen`), which also take
+fp8 caches; this module's torch code stays the reference and the CPU path.
 """
 
 from __future__ import annotations
@@ -38,12 +42,42 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
+class VarlenMetadata:
+    """Every scheduled sequence of a step as int32 device tensors, for kernels that run the whole
+    batch in one launch (triton_varlen.py). Built on CUDA only."""
+
+    query_start: torch.Tensor  # [num_seqs] first new token of each sequence in the flattened batch
+    query_len: torch.Tensor  # [num_seqs]
+    context_len: torch.Tensor  # [num_seqs] cached + new tokens
+    block_tables: torch.Tensor  # [num_seqs, max_blocks], padded with block 0
+    max_query_len: int  # host bound on query_len: sizes the launch grid without reading the device
+
+
+def build_varlen_metadata(batch: ForwardBatch, block_size: int, device: torch.device) -> VarlenMetadata:
+    n = batch.num_seqs
+    max_blocks = max((-(-c // block_size) for c in batch.context_len), default=0)
+    packed = list(batch.query_start) + list(batch.query_len) + list(batch.context_len)
+    for i, table in enumerate(batch.block_tables):
+        row = table[: -(-batch.context_len[i] // block_size)]
+        packed += row + [0] * (max_blocks - len(row))
+    flat = torch.tensor(packed, dtype=torch.int32).to(device, non_blocking=True)  # one copy
+    return VarlenMetadata(
+        query_start=flat[:n],
+        query_len=flat[n : 2 * n],
+        context_len=flat[2 * n : 3 * n],
+        block_tables=flat[3 * n :].view(n, max_blocks),
+        max_query_len=max(batch.query_len, default=0),
+    )
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor | None  # [num_tokens] where new K/V go; None: no KV cache (profiling)
     decode_token_index: torch.Tensor  # [num_decodes] token index of each decode in the flat batch
     decode_blocks: torch.Tensor  # [num_decodes * max_blocks] block tables, flattened, padded with block 0
     decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] True where the key is real
     prefills: tuple[PrefillChunk, ...]
+    varlen: VarlenMetadata | None = None  # CUDA batches with prefills: the one-launch Triton kernel
 
     @property
     def num_decodes(self) -> int:
@@ -80,6 +114,9 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
         decode_blocks=torch.tensor(padded, dtype=torch.long, device=device),
         decode_mask=mask[:, None, None, :],
         prefills=tuple(prefills),
+        varlen=build_varlen_metadata(batch, block_size, device)
+        if device.type == "cuda" and prefills
+        else None,
     )
 
 
@@ -112,27 +149,23 @@ def paged_attention(
     """Write k/v to their slots, then attend. k_scale/v_scale (float32, one element) are the per-tensor
     scales of an fp8 KV cache: stored = (x / scale) cast to fp8, read = stored.float() * scale; None
     for a 16/32-bit cache. Every kernel behind this function follows that rule."""
-    if q.is_cuda and kv_cache is not None and not meta.prefills and meta.num_decodes:
-        decode_kernel = _triton_decode()
-        # 16-bit only: the kernel's float32 products run in tf32, looser than the float32 checks here;
-        # a cache of another dtype (fp8 included) is read by the pure-torch path below
-        if (
-            decode_kernel is not None
-            and q.dtype in (torch.bfloat16, torch.float16)
-            and kv_cache[0].dtype == q.dtype
-        ):
-            return decode_kernel(q, k, v, kv_cache, meta, scale)  # reads the blocks in place
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        # Triton kernels for 16-bit q (float32 products would run in tf32, looser than the float32
+        # checks of the torch path), 16-bit or fp8 caches; they write the cache and read it in place
+        triton_path = _triton_attention()
+        if triton_path is not None and triton_path.supports(q, kv_cache, meta):
+            return triton_path.paged_attention_triton(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
     with sdpa_kernel(_SDPA_BACKENDS):
         return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
 
 
-def _triton_decode() -> Any:
-    """triton_attention.paged_attention_triton when Triton is installed (GPU machines), else None."""
+def _triton_attention() -> Any:
+    """The triton_attention module when Triton is installed (GPU machines), else None."""
     try:
-        from llmdeploy_engine.triton_attention import paged_attention_triton
+        from llmdeploy_engine import triton_attention
     except ImportError:
         return None
-    return paged_attention_triton
+    return triton_attention
 
 
 def _paged_attention(

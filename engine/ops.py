@@ -8,11 +8,35 @@ them must keep the same contract and stay within bf16 rounding of these.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+_FUSED_DTYPES = (torch.bfloat16, torch.float16)
+_triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
+
+
+def _fused(x: torch.Tensor, weight: torch.Tensor | None = None) -> Any:
+    """triton_ops for 16-bit CUDA tensors when Triton is installed, else None (pure torch)."""
+    global _triton_ops
+    if not x.is_cuda or x.dtype not in _FUSED_DTYPES or (weight is not None and weight.dtype != x.dtype):
+        return None
+    if _triton_ops is None:
+        try:
+            from llmdeploy_engine import triton_ops
+        except ImportError:
+            _triton_ops = False
+        else:
+            _triton_ops = triton_ops
+    return _triton_ops or None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * normalise(x), normalised in float32 and cast back to x's dtype before the scale."""
+    fused = _fused(x, weight)
+    if fused is not None:
+        result: torch.Tensor = fused.rms_norm(x, weight, eps)
+        return result
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -22,6 +46,10 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual); residual None means x is the first residual."""
+    fused = _fused(x, weight)
+    if fused is not None and (residual is None or residual.dtype == x.dtype):
+        pair: tuple[torch.Tensor, torch.Tensor] = fused.add_rms_norm(x, residual, weight, eps)
+        return pair
     summed = x if residual is None else x + residual
     return rms_norm(summed, weight, eps), summed
 
@@ -35,4 +63,13 @@ def apply_rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-style rotary embedding; q [n, heads, d], k [n, kv_heads, d], cos/sin [n, 1, d]."""
+    fused = _fused(q)
+    if (
+        fused is not None
+        and k.dtype == q.dtype
+        and cos.dtype == q.dtype
+        and (q.shape[-1] // 2) & (q.shape[-1] // 2 - 1) == 0
+    ):
+        pair: tuple[torch.Tensor, torch.Tensor] = fused.apply_rope(q, k, cos, sin)
+        return pair
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

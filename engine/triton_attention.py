@@ -1,25 +1,130 @@
-"""Paged decode attention in Triton: one query token per sequence against its KV blocks, read in place.
+"""Paged attention in Triton: the KV-cache write, decode (one token per sequence, split-KV) and a
+varlen kernel for everything else, all reading K/V in place through block tables.
 
-The pure-torch path (attention.py) copies every sequence's blocks into a padded tensor (index_select,
-padded to the longest context in the batch) and then runs SDPA over that copy with a mask: the KV
-bytes are written once and read twice, padding included. This kernel reads each sequence's real
-context once, through its block table, with an online softmax (one program per sequence and KV
-head; the query heads of a GQA group share the K/V tiles).
+The pure-torch path (attention.py) copies every sequence's blocks into a padded tensor and runs SDPA
+over the copy (decodes) or one SDPA call per prefill chunk. Here:
 
-`paged_attention_triton` has `attention.paged_attention`'s contract and uses the kernel for
-pure-decode batches; batches with prefill chunks go to the pure-torch path unchanged.
+- `write_kv`: one launch stores the step's k and v into their slots (fp8 caches: x / scale,
+  saturated to the format's max, as the contract in attention.py says).
+- `paged_decode`: one query token per sequence; programs per (sequence, KV head, split). The query
+  heads of a GQA group share each K/V tile. Long contexts with few sequences split the context
+  (flash-decoding) so every SM works; a second small kernel merges the splits by log-sum-exp.
+- `varlen_attention` (triton_varlen.py): any mix of prefill chunks, prefix hits, chunked prefill and
+  multi-token decode, in one launch.
+
+fp8 caches: K/V tiles are loaded as fp8, converted exactly to the query's 16-bit type, and the
+per-tensor scales are folded in (k_scale into the softmax scale, v_scale into the output), so
+read = stored.float() * scale holds. Grid sizes come only from tensor shapes and host ints carried by
+the metadata, never from tensor values, so every launch here can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from llmdeploy_engine.attention import AttentionMetadata, paged_attention
+from llmdeploy_engine.attention import AttentionMetadata
 
 TILE_TOKENS = 64
+MAX_SPLITS = 32
+MIN_SPLIT_TOKENS = 256  # below this a split's partial result costs more than its parallelism gains
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slots_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    num_kv_heads,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    FP8_MAX,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    FP8: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + tok).to(tl.int64)
+    h = tl.arange(0, HEADS_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    mask = (h < num_kv_heads)[:, None] & (slot >= 0)
+    dst = (
+        (slot // BLOCK_SIZE) * stride_cb
+        + (slot % BLOCK_SIZE) * stride_ct
+        + h[:, None] * stride_ch
+        + d[None, :]
+    )
+    k = tl.load(k_ptr + tok * stride_kn + h[:, None] * stride_kh + d[None, :], mask=mask, other=0.0)
+    v = tl.load(v_ptr + tok * stride_vn + h[:, None] * stride_vh + d[None, :], mask=mask, other=0.0)
+    if FP8:
+        # correctly rounded division and round-to-nearest-even: the same bits as torch's write
+        k = tl.clamp(tl.div_rn(k.to(tl.float32), tl.load(k_scale_ptr)), -FP8_MAX, FP8_MAX)
+        v = tl.clamp(tl.div_rn(v.to(tl.float32), tl.load(v_scale_ptr)), -FP8_MAX, FP8_MAX)
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+    else:
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    slot_mapping: torch.Tensor,  # [num_tokens]; negative slots are skipped
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    k_cache, v_cache = kv_cache
+    n, num_kv_heads, head_dim = k.shape
+    assert v.shape == k.shape and k_cache.shape[2:] == (num_kv_heads, head_dim)
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if fp8 and (k_scale is None or v_scale is None):
+        raise ValueError("an fp8 KV cache needs k_scale and v_scale")
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if n == 0:
+        return
+    dummy = slot_mapping  # never read when not fp8
+    _write_kv_kernel[(n,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scale if fp8 else dummy,
+        v_scale if fp8 else dummy,
+        num_kv_heads,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0,
+        BLOCK_SIZE=k_cache.shape[1],
+        HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        FP8=fp8,
+    )
 
 
 @triton.jit
@@ -28,9 +133,14 @@ def _paged_decode_kernel(
     k_ptr,
     v_ptr,
     o_ptr,
+    part_o_ptr,
+    part_lse_ptr,
     tables_ptr,
     lengths_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     scale,
+    split_tokens,
     stride_qn,
     stride_qh,
     stride_on,
@@ -39,14 +149,18 @@ def _paged_decode_kernel(
     stride_kt,
     stride_kh,
     stride_tn,
+    num_heads,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     ctx = tl.load(lengths_ptr + seq)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
@@ -55,28 +169,97 @@ def _paged_decode_kernel(
     q = tl.load(
         q_ptr + seq * stride_qn + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0
     )
+    qk_scale = scale
+    if FP8:
+        qk_scale = scale * tl.load(k_scale_ptr)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     t = tl.arange(0, TILE)
-    for start in range(0, ctx, TILE):
+    lo = split * split_tokens
+    hi = tl.minimum(ctx, lo + split_tokens)
+    for start in range(lo, hi, TILE):
         pos = start + t
-        valid = pos < ctx
+        valid = pos < hi
         block = tl.load(tables_ptr + seq * stride_tn + pos // BLOCK_SIZE, mask=valid, other=0)
         off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m_i = m_new
-    out = acc / l_i[:, None]
-    o_off = seq * stride_on + heads[:, None] * stride_oh + d[None, :]
-    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
+    if FP8:
+        acc = acc * tl.load(v_scale_ptr)
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        o_off = seq * stride_on + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
+    else:
+        # an empty split (lo >= ctx) leaves l_i == 0: its weight in the merge is exp(-inf) == 0
+        nonempty = l_i > 0
+        out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+        row = (seq * num_heads + heads) * NUM_SPLITS + split  # [n, num_heads, NUM_SPLITS]
+        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :], out, mask=gmask[:, None])
+        tl.store(part_lse_ptr + row, lse, mask=gmask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    o_ptr,
+    stride_on,
+    stride_oh,
+    num_heads,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HEAD_DIM)
+    row = (seq * num_heads + head) * NUM_SPLITS + s
+    lse = tl.load(part_lse_ptr + row)
+    w = tl.exp(lse - tl.max(lse, 0))
+    parts = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :])
+    out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(o_ptr + seq * stride_on + head * stride_oh + d, out.to(o_ptr.dtype.element_ty))
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Context splits per (sequence, KV head): enough programs for ~2 per SM, each split at least
+    MIN_SPLIT_TOKENS long, a power of two (the merge kernel's tile). From shapes only."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
+    want = min(-(-2 * sms // max(1, num_seqs * num_kv_heads)), max_context // MIN_SPLIT_TOKENS, MAX_SPLITS)
+    if want <= 1:
+        return 1
+    return int(triton.next_power_of_2(want))
+
+
+def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """True for an fp8 cache; asserts the layout the kernels assume."""
+    assert v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if not fp8 and k_cache.dtype != q.dtype:
+        raise ValueError(f"the KV cache ({k_cache.dtype}) must have the query's dtype ({q.dtype}) or be fp8")
+    head_dim = q.shape[-1]
+    if head_dim & (head_dim - 1) or head_dim < 16:
+        raise NotImplementedError(
+            f"not supported: Triton attention needs a power-of-two head_dim >= 16, got {head_dim}"
+        )
+    return fp8
 
 
 def paged_decode(
@@ -84,28 +267,50 @@ def paged_decode(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [n, max_blocks] (int32 or int64)
-    context_lens: torch.Tensor,  # [n], >= 1
+    context_lens: torch.Tensor,  # [n], 1 <= context_lens[i] <= max_blocks * block_size
     scale: float,
+    k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
+    v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None,  # None: choose_num_splits
+    tile: int = TILE_TOKENS,  # keys per loop step (a tuning knob: the benchmark times others)
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kv_dim = k_cache.shape
-    assert kv_dim == head_dim and num_heads % num_kv_heads == 0 and v_cache.shape == k_cache.shape
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
-    assert head_dim & (head_dim - 1) == 0, "head_dim must be a power of two"
-    assert q.dtype == k_cache.dtype, "the KV cache must have the query's dtype"
+    assert kv_dim == head_dim and num_heads % num_kv_heads == 0 and q.stride(-1) == 1
+    fp8 = check_cache(q, k_cache, v_cache)
+    if fp8 and (k_scale is None or v_scale is None):
+        raise ValueError("an fp8 KV cache needs k_scale and v_scale")
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     if n == 0:
         return out
-    _paged_decode_kernel[(n, num_kv_heads)](
+    max_context = block_tables.shape[1] * block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(n, num_kv_heads, max_context, q.device)
+    assert num_splits >= 1 and num_splits & (num_splits - 1) == 0
+    split_tokens = -(-max_context // num_splits)
+    split_tokens = -(-split_tokens // tile) * tile
+    if num_splits > 1:
+        part_o = torch.empty(n, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(n, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # not touched
+    dummy = context_lens
+    _paged_decode_kernel[(n, num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
         out,
+        part_o,
+        part_lse,
         block_tables,
         context_lens,
+        k_scale if fp8 else dummy,
+        v_scale if fp8 else dummy,
         scale,
+        split_tokens,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -114,13 +319,46 @@ def paged_decode(
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
+        num_heads,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        TILE=TILE_TOKENS,
+        TILE=tile,
+        NUM_SPLITS=num_splits,
+        FP8=fp8,
+        num_warps=num_warps,
     )
+    if num_splits > 1:
+        _merge_splits_kernel[(n, num_heads)](
+            part_o,
+            part_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            num_heads,
+            HEAD_DIM=head_dim,
+            NUM_SPLITS=num_splits,
+        )
     return out
+
+
+def supports(
+    q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata
+) -> bool:
+    """Whether paged_attention_triton takes this call (a cache of q's dtype or fp8, power-of-two
+    head_dim, and a decode-only batch or varlen metadata). attention.py sends only 16-bit q here."""
+    if kv_cache is None or meta.slot_mapping is None:
+        return False
+    cache_dtype = kv_cache[0].dtype
+    if cache_dtype != q.dtype and cache_dtype not in FP8_DTYPES:
+        return False
+    head_dim = q.shape[-1]
+    if head_dim & (head_dim - 1) or head_dim < 16:
+        return False
+    if not meta.prefills:
+        return meta.num_decodes > 0
+    return meta.varlen is not None
 
 
 def paged_attention_triton(
@@ -130,21 +368,31 @@ def paged_attention_triton(
     kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> Any:
-    """attention.paged_attention's contract; pure-decode batches on the GPU go through the kernel."""
-    if kv_cache is None or meta.prefills or not meta.num_decodes or kv_cache[0].dtype != q.dtype:
-        return paged_attention(q, k, v, kv_cache, meta, scale)
-    assert meta.slot_mapping is not None
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
-    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
-    v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
-    n = meta.num_decodes
-    tables = meta.decode_blocks.view(n, -1)
-    lengths = meta.decode_mask.view(n, -1).sum(-1)
-    out = torch.empty_like(q)
-    out[meta.decode_token_index] = paged_decode(
-        q[meta.decode_token_index], kv_cache[0], kv_cache[1], tables, lengths, scale
-    )
-    return out
+    """attention.paged_attention's contract, for the calls `supports` accepts: write k/v into the
+    cache, then decode-only batches run paged_decode and everything else one varlen launch."""
+    if not supports(q, kv_cache, meta):
+        raise NotImplementedError(
+            "not supported by the Triton attention path (see triton_attention.supports)"
+        )
+    assert kv_cache is not None and meta.slot_mapping is not None
+    write_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
+    if not meta.prefills:
+        n = meta.num_decodes
+        tables = meta.decode_blocks.view(n, -1)
+        lengths = meta.decode_mask.view(n, -1).sum(-1)
+        out = torch.empty_like(q)
+        decode_out = paged_decode(
+            q[meta.decode_token_index], kv_cache[0], kv_cache[1], tables, lengths, scale, k_scale, v_scale
+        )
+        if n == q.shape[0]:
+            # a graph's batch: decode_token_index is arange(n); skip the scatter
+            return decode_out
+        out[meta.decode_token_index] = decode_out
+        return out
+    from llmdeploy_engine.triton_varlen import varlen_attention
+
+    assert meta.varlen is not None
+    return varlen_attention(q, kv_cache[0], kv_cache[1], meta.varlen, scale, k_scale, v_scale)

@@ -105,3 +105,109 @@ def test_drop_in_matches_pure_torch_decode() -> None:
     ref = paged_attention(q, k, v, (caches2[0], caches2[1]), meta, head_dim**-0.5)
     assert torch.equal(caches[0], caches2[0]) and torch.equal(caches[1], caches2[1])
     assert float((ours - ref).norm() / ref.norm()) < 2e-3
+
+
+SPLIT_CASES = [
+    # (num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_ctx, num_splits)
+    (1, 32, 8, 128, 16, 2000, 8),
+    (3, 28, 4, 128, 32, 700, 4),
+    (2, 16, 16, 64, 16, 1000, 32),  # splits past some sequences' ends stay empty
+]
+if INTERPRET:
+    SPLIT_CASES = [(2, 8, 2, 32, 16, 150, 4)]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.float32, torch.float32, 2e-3),
+        (torch.bfloat16, torch.bfloat16, 2e-2),
+        (torch.float16, torch.float16, 5e-3),
+        (torch.float32, torch.float8_e4m3fn, 2e-3),
+        (torch.bfloat16, torch.float8_e4m3fn, 2e-2),
+        (torch.bfloat16, torch.float8_e5m2, 2e-2),
+    ],
+    ids=lambda d: f"{d[0]}-{d[1]}".replace("torch.", ""),
+)
+def test_paged_decode_split_kv_and_fp8(case, dtypes) -> None:  # type: ignore[no-untyped-def]
+    """Split-KV decode (flash-decoding) and fp8 caches with scales against the float64 reference."""
+    from kernel_cases import make_batch, reference, rel_err
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    dtype, cache_dtype, tol = dtypes
+    if INTERPRET and dtype != torch.float32:
+        pytest.skip("Triton's CPU interpreter computes 16-bit tl.dot wrongly: checked on the GPU only")
+    if DEVICE == "cuda" and dtype == torch.float32:
+        pytest.skip("float32 is checked under the interpreter; on the GPU it runs in tf32")
+    n, num_heads, num_kv_heads, head_dim, bs, max_ctx, splits = case
+    gen = torch.Generator().manual_seed(n + max_ctx)
+    ctxs = torch.randint(1, max_ctx + 1, (n,), generator=gen).tolist()
+    ctxs[0] = max_ctx
+    b = make_batch([1] * n, ctxs, num_heads, num_kv_heads, head_dim, bs, dtype, cache_dtype, DEVICE, seed=n)
+    lengths = torch.tensor(ctxs, device=DEVICE)
+    scale = head_dim**-0.5
+    ref = reference(b, scale)
+    for num_splits in (1, splits):
+        out = paged_decode(
+            b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, num_splits
+        )
+        err = rel_err(out, ref)
+        assert err < tol, (num_splits, err)
+
+
+def test_choose_num_splits_from_shapes() -> None:
+    from llmdeploy_engine.triton_attention import MAX_SPLITS, choose_num_splits
+
+    cpu = torch.device("cpu")  # 132 SMs assumed off CUDA
+    assert choose_num_splits(1, 8, 8192, cpu) == 32  # single stream, long context: all SMs
+    assert choose_num_splits(1, 8, 128, cpu) == 1  # too short to split
+    assert choose_num_splits(256, 8, 8192, cpu) == 1  # enough programs already
+    assert choose_num_splits(32, 8, 8192, cpu) == 2
+    for n in (1, 3, 32, 100):
+        s = choose_num_splits(n, 8, 4096, cpu)
+        assert 1 <= s <= MAX_SPLITS and s & (s - 1) == 0
+
+
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.float32, torch.float8_e4m3fn),
+        (torch.float32, torch.float8_e5m2),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float8_e4m3fn),
+        (torch.float16, torch.float8_e5m2),
+    ],
+    ids=str,
+)
+def test_write_kv_matches_the_contract(dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+    """write_kv stores k/v at their slots (fp8: (x / scale) saturated, cast) and touches nothing else."""
+    from kernel_cases import FP8, quantize
+    from llmdeploy_engine.triton_attention import write_kv
+
+    if INTERPRET and (dtype != torch.float32 or cache_dtype in FP8):
+        # the interpreter's float32 -> fp8 cast rounds wrongly where rounding carries into the
+        # exponent (7.986 / e4m3 -> 4.0): fp8 writes are checked on the GPU only
+        pytest.skip("16-bit inputs and fp8 casts: checked on the GPU only")
+    gen = torch.Generator().manual_seed(5)
+    num_blocks, bs, num_kv_heads, head_dim, n = 6, 16, 3, 64, 21
+    # large values: some saturate under the fp8 scales below
+    k = (torch.randn(n, num_kv_heads, head_dim, generator=gen) * 4).to(DEVICE, dtype)
+    v = (torch.randn(n, num_kv_heads, head_dim, generator=gen) * 4).to(DEVICE, dtype)
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:n].to(DEVICE)
+    caches = [
+        torch.randn(num_blocks, bs, num_kv_heads, head_dim, generator=gen).to(DEVICE, cache_dtype)
+        for _ in range(2)
+    ]
+    before = [c.clone() for c in caches]
+    scales = (torch.tensor([0.01], device=DEVICE), torch.tensor([0.5], device=DEVICE))
+    fp8 = cache_dtype in FP8
+    write_kv(k, v, (caches[0], caches[1]), slots, *(scales if fp8 else (None, None)))
+    for cache, old, x, s in ((caches[0], before[0], k, scales[0]), (caches[1], before[1], v, scales[1])):
+        want = old.view(-1, num_kv_heads, head_dim).clone()
+        want[slots] = quantize(x, cache_dtype, s) if fp8 else x.to(cache_dtype)
+        assert torch.equal(cache.view(-1, num_kv_heads, head_dim).float(), want.float())
+    if fp8:
+        with pytest.raises(ValueError, match="k_scale"):
+            write_kv(k, v, (caches[0], caches[1]), slots)

@@ -1,0 +1,187 @@
+"""Fused elementwise kernels of the decoder (Triton): RMSNorm with the residual add, RoPE on q and k.
+
+`ops.py` sends 16-bit CUDA tensors here. Each function keeps the contract of its pure-torch twin in
+ops.py and computes in float32, rounding once at the end, so it stays within bf16 rounding of the
+torch version (which rounds after every elementwise op). One launch replaces the 6-10 small kernels
+eager torch runs for each (casts, pow, mean, rsqrt, mul, add; slices, neg, cat for rotate_half).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    eps,
+    hidden,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_s,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # torch's add: float32, one rounding
+        tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    var = tl.sum(x32 * x32, 0) / hidden
+    normed = (x32 * tl.rsqrt(var + eps)).to(x.dtype)  # ops.rms_norm casts before the weight
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    out = normed.to(tl.float32) * w.to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) over the last axis; residual None: x is the residual."""
+    shape = x.shape
+    hidden = shape[-1]
+    x2 = x.reshape(-1, hidden)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    if residual is None:
+        res2, summed = x2, x2
+    else:
+        assert residual.shape == shape and residual.dtype == x.dtype
+        res2 = residual.reshape(-1, hidden)
+        if res2.stride(-1) != 1:
+            res2 = res2.contiguous()
+        summed = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    if rows:
+        block = triton.next_power_of_2(hidden)
+        _add_rms_norm_kernel[(rows,)](
+            x2,
+            res2,
+            weight,
+            out,
+            summed,
+            eps,
+            hidden,
+            x2.stride(0),
+            res2.stride(0),
+            out.stride(0),
+            summed.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
+        )
+    if residual is None:
+        return out.view(shape), x
+    return out.view(shape), summed.view(shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return add_rms_norm(x, None, weight, eps)[0]
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr,
+    k_ptr,
+    qo_ptr,
+    ko_ptr,
+    cos_ptr,
+    sin_ptr,
+    num_heads,
+    num_kv_heads,
+    stride_qn,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_qon,
+    stride_qoh,
+    stride_kon,
+    stride_koh,
+    stride_cn,
+    stride_sn,
+    HALF: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, HALF)
+    # neox tables repeat the frequencies in both halves: the first half is all the kernel needs
+    cos = tl.load(cos_ptr + tok * stride_cn + d).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + tok * stride_sn + d).to(tl.float32)[None, :]
+    h = tl.arange(0, HEADS_PAD)
+
+    hm = (h < num_heads)[:, None]
+    base = q_ptr + tok * stride_qn + h[:, None] * stride_qh + d[None, :]
+    x1 = tl.load(base, mask=hm, other=0.0)
+    x2 = tl.load(base + HALF, mask=hm, other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    obase = qo_ptr + tok * stride_qon + h[:, None] * stride_qoh + d[None, :]
+    tl.store(obase, (a * cos - b * sin).to(x1.dtype), mask=hm)
+    tl.store(obase + HALF, (b * cos + a * sin).to(x1.dtype), mask=hm)
+
+    km = (h < num_kv_heads)[:, None]
+    base = k_ptr + tok * stride_kn + h[:, None] * stride_kh + d[None, :]
+    x1 = tl.load(base, mask=km, other=0.0)
+    x2 = tl.load(base + HALF, mask=km, other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    obase = ko_ptr + tok * stride_kon + h[:, None] * stride_koh + d[None, :]
+    tl.store(obase, (a * cos - b * sin).to(x1.dtype), mask=km)
+    tl.store(obase + HALF, (b * cos + a * sin).to(x1.dtype), mask=km)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ops.apply_rope in one launch: q [n, heads, d], k [n, kv_heads, d], cos/sin [n, 1, d] neox
+    tables (the two halves equal, as Model.rope_tables builds them)."""
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    assert k.shape[0] == n and k.shape[2] == head_dim and head_dim % 2 == 0
+    half = head_dim // 2
+    if half & (half - 1):
+        raise NotImplementedError(
+            f"not supported: Triton RoPE needs a power-of-two head_dim/2, got {head_dim}"
+        )
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    cos2, sin2 = cos.reshape(n, -1), sin.reshape(n, -1)
+    assert cos2.shape[1] == head_dim and cos2.stride(-1) == 1 and sin2.stride(-1) == 1
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    if n:
+        _rope_kernel[(n,)](
+            q,
+            k,
+            q_out,
+            k_out,
+            cos2,
+            sin2,
+            num_heads,
+            num_kv_heads,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            q_out.stride(0),
+            q_out.stride(1),
+            k_out.stride(0),
+            k_out.stride(1),
+            cos2.stride(0),
+            sin2.stride(0),
+            HALF=half,
+            HEADS_PAD=triton.next_power_of_2(max(num_heads, num_kv_heads)),
+            num_warps=4,
+        )
+    return q_out, k_out
