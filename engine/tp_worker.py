@@ -1,0 +1,201 @@
+"""Tensor-parallel workers: ranks 1..N-1 as `python -m llmdeploy_engine.tp_worker` processes.
+
+Rank 0 (the process running LLMEngine) starts them from its ModelRunner (`WorkerGroup.start`) and
+feeds them commands over their stdin pipes, pickled: ("execute", ForwardBatch) every step, sent
+before rank 0 runs the same step, ("capture_graphs",) once before rank 0 captures its CUDA graphs
+(every rank captures the same graphs in the same order, and later replays the same graph, since the
+choice depends only on the batch), and ("close",). Each worker builds its own ModelRunner shard and
+KV cache and runs every step's forward in lockstep with rank 0 (the collectives inside the layers
+pair them up); it drops the logits, sampling happens on rank 0 only.
+
+Shutdown: on ("close",), on end of input (rank 0 closed the pipe or died) and, while blocked in a
+collective, through a watchdog that sees rank 0 is gone (parent pid changed; Linux parent-death
+signal too). Rank 0 waits for its workers on close and kills what is left, and logs (on CUDA: exits,
+since an NCCL collective would wait forever) if a worker dies while running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.distributed import SAFE_NCCL_ENV
+
+logger = logging.getLogger("llmdeploy_engine")
+
+CLOSE_TIMEOUT_S = 30.0
+
+
+def _send(pipe: IO[bytes], msg: tuple[Any, ...]) -> None:
+    pickle.dump(msg, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.flush()
+
+
+class WorkerGroup:
+    """Rank 0's handle on ranks 1..N-1."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], device_type: str) -> None:
+        self.procs = procs
+        self.device_type = device_type
+        self.closing = False
+        self._lock = threading.Lock()
+        self._monitor = threading.Thread(target=self._watch, name="tp-worker-monitor", daemon=True)
+        self._monitor.start()
+
+    @classmethod
+    def start(cls, config: EngineConfig, port: int, device_type: str) -> WorkerGroup:
+        env = dict(os.environ)
+        env.update(SAFE_NCCL_ENV)  # never multicast, whatever the parent's environment says
+        # the package must import in the child the way it does here (editable install or PYTHONPATH)
+        import llmdeploy_engine
+
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(llmdeploy_engine.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pkg_parent) if p)
+        procs = []
+        world = config.tensor_parallel_size
+        for rank in range(1, world):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "llmdeploy_engine.tp_worker"],
+                stdin=subprocess.PIPE,
+                env=env,
+            )
+            assert proc.stdin is not None
+            _send(proc.stdin, ("init", config, rank, world, port, os.getpid()))
+            procs.append(proc)
+        return cls(procs, device_type)
+
+    def _watch(self) -> None:
+        while True:
+            for rank, proc in enumerate(self.procs, start=1):
+                code = proc.poll()
+                if code is not None and not self.closing:
+                    logger.error("tensor-parallel worker rank %d exited with code %s", rank, code)
+                    if self.device_type == "cuda":
+                        # rank 0 would wait in an NCCL collective forever: stop the whole engine
+                        logger.error("stopping: a tensor-parallel rank is gone")
+                        os._exit(1)
+                    return
+            if self.closing:
+                return
+            time.sleep(0.5)
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self._lock:
+            for rank, proc in enumerate(self.procs, start=1):
+                assert proc.stdin is not None
+                try:
+                    _send(proc.stdin, msg)
+                except (BrokenPipeError, OSError) as exc:
+                    raise RuntimeError(f"tensor-parallel worker rank {rank} is gone ({exc})") from exc
+
+    def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        for proc in self.procs:
+            with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+                assert proc.stdin is not None
+                _send(proc.stdin, ("close",))
+                proc.stdin.close()
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+
+class TensorParallelDriver:
+    """Rank 0's outermost runner: hands each step to the workers, then runs it here.
+
+    `execute` has ModelRunner's contract; other attributes pass through to the wrapped runner.
+    """
+
+    def __init__(self, runner: Any, workers: WorkerGroup) -> None:
+        self.runner = runner
+        self.workers = workers
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def execute(self, batch: Any) -> Any:
+        self.workers.send(("execute", batch))
+        return self.runner.execute(batch)
+
+    def close(self) -> None:
+        inner = self.runner
+        while not hasattr(inner, "close") and hasattr(inner, "runner"):
+            inner = inner.runner
+        inner.close()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    with contextlib.suppress(Exception):  # Linux: SIGKILL when the parent thread exits
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(0)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="tp-parent-watchdog", daemon=True).start()
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def main() -> int:
+    stdin = sys.stdin.buffer
+    kind, config, rank, world, port, parent_pid = pickle.load(stdin)
+    if kind != "init":
+        raise RuntimeError(f"tp_worker: expected an init message, got {kind!r}")
+    _die_with_parent(parent_pid)
+    logging.basicConfig(level=logging.WARNING, format=f"[tp rank {rank}] %(levelname)s %(message)s")
+
+    import torch
+    from llmdeploy_engine.distributed import destroy_parallel
+    from llmdeploy_engine.model_runner import ModelRunner
+
+    if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
+        # the ranks share the host's cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // world))
+    runner = ModelRunner(config, rank=rank, port=port)
+    top: Any = runner
+    while True:
+        try:
+            msg = pickle.load(stdin)
+        except EOFError:  # rank 0 closed the pipe or died
+            break
+        if msg[0] == "execute":
+            top.execute(msg[1])
+        elif msg[0] == "capture_graphs":
+            from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+
+            top = CudaGraphRunner(runner)
+        elif msg[0] == "close":
+            break
+        else:
+            raise RuntimeError(f"tp_worker: unknown command {msg[0]!r}")
+    destroy_parallel(runner.parallel)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
