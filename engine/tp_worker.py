@@ -1,4 +1,4 @@
-"""Tensor-parallel workers: ranks 1..N-1 as `python -m llmdeploy_engine.tp_worker` processes.
+"""Tensor-parallel workers: ranks 1..N-1 as child processes running `llmdeploy_engine.tp_worker.main`.
 
 Rank 0 (the process running LLMEngine) starts them from its ModelRunner (`WorkerGroup.start`) and
 feeds them commands over their stdin pipes, pickled: ("execute", ForwardBatch) every step, sent
@@ -35,6 +35,20 @@ logger = logging.getLogger("llmdeploy_engine")
 
 CLOSE_TIMEOUT_S = 30.0
 
+# `python -c` program of a worker: import llmdeploy_engine from argv[1] if it is not importable as is
+_BOOTSTRAP = """
+import importlib.util, os, sys
+if importlib.util.find_spec("llmdeploy_engine") is None:
+    d = sys.argv[1]
+    spec = importlib.util.spec_from_file_location(
+        "llmdeploy_engine", os.path.join(d, "__init__.py"), submodule_search_locations=[d])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["llmdeploy_engine"] = module
+    spec.loader.exec_module(module)
+from llmdeploy_engine.tp_worker import main
+sys.exit(main())
+"""
+
 
 def _send(pipe: IO[bytes], msg: tuple[Any, ...]) -> None:
     pickle.dump(msg, pipe, protocol=pickle.HIGHEST_PROTOCOL)
@@ -56,16 +70,15 @@ class WorkerGroup:
     def start(cls, config: EngineConfig, port: int, device_type: str) -> WorkerGroup:
         env = dict(os.environ)
         env.update(SAFE_NCCL_ENV)  # never multicast, whatever the parent's environment says
-        # the package must import in the child the way it does here (editable install or PYTHONPATH)
         import llmdeploy_engine
 
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(llmdeploy_engine.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pkg_parent) if p)
+        # the child imports the package from the folder this one came from, installed or not
+        package_dir = os.path.dirname(os.path.abspath(llmdeploy_engine.__file__))
         procs = []
         world = config.tensor_parallel_size
         for rank in range(1, world):
             proc = subprocess.Popen(
-                [sys.executable, "-m", "llmdeploy_engine.tp_worker"],
+                [sys.executable, "-c", _BOOTSTRAP, package_dir],
                 stdin=subprocess.PIPE,
                 env=env,
             )
