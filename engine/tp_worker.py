@@ -9,19 +9,17 @@ KV cache and runs every step's forward in lockstep with rank 0 (the collectives 
 pair them up); it drops the logits, sampling happens on rank 0 only.
 
 Shutdown: on ("close",), on end of input (rank 0 closed the pipe or died) and, while blocked in a
-collective, through a watchdog that sees rank 0 is gone (parent pid changed; Linux parent-death
-signal too). Rank 0 waits for its workers on close and kills what is left, and logs (on CUDA: exits,
-since an NCCL collective would wait forever) if a worker dies while running.
+collective, through a watchdog that sees rank 0 is gone (parent pid changed). Rank 0 waits for its
+workers on close and kills what is left, and logs (on CUDA: exits, since an NCCL collective would
+wait forever) if a worker dies while running.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -158,11 +156,7 @@ class TensorParallelDriver:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    with contextlib.suppress(Exception):  # Linux: SIGKILL when the parent thread exits
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
+    # (not PR_SET_PDEATHSIG: it fires when the *thread* that started us exits, not the process)
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
