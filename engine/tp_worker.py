@@ -16,6 +16,7 @@ wait forever) if a worker dies while running.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -63,6 +64,7 @@ class WorkerGroup:
         self._lock = threading.Lock()
         self._monitor = threading.Thread(target=self._watch, name="tp-worker-monitor", daemon=True)
         self._monitor.start()
+        atexit.register(self.close)  # an engine never closed still stops its workers politely
 
     @classmethod
     def start(cls, config: EngineConfig, port: int, device_type: str) -> WorkerGroup:
@@ -101,11 +103,13 @@ class WorkerGroup:
             time.sleep(0.5)
 
     def send(self, msg: tuple[Any, ...]) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)  # once for all workers
         with self._lock:
             for rank, proc in enumerate(self.procs, start=1):
                 assert proc.stdin is not None
                 try:
-                    _send(proc.stdin, msg)
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
                 except (BrokenPipeError, OSError) as exc:
                     raise RuntimeError(f"tensor-parallel worker rank {rank} is gone ({exc})") from exc
 
