@@ -146,7 +146,7 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU dry run)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file, or folder for gpu_tp.json")
