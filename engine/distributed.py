@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ class ParallelState:
 
 
 SINGLE = ParallelState()
+COLLECTIVE_TIMEOUT_S = 300
 
 
 def free_port() -> int:
@@ -71,6 +73,8 @@ def init_parallel(rank: int, world_size: int, port: int, device: torch.device) -
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
+        # a rank that never joins or never answers fails the others after this long
+        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         **kwargs,
     )
     state = ParallelState(rank, world_size, dist.group.WORLD)

@@ -163,6 +163,17 @@ def test_tp_that_does_not_divide_heads_is_refused(checkpoints: dict[str, Path]) 
         ModelRunner(engine_config(checkpoints["qwen2-kv2"], 4))
 
 
+def test_tp_beyond_visible_gpus_is_refused(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import llmdeploy_engine.model_runner as model_runner
+
+    monkeypatch.setattr(model_runner, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 exceeds the 1 visible GPU"):
+        ModelRunner(engine_config(checkpoints["qwen2-kv2"], 2))
+
+
 def test_qkv_shards_pick_the_right_heads() -> None:
     hd, hidden = 2, 4
     full = {n: torch.randn(rows * hd, hidden) for n, rows in (("q_proj", 4), ("k_proj", 2), ("v_proj", 2))}
