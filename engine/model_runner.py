@@ -107,6 +107,16 @@ class ModelRunner:
     starts ranks 1..N-1 (`llmdeploy_engine.tp_worker`), which construct theirs with `rank`/`port`."""
 
     def __init__(self, config: EngineConfig, rank: int = 0, port: int | None = None) -> None:
+        self.workers: Any = None
+        try:
+            self._init(config, rank, port)
+        except BaseException:
+            if self.workers is not None:  # workers stuck in a collective: do not leave them behind
+                self.workers.close(timeout_s=5.0)
+            destroy_parallel(getattr(self, "parallel", SINGLE))
+            raise
+
+    def _init(self, config: EngineConfig, rank: int, port: int | None) -> None:
         start = time.perf_counter()
         tp = config.tensor_parallel_size
         if config.quantization not in (None, "gguf"):
@@ -125,7 +135,6 @@ class ModelRunner:
         check_tensor_parallel(self.model_config, tp)
         self.rank = rank
         self.parallel: ParallelState = SINGLE
-        self.workers: Any = None
         if tp > 1:
             self._start_parallel(tp, rank, port)
         if (
@@ -213,12 +222,7 @@ class ModelRunner:
             self.workers = WorkerGroup.start(self.config, port, self.device.type)
         elif port is None:
             raise ValueError("a tensor-parallel worker needs the rendezvous port")
-        try:
-            self.parallel = init_parallel(rank, tp, port, self.device)
-        except BaseException:
-            if self.workers is not None:
-                self.workers.close()
-            raise
+        self.parallel = init_parallel(rank, tp, port, self.device)
 
     def capture_graphs_on_workers(self) -> None:
         """Tell ranks 1..N-1 to capture their CUDA graphs now (rank 0 captures right after)."""

@@ -113,7 +113,8 @@ class WorkerGroup:
                 except (BrokenPipeError, OSError) as exc:
                     raise RuntimeError(f"tensor-parallel worker rank {rank} is gone ({exc})") from exc
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Ask every worker to stop, wait up to timeout_s for all of them, kill what is left."""
         if self.closing:
             return
         self.closing = True
@@ -122,7 +123,7 @@ class WorkerGroup:
                 assert proc.stdin is not None
                 _send(proc.stdin, ("close",))
                 proc.stdin.close()
-        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -269,3 +269,25 @@ def test_workers_exit_when_rank0_dies(checkpoints: dict[str, Path], tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_workers_stopped_when_rank0_start_up_fails(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmdeploy_engine import tp_worker
+
+    started: list[tp_worker.WorkerGroup] = []
+    real_start = tp_worker.WorkerGroup.start
+
+    def start(*args: Any) -> tp_worker.WorkerGroup:
+        started.append(real_start(*args))
+        return started[-1]
+
+    def fail(self: ModelRunner) -> None:
+        raise RuntimeError("rank 0 failed late in start-up")
+
+    monkeypatch.setattr(tp_worker.WorkerGroup, "start", start)
+    monkeypatch.setattr(ModelRunner, "_allocate_kv_cache", fail)  # in this process only: rank 0
+    with pytest.raises(RuntimeError, match="rank 0 failed"):
+        ModelRunner(engine_config(checkpoints["llama-kv1"], 2))
+    assert started and wait_gone(started[0].pids, timeout=10)
