@@ -2,8 +2,8 @@
 
 Random Llama-3.1-8B (architecture from llmdeploy's catalog, no hub), bf16, CUDA graphs on: one
 request with a 128-token prompt and 256 greedy output tokens (ignore_eos); end-to-end and decode
-tok/s per tensor_parallel_size, the tp=N / tp=1 ratio (target on 2 H200s: >= 1.5x), and how many of
-the greedy tokens agree (bf16 sums in another order may flip a near tie, so this is reported, not
+tok/s per tensor_parallel_size, the tp=N / tp=1 ratio (target on 2 H200s: >= 1.5x) for each
+all-reduce path asked for (--allreduce nccl,symm_mem), and how many of the greedy tokens agree (bf16 sums in another order may flip a near tie, so this is reported, not
 asserted). JSON to --out (a file, or a folder that gets gpu_tp.json); the table is printed last.
 
 GPU (from the repository root, 2 GPUs visible):
@@ -20,6 +20,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 import time
@@ -48,6 +49,7 @@ _import_engine()
 
 import torch  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
+from llmdeploy_engine.distributed import ALLREDUCE_ENV  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
 from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -149,6 +151,11 @@ def main() -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU dry run)")
+    parser.add_argument(
+        "--allreduce",
+        default="nccl",
+        help="comma-separated all-reduce paths to time at tp=N: nccl, symm_mem (CUDA; opt-in)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON file, or folder for gpu_tp.json")
     args = parser.parse_args()
     if args.device == "cuda" and torch.cuda.device_count() < args.tp:
@@ -164,11 +171,8 @@ def main() -> int:
             torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 250, (args.prompt_len,), generator=gen).tolist()
-    runs: dict[int, dict[str, Any]] = {}
-    tokens: dict[int, list[int]] = {}
-    for tp in (1, args.tp):
-        runs[tp], tokens[tp] = single_stream(model, tp, args, prompt)
-    same = next((i for i, (a, b) in enumerate(zip(tokens[1], tokens[args.tp], strict=True)) if a != b), None)
+    variants = [v for v in args.allreduce.split(",") if v]
+    runs: list[dict[str, Any]] = []
     result = {
         "model": args.model if not (args.quick and args.device == "cpu") else "tiny qwen2 checkpoint",
         "device": args.device,
@@ -176,27 +180,58 @@ def main() -> int:
         "cuda_graphs": args.device == "cuda" and not args.eager,
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
-        "runs": [runs[1], runs[args.tp]],
-        "ratio_tok_s": runs[args.tp]["tok_s"] / runs[1]["tok_s"],
-        "ratio_decode_tok_s": runs[args.tp]["decode_tok_s"] / runs[1]["decode_tok_s"],
-        "greedy_tokens_identical_prefix": args.output_len if same is None else same,
+        "runs": runs,
     }
+
+    def save() -> None:  # after every run: a later variant that takes the process down loses nothing
+        if args.out is not None:
+            path = args.out / "gpu_tp.json" if args.out.is_dir() else args.out
+            path.write_text(json.dumps(result, indent=2))
+
+    ref, ref_tokens = single_stream(model, 1, args, prompt)
+    ref["allreduce"] = "-"
+    runs.append(ref)
+    save()
+    for variant in variants:
+        os.environ[ALLREDUCE_ENV] = variant  # read by every rank (workers inherit the environment)
+        try:
+            run, toks = single_stream(model, args.tp, args, prompt)
+        except Exception as exc:  # report the variant as failed, keep the others
+            log(f"tp={args.tp} allreduce={variant} failed: {exc!r}")
+            runs.append({"tp": args.tp, "allreduce": variant, "error": repr(exc)})
+            save()
+            continue
+        finally:
+            os.environ.pop(ALLREDUCE_ENV, None)
+        same = next((i for i, (a, b) in enumerate(zip(ref_tokens, toks, strict=True)) if a != b), None)
+        run.update(
+            allreduce=variant,
+            ratio_tok_s=run["tok_s"] / ref["tok_s"],
+            ratio_decode_tok_s=run["decode_tok_s"] / ref["decode_tok_s"],
+            greedy_tokens_identical_prefix=args.output_len if same is None else same,
+        )
+        runs.append(run)
+        save()
     if tmp is not None:
         tmp.cleanup()
-    if args.out is not None:
-        path = args.out / "gpu_tp.json" if args.out.is_dir() else args.out
-        path.write_text(json.dumps(result, indent=2))
-        log(f"wrote {path}")
     print()
-    print(f"{'tp':>3} {'startup s':>10} {'TTFT ms':>9} {'tok/s':>9} {'decode tok/s':>13}")
-    for r in result["runs"]:
-        print(
-            f"{r['tp']:>3} {r['startup_s']:>10.1f} {r['ttft_s'] * 1e3:>9.1f} {r['tok_s']:>9.1f} {r['decode_tok_s']:>13.1f}"
-        )
     print(
-        f"tp={args.tp} / tp=1: {result['ratio_tok_s']:.2f}x end-to-end, {result['ratio_decode_tok_s']:.2f}x decode; "
-        f"greedy tokens identical for the first {result['greedy_tokens_identical_prefix']} of {args.output_len}"
+        f"{'tp':>3} {'allreduce':>10} {'startup s':>10} {'TTFT ms':>9} {'tok/s':>9} {'decode tok/s':>13} "
+        f"{'x tok/s':>8} {'x decode':>9} {'same tokens':>12}"
     )
+    for r in runs:
+        if "error" in r:
+            print(f"{r['tp']:>3} {r['allreduce']:>10} failed: {r['error'][:80]}")
+            continue
+        ratios = (
+            f"{r['ratio_tok_s']:>8.2f} {r['ratio_decode_tok_s']:>9.2f} {r['greedy_tokens_identical_prefix']:>12}"
+            if "ratio_tok_s" in r
+            else f"{'':>8} {'':>9} {'':>12}"
+        )
+        print(
+            f"{r['tp']:>3} {r['allreduce']:>10} {r['startup_s']:>10.1f} {r['ttft_s'] * 1e3:>9.1f} "
+            f"{r['tok_s']:>9.1f} {r['decode_tok_s']:>13.1f} {ratios}"
+        )
     return 0
 
 

@@ -31,6 +31,8 @@ class ParallelState:
     rank: int = 0
     world_size: int = 1
     group: Any = None  # torch.distributed ProcessGroup when world_size > 1
+    # small-message all-reduce over symmetric memory (opt-in, CUDA), else NCCL
+    fast_all_reduce: Any = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -43,6 +45,10 @@ class ParallelState:
 
 SINGLE = ParallelState()
 COLLECTIVE_TIMEOUT_S = 300
+# LLMDEPLOY_TP_ALLREDUCE=symm_mem: decode-sized all-reduces (up to this many bytes) as one kernel that
+# reads every peer's buffer over NVLink (torch symmetric memory, no multicast); default: NCCL only
+ALLREDUCE_ENV = "LLMDEPLOY_TP_ALLREDUCE"
+SYMM_MEM_MAX_BYTES = 1 << 20
 
 
 def free_port() -> int:
@@ -83,7 +89,44 @@ def init_parallel(rank: int, world_size: int, port: int, device: torch.device) -
     all_reduce(probe, state)
     if int(probe.item()) != world_size:
         raise RuntimeError(f"tensor-parallel group check failed: all-reduce gave {probe.item()}")
+    choice = os.environ.get(ALLREDUCE_ENV, "nccl")
+    if choice not in ("nccl", "symm_mem"):
+        raise ValueError(f"{ALLREDUCE_ENV}={choice!r}: use nccl or symm_mem")
+    if choice == "symm_mem":
+        if device.type != "cuda":
+            raise ValueError(f"{ALLREDUCE_ENV}=symm_mem needs CUDA devices")
+        state = ParallelState(rank, world_size, state.group, SymmMemAllReduce(state, device))
+        probe = torch.ones(8, device=device)
+        if float(all_reduce(probe, state).sum()) != 8 * world_size:
+            raise RuntimeError("tensor-parallel symmetric-memory all-reduce check failed")
     return state
+
+
+class SymmMemAllReduce:
+    """One-shot all-reduce of small tensors: copy into this rank's symmetric buffer, then one kernel
+    sums every rank's buffer (barriers on both sides, so the buffer is reusable right after)."""
+
+    def __init__(
+        self, state: ParallelState, device: torch.device, max_bytes: int = SYMM_MEM_MAX_BYTES
+    ) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.group_name = state.group.group_name
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is not None:
+            enable(self.group_name)
+        self.max_bytes = max_bytes
+        self.buffer = symm_mem.empty(max_bytes, dtype=torch.uint8, device=device)
+        symm_mem.rendezvous(self.buffer, self.group_name)
+
+    def fits(self, x: torch.Tensor) -> bool:
+        return x.dtype in (torch.bfloat16, torch.float32) and x.numel() * x.element_size() <= self.max_bytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        staging = self.buffer[: x.numel() * x.element_size()].view(x.dtype)
+        staging.copy_(x.reshape(-1))
+        out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging, "sum", self.group_name)
+        return out.view(x.shape)
 
 
 def destroy_parallel(state: ParallelState) -> None:
@@ -92,9 +135,15 @@ def destroy_parallel(state: ParallelState) -> None:
 
 
 def all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Sum over ranks, in place; returns x. No-op at world size 1."""
-    if state.is_parallel:
-        dist.all_reduce(x, group=state.group)
+    """Sum over ranks; use the result (NCCL sums x in place and returns it, the symmetric-memory path
+    returns a new tensor). x itself at world size 1."""
+    if not state.is_parallel:
+        return x
+    fast = state.fast_all_reduce
+    if fast is not None and x.is_cuda and fast.fits(x):
+        result: torch.Tensor = fast(x)
+        return result
+    dist.all_reduce(x, group=state.group)
     return x
 
 
