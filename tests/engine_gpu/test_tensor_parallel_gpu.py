@@ -81,14 +81,25 @@ def steps(runner: ModelRunner | object, vocab: int) -> list[torch.Tensor]:
     return outs
 
 
-def test_tp2_logits_match_tp1_eager() -> None:
-    from llmdeploy_engine.tp_worker import TensorParallelDriver
-
+@pytest.fixture(scope="module")
+def eager_reference() -> tuple[list[torch.Tensor], int]:
     ref_runner = ModelRunner(config(1, True))
     vocab = ref_runner.model_config.vocab_size
     ref = steps(ref_runner, vocab)
     del ref_runner
     torch.cuda.empty_cache()
+    return ref, vocab
+
+
+@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem"])
+def test_tp2_logits_match_tp1_eager(
+    allreduce: str, eager_reference: tuple[list[torch.Tensor], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmdeploy_engine.distributed import ALLREDUCE_ENV
+    from llmdeploy_engine.tp_worker import TensorParallelDriver
+
+    ref, vocab = eager_reference
+    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)  # the worker inherits it
     runner = ModelRunner(config(2, True))
     try:
         got = steps(TensorParallelDriver(runner, runner.workers), vocab)
@@ -99,31 +110,43 @@ def test_tp2_logits_match_tp1_eager() -> None:
         assert rel < 1e-3, rel
 
 
-def test_tp2_greedy_with_cuda_graphs_matches_tp1() -> None:
+def _run_engine(tp: int) -> tuple[list[list[int]], int, list[int]]:
+    """(greedy tokens of two prompts, CUDA graph replays on rank 0, worker pids)."""
     from llmdeploy_engine.llm import LLM
     from llmdeploy_engine.llm_engine import LLMEngine
     from llmdeploy_engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     prompts = ["Hello, my name is", "The capital of France is"]
+    engine = LLMEngine(config(tp, False))
+    try:
+        outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
+        graphs = engine.runner
+        while not hasattr(graphs, "num_replays") and hasattr(graphs, "runner"):
+            graphs = graphs.runner
+        workers = getattr(engine.runner, "workers", None)
+        pids = workers.pids if workers is not None else []
+        return [list(o.outputs[0].token_ids) for o in outs], int(graphs.num_replays), pids
+    finally:
+        engine.close()
+        del engine
+        torch.cuda.empty_cache()
 
-    def run(tp: int) -> tuple[list[list[int]], int, list[int]]:
-        engine = LLMEngine(config(tp, False))
-        try:
-            outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
-            graphs = engine.runner
-            while not hasattr(graphs, "num_replays") and hasattr(graphs, "runner"):
-                graphs = graphs.runner
-            workers = getattr(engine.runner, "workers", None)
-            pids = workers.pids if workers is not None else []
-            return [list(o.outputs[0].token_ids) for o in outs], int(graphs.num_replays), pids
-        finally:
-            engine.close()
-            del engine
-            torch.cuda.empty_cache()
 
-    ref, _, _ = run(1)
-    got, replays, pids = run(2)
+@pytest.fixture(scope="module")
+def graph_reference() -> list[list[int]]:
+    return _run_engine(1)[0]
+
+
+@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem"])
+def test_tp2_greedy_with_cuda_graphs_matches_tp1(
+    allreduce: str, graph_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmdeploy_engine.distributed import ALLREDUCE_ENV
+
+    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)
+    ref = graph_reference
+    got, replays, pids = _run_engine(2)
     assert replays > 0
     assert got == ref
     deadline = time.monotonic() + 30
