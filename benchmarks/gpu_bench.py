@@ -380,7 +380,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     )
 
     # peer: transformers generate on the same weights
-    state = {k: v for k, v in runner.model.state_dict().items()}
+    state = {k: v for k, v in runner.model.hf_state_dict().items()}
     del engine, runner, timers, graphs
     gc.collect()
     if dev == "cuda":

@@ -113,7 +113,7 @@ def check(model: str, dtype_name: str, num_tokens: int, device: str) -> None:
     print(f"== {model} {dtype_name}")
     for line in runner.startup_report.log_lines():
         print("  " + line)
-    hf = hf_model_for(runner.model_config, runner.dtype, runner.model.state_dict(), device)
+    hf = hf_model_for(runner.model_config, runner.dtype, runner.model.hf_state_dict(), device)
     gen = torch.Generator().manual_seed(0)
     lengths = [7, 33, 64, 129]
     prompts = [
@@ -142,7 +142,7 @@ def check(model: str, dtype_name: str, num_tokens: int, device: str) -> None:
     hf32 = (
         hf
         if runner.dtype == torch.float32
-        else hf_model_for(runner.model_config, torch.float32, runner.model.state_dict(), device)
+        else hf_model_for(runner.model_config, torch.float32, runner.model.hf_state_dict(), device)
     )
     err_ours = err_ours32 = err_hf32 = 0.0
     agree = 0

@@ -78,12 +78,17 @@ class LLMEngine:
         if runner is None:
             from llmdeploy_engine.model_runner import ModelRunner
 
-            runner = ModelRunner(config)
+            runner = model_runner = ModelRunner(config)
             if runner.device.type == "cuda" and not config.enforce_eager:
                 # decode steps replayed from CUDA graphs captured now (docs/gpu-notes.md)
                 from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 
+                model_runner.capture_graphs_on_workers()  # tensor parallel: every rank captures
                 runner = CudaGraphRunner(runner)
+            if model_runner.workers is not None:  # tensor parallel: steps go to ranks 1..N-1 first
+                from llmdeploy_engine.tp_worker import TensorParallelDriver
+
+                runner = TensorParallelDriver(runner, model_runner.workers)
         self.runner = runner
         if tokenizer is None:
             from llmdeploy_engine.tokenizer import Tokenizer
@@ -109,6 +114,12 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_requests_finished = 0
+
+    def close(self) -> None:
+        """Release the runner's processes (tensor-parallel workers); the engine is unusable after."""
+        close = getattr(self.runner, "close", None)
+        if callable(close):
+            close()
 
     # ---- requests -----------------------------------------------------------------------------
     def process_prompt(

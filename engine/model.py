@@ -9,13 +9,23 @@ dict loads as is and transformers can load ours. Numerics follow transformers' o
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine import ops
 from llmdeploy_engine.attention import AttentionMetadata, paged_attention
 from llmdeploy_engine.config import ModelConfig, RopeScaling
+from llmdeploy_engine.distributed import SINGLE, ParallelState
 from llmdeploy_engine.kv_cache import KVAmaxObserver
+from llmdeploy_engine.parallel_layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    ParallelModule,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from torch import nn
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -56,14 +66,16 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelState = SINGLE) -> None:
         super().__init__()
         self.config = config
         h, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(h, config.q_size, bias=bias)
-        self.k_proj = nn.Linear(h, config.kv_size, bias=bias)
-        self.v_proj = nn.Linear(h, config.kv_size, bias=bias)
-        self.o_proj = nn.Linear(config.q_size, h, bias=False)
+        self.qkv_proj = QKVParallelLinear(
+            h, config.head_dim, config.num_attention_heads, config.num_key_value_heads, bias, parallel
+        )
+        # this rank's heads (all of them at tensor_parallel_size 1)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(config.q_size, h, "o_proj", parallel)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -88,36 +100,38 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         c = self.config
         n = x.shape[0]
-        q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim)
-        k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim)
-        v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim)
+        q, k, v = self.qkv_proj(x)
+        q = q.view(n, self.num_heads, c.head_dim)
+        k = k.view(n, self.num_kv_heads, c.head_dim)
+        v = v.view(n, self.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ops.apply_rope(q, k, cos, sin)
         if self.kv_observer is not None:
             self.kv_observer.update(k, v)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
-        return self.o_proj(out.reshape(n, c.q_size))
+        return self.o_proj(out.reshape(n, self.num_heads * c.head_dim))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelState = SINGLE) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        h, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(h, inter, ("gate_proj", "up_proj"), parallel)
+        self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelState = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, parallel)
 
     def forward(
         self,
@@ -137,17 +151,22 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelState = SINGLE) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel=parallel)
+        self.layers = nn.ModuleList(DecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    """`model.*` + `lm_head`, as in Hugging Face checkpoints."""
+    """`model.*` + `lm_head`, as in Hugging Face checkpoints.
 
-    def __init__(self, config: ModelConfig) -> None:
+    q/k/v and gate/up projections are merged (`qkv_proj`, `gate_up_proj`) and, with a `parallel`
+    state of world size > 1, every projection, the embedding and the LM head hold this rank's shard;
+    `load_weights` takes Hugging Face names and full tensors and slices them.
+    """
+
+    def __init__(self, config: ModelConfig, parallel: ParallelState = SINGLE) -> None:
         super().__init__()
         if config.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
@@ -155,8 +174,9 @@ class CausalLM(nn.Module):
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         self.config = config
-        self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.parallel = parallel
+        self.model = Backbone(config, parallel)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel=parallel)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
@@ -197,23 +217,68 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy a Hugging Face-named state dict in; every parameter must be present exactly once."""
-        params = dict(self.named_parameters())
+    def _hf_slots(self) -> dict[str, tuple[ParallelModule | None, str, nn.Parameter | None]]:
+        """Hugging Face name -> (parallel layer and its relative name) or (None, name, plain parameter)."""
+        slots: dict[str, tuple[ParallelModule | None, str, nn.Parameter | None]] = {}
+        owned: set[int] = set()
+        for mod_name, mod in self.named_modules():
+            if not isinstance(mod, ParallelModule):
+                continue
+            owned.update(id(p) for p in mod.parameters())
+            if mod is self.lm_head and self.config.tie_word_embeddings:
+                continue
+            parent = mod_name.rpartition(".")[0]
+            for rel in mod.hf_shapes():
+                slots[f"{parent}.{rel}" if parent else rel] = (mod, rel, None)
+        for name, p in self.named_parameters():
+            if id(p) not in owned:
+                slots[name] = (None, name, p)
+        return slots
+
+    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Full Hugging Face tensor shapes of this model (every tensor a checkpoint must hold)."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, (mod, rel, p) in self._hf_slots().items():
+            shapes[name] = mod.hf_shapes()[rel] if mod is not None else tuple(p.shape)  # type: ignore[union-attr]
+        return shapes
+
+    def load_hf_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy this rank's slice of each full Hugging Face tensor in (names from `hf_shapes`)."""
+        if self.config.tie_word_embeddings:  # `to_empty` unties shared parameters
+            self.lm_head.weight = self.model.embed_tokens.weight
+        slots = self._hf_slots()
+        for name, full in tensors:
+            mod, rel, p = slots[name]
+            if mod is not None:
+                mod.load_hf(rel, full)
+            else:
+                with torch.no_grad():
+                    p.copy_(full)  # type: ignore[union-attr]
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Hugging Face-named full tensors (tensor_parallel_size 1 only), e.g. to build a transformers model."""
+        state: dict[str, torch.Tensor] = {}
+        for name, (mod, rel, p) in self._hf_slots().items():
+            state[name] = mod.hf_tensor(rel) if mod is not None else p.detach()  # type: ignore[union-attr]
         if self.config.tie_word_embeddings:
-            params.pop("lm_head.weight", None)
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        return state
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy a Hugging Face-named state dict in (full tensors; each rank takes its slice); every
+        tensor must be present exactly once."""
+        slots = self._hf_slots()
+        shapes = self.hf_shapes()
+        if self.config.tie_word_embeddings:
             weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
-        missing = sorted(set(params) - set(weights))
-        unexpected = sorted(k for k in set(weights) - set(params) if not k.endswith("rotary_emb.inv_freq"))
+        missing = sorted(set(slots) - set(weights))
+        unexpected = sorted(k for k in set(weights) - set(slots) if not k.endswith("rotary_emb.inv_freq"))
         if missing or unexpected:
             raise ValueError(
                 f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        with torch.no_grad():
-            for name, p in params.items():
-                w = weights[name]
-                if tuple(w.shape) != tuple(p.shape):
-                    raise ValueError(
-                        f"{name}: checkpoint shape {tuple(w.shape)} != model shape {tuple(p.shape)}"
-                    )
-                p.copy_(w)
+        for name in slots:
+            w = weights[name]
+            if tuple(w.shape) != shapes[name]:
+                raise ValueError(f"{name}: checkpoint shape {tuple(w.shape)} != model shape {shapes[name]}")
+        self.load_hf_tensors((name, weights[name]) for name in slots)

@@ -13,11 +13,19 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from llmdeploy_engine import kv_cache
 from llmdeploy_engine.attention import build_attention_metadata, build_profile_metadata
 from llmdeploy_engine.config import EngineConfig, ModelConfig
+from llmdeploy_engine.distributed import (
+    SINGLE,
+    ParallelState,
+    all_reduce_min,
+    destroy_parallel,
+    init_parallel,
+)
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model import CausalLM
 from llmdeploy_engine.startup_report import StartupReport
@@ -68,11 +76,47 @@ def default_max_num_batched_tokens(max_model_len: int) -> int:
     return min(max(max_model_len, 2048), 8192)
 
 
+def check_tensor_parallel(mc: ModelConfig, tp: int) -> None:
+    """Clear errors for a tensor_parallel_size the model's shape cannot be split by."""
+    if tp < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+    problems = []
+    if mc.num_attention_heads % tp:
+        problems.append(f"the {mc.num_attention_heads} attention heads")
+    kv = mc.num_key_value_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        problems.append(f"the {kv} KV heads (nor is it a multiple of them)")
+    if mc.intermediate_size % tp:
+        problems.append(f"the MLP width {mc.intermediate_size}")
+    if problems:
+        raise ValueError(
+            f"tensor_parallel_size {tp} does not divide {' and '.join(problems)}; "
+            "pick a tensor_parallel_size that divides the attention heads"
+        )
+
+
+def local_kv_heads(num_kv_heads: int, tp: int) -> int:
+    """KV heads each rank holds: a share of them, or one replicated head when tp > num_kv_heads."""
+    return max(1, num_kv_heads // tp)
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
+    starts ranks 1..N-1 (`llmdeploy_engine.tp_worker`), which construct theirs with `rank`/`port`."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0, port: int | None = None) -> None:
+        self.workers: Any = None
+        try:
+            self._init(config, rank, port)
+        except BaseException:
+            if self.workers is not None:  # workers stuck in a collective: do not leave them behind
+                self.workers.close(timeout_s=5.0)
+            destroy_parallel(getattr(self, "parallel", SINGLE))
+            raise
+
+    def _init(self, config: EngineConfig, rank: int, port: int | None) -> None:
         start = time.perf_counter()
-        if config.tensor_parallel_size != 1:
-            raise ValueError("the built-in engine runs on one device: tensor_parallel_size must be 1")
+        tp = config.tensor_parallel_size
         if config.quantization not in (None, "gguf"):
             raise ValueError(
                 f"quantization {config.quantization!r} is not supported by the built-in engine "
@@ -86,6 +130,11 @@ class ModelRunner:
         torch.manual_seed(config.seed)
 
         self.model_config = load_model_config(config.model)
+        check_tensor_parallel(self.model_config, tp)
+        self.rank = rank
+        self.parallel: ParallelState = SINGLE
+        if tp > 1:
+            self._start_parallel(tp, rank, port)
         if (
             config.max_model_len is not None
             and config.max_model_len > self.model_config.max_position_embeddings
@@ -109,8 +158,9 @@ class ModelRunner:
         from llmdeploy.planner import builtin_rule
 
         mc = self.model_config
-        self.kv_bytes_per_token = builtin_rule.kv_bytes_per_token(
-            mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, self.kv_dtype.itemsize
+        self.num_local_kv_heads = local_kv_heads(mc.num_key_value_heads, tp)
+        self.kv_bytes_per_token = builtin_rule.kv_bytes_per_token(  # per rank
+            mc.num_hidden_layers, self.num_local_kv_heads, mc.head_dim, self.kv_dtype.itemsize
         )
         explicit = config.kv_cache_memory_bytes
         if self.device.type == "cpu" and explicit is None:
@@ -124,6 +174,8 @@ class ModelRunner:
             kv_cache_memory_bytes=explicit,
         )
         self.num_kv_blocks = builtin_rule.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
+        # every rank must hold the same blocks: the smallest pool of all ranks
+        self.num_kv_blocks = all_reduce_min(self.num_kv_blocks, self.parallel, self.device)
         if self.num_kv_blocks < 1:
             raise ValueError(
                 f"no memory left for the KV cache (budget {kv_budget / 2**30:.2f} GiB after "
@@ -152,13 +204,46 @@ class ModelRunner:
         for line in self.startup_report.log_lines():
             logger.info(line)
 
+    def _start_parallel(self, tp: int, rank: int, port: int | None) -> None:
+        if self.device.type == "cuda":
+            visible = torch.cuda.device_count()
+            if tp > visible:
+                raise ValueError(
+                    f"tensor_parallel_size {tp} exceeds the {visible} visible GPU(s); "
+                    "lower tensor_parallel_size or make more GPUs visible (CUDA_VISIBLE_DEVICES)"
+                )
+            self.device = torch.device("cuda", rank)
+        elif self.device.type != "cpu":
+            raise ValueError(f"tensor parallelism runs on cuda or cpu, not {self.device.type}")
+        if rank == 0:
+            from llmdeploy_engine import distributed
+            from llmdeploy_engine.tp_worker import WorkerGroup
+
+            port = distributed.free_port()
+            self.workers = WorkerGroup.start(self.config, port, self.device.type)
+        elif port is None:
+            raise ValueError("a tensor-parallel worker needs the rendezvous port")
+        self.parallel = init_parallel(rank, tp, port, self.device)
+
+    def capture_graphs_on_workers(self) -> None:
+        """Tell ranks 1..N-1 to capture their CUDA graphs now (rank 0 captures right after)."""
+        if self.workers is not None:
+            self.workers.send(("capture_graphs",))
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers and leave the process group (no-op at tp 1)."""
+        if self.workers is not None:
+            self.workers.close()
+        destroy_parallel(self.parallel)
+        self.parallel = SINGLE
+
     # phase: load
     def _load_model(self) -> CausalLM:
         from llmdeploy_engine import random_weights
 
         mc = self.model_config
         with torch.device("meta"):
-            model = CausalLM(mc).to(self.dtype)
+            model = CausalLM(mc, self.parallel).to(self.dtype)
         model = model.to_empty(device=self.device)
         if mc.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
@@ -247,7 +332,7 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         mc = self.model_config
-        shape = (self.num_kv_blocks, self.block_size, mc.num_key_value_heads, mc.head_dim)
+        shape = (self.num_kv_blocks, self.block_size, self.num_local_kv_heads, mc.head_dim)
         # zeros, not empty: padded context positions read slot 0 and must never hold NaN
         return [
             (

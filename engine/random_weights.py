@@ -7,11 +7,11 @@ which keeps activations and logits in a realistic range.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from llmdeploy_engine.config import ModelConfig, RopeScaling
-from torch import nn
 
 RANDOM_PREFIX = "random:"
 
@@ -79,14 +79,22 @@ def random_model_config(model: str) -> ModelConfig:
     return config_from_spec(resolve_model(model.removeprefix(RANDOM_PREFIX)))
 
 
-def init_random_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
-    """Fill every parameter in place (on its own device): norms 1, matrices and biases N(0, std)."""
-    gen = None
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if gen is None or gen.device != p.device:
-                gen = torch.Generator(device=p.device).manual_seed(seed)
+def init_random_weights(model: Any, seed: int, std: float = 0.02) -> None:
+    """Fill every parameter in place (on its own device): norms 1, matrices and biases N(0, std).
+
+    The full Hugging Face tensors are drawn in a fixed order from one seeded generator and each rank
+    keeps its slice, so every tensor_parallel_size builds the same model.
+    """
+    ref = next(model.parameters())
+    gen = torch.Generator(device=ref.device).manual_seed(seed)
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, shape in model.hf_shapes().items():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                yield name, torch.ones(shape, dtype=ref.dtype, device=ref.device)
             else:
-                p.normal_(0.0, std, generator=gen)
+                full = torch.empty(shape, dtype=ref.dtype, device=ref.device)
+                yield name, full.normal_(0.0, std, generator=gen)
+
+    with torch.no_grad():
+        model.load_hf_tensors(tensors())

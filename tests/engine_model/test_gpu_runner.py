@@ -42,7 +42,7 @@ def test_random_qwen2_logits_match_transformers_on_cuda() -> None:
     hf_config.rope_parameters = {"rope_type": "default", "rope_theta": mc.rope_theta}
     with torch.device("cuda"):
         hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
-    hf.load_state_dict(runner.model.state_dict(), strict=False)
+    hf.load_state_dict(runner.model.hf_state_dict(), strict=False)
     ids = torch.randint(0, mc.vocab_size, (40,), generator=torch.Generator().manual_seed(0)).tolist()
     n = len(ids)
     batch = ForwardBatch(ids, list(range(n)), list(range(n)), [0], [n], [n], [[0, 1, 2]], [0])

@@ -1,0 +1,163 @@
+"""On 2 CUDA GPUs: tensor parallelism over NCCL, with and without CUDA graphs, matches tp=1.
+
+Random Qwen2.5-0.5B (14 heads, 2 KV heads: one KV head per rank) in float32, so tp=2 can be held to
+tp=1's logits; through LLMEngine with CUDA graphs (all-reduces captured in the graphs) the greedy
+tokens must be identical, the graphs must actually be replayed, and the worker must exit on close.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.model_runner import ModelRunner
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
+    ),
+]
+
+MODEL = "random:Qwen/Qwen2.5-0.5B"
+
+
+def config(tp: int, eager: bool) -> EngineConfig:
+    return EngineConfig(
+        model=MODEL,
+        device="cuda",
+        dtype="float32",
+        tensor_parallel_size=tp,
+        max_model_len=512,
+        max_num_seqs=4,
+        max_num_batched_tokens=512,
+        gpu_memory_utilization=0.3,
+        enforce_eager=eager,
+    )
+
+
+def steps(runner: ModelRunner | object, vocab: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    bs = 16
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    lens = [20, 33]
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lens]
+
+    def slot(seq: int, pos: int) -> int:
+        return tables[seq][pos // bs] * bs + pos % bs
+
+    outs = [
+        runner.execute(  # type: ignore[attr-defined]
+            ForwardBatch(
+                input_ids=prompts[0] + prompts[1],
+                positions=list(range(lens[0])) + list(range(lens[1])),
+                slot_mapping=[slot(0, p) for p in range(lens[0])] + [slot(1, p) for p in range(lens[1])],
+                query_start=[0, lens[0]],
+                query_len=lens[:],
+                context_len=lens[:],
+                block_tables=tables,
+                sample_indices=[0, 1],
+            )
+        ).cpu()
+    ]
+    for _ in range(3):
+        toks = torch.randint(0, vocab, (2,), generator=gen).tolist()
+        batch = ForwardBatch(
+            input_ids=toks,
+            positions=lens[:],
+            slot_mapping=[slot(0, lens[0]), slot(1, lens[1])],
+            query_start=[0, 1],
+            query_len=[1, 1],
+            context_len=[lens[0] + 1, lens[1] + 1],
+            block_tables=tables,
+            sample_indices=[0, 1],
+        )
+        lens = [n + 1 for n in lens]
+        outs.append(runner.execute(batch).cpu())  # type: ignore[attr-defined]
+    return outs
+
+
+@pytest.fixture(scope="module")
+def eager_reference() -> tuple[list[torch.Tensor], int]:
+    ref_runner = ModelRunner(config(1, True))
+    vocab = ref_runner.model_config.vocab_size
+    ref = steps(ref_runner, vocab)
+    del ref_runner
+    torch.cuda.empty_cache()
+    return ref, vocab
+
+
+@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem"])
+def test_tp2_logits_match_tp1_eager(
+    allreduce: str, eager_reference: tuple[list[torch.Tensor], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmdeploy_engine.distributed import ALLREDUCE_ENV
+    from llmdeploy_engine.tp_worker import TensorParallelDriver
+
+    ref, vocab = eager_reference
+    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)  # the worker inherits it
+    runner = ModelRunner(config(2, True))
+    try:
+        got = steps(TensorParallelDriver(runner, runner.workers), vocab)
+    finally:
+        runner.close()
+    for a, b in zip(got, ref, strict=True):
+        rel = float((a - b).abs().max() / b.abs().max())
+        assert rel < 1e-3, rel
+
+
+def _run_engine(tp: int) -> tuple[list[list[int]], int, list[int]]:
+    """(greedy tokens of two prompts, CUDA graph replays on rank 0, worker pids)."""
+    from llmdeploy_engine.llm import LLM
+    from llmdeploy_engine.llm_engine import LLMEngine
+    from llmdeploy_engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    prompts = ["Hello, my name is", "The capital of France is"]
+    engine = LLMEngine(config(tp, False))
+    try:
+        outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
+        graphs = engine.runner
+        while not hasattr(graphs, "num_replays") and hasattr(graphs, "runner"):
+            graphs = graphs.runner
+        workers = getattr(engine.runner, "workers", None)
+        pids = workers.pids if workers is not None else []
+        return [list(o.outputs[0].token_ids) for o in outs], int(graphs.num_replays), pids
+    finally:
+        engine.close()
+        del engine
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module")
+def graph_reference() -> list[list[int]]:
+    return _run_engine(1)[0]
+
+
+@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem"])
+def test_tp2_greedy_with_cuda_graphs_matches_tp1(
+    allreduce: str, graph_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmdeploy_engine.distributed import ALLREDUCE_ENV
+
+    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)
+    ref = graph_reference
+    got, replays, pids = _run_engine(2)
+    assert replays > 0
+    assert got == ref
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert pids and not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
