@@ -71,7 +71,9 @@ def default_max_num_batched_tokens(max_model_len: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, num_kv_blocks: int | None = None) -> None:
+        """`num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
+        draft model shares the target's block tables, so it needs the same count)."""
         start = time.perf_counter()
         if config.tensor_parallel_size != 1:
             raise ValueError("the built-in engine runs on one device: tensor_parallel_size must be 1")
@@ -124,6 +126,9 @@ class ModelRunner:
             kv_cache_memory_bytes=explicit,
         )
         self.num_kv_blocks = builtin_rule.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
+        if num_kv_blocks is not None:
+            self.num_kv_blocks = num_kv_blocks
+            kv_budget = num_kv_blocks * self.block_size * self.kv_bytes_per_token
         if self.num_kv_blocks < 1:
             raise ValueError(
                 f"no memory left for the KV cache (budget {kv_budget / 2**30:.2f} GiB after "
