@@ -2,7 +2,8 @@
 
 Plain Python, no torch. The last n tokens (n from prompt_lookup_max down to prompt_lookup_min,
 longest first) are searched for earlier in the prompt + generated tokens; at the most recent earlier
-occurrence, the up to k tokens that followed it are the proposal. The proposal is deterministic, so
+occurrence, the k tokens that followed it are the proposal (a copy that runs into the end of the
+sequence continues through what it has copied, as a periodic sequence would). The proposal is deterministic, so
 the rejection sampler treats its distribution as one-hot.
 """
 
@@ -29,9 +30,20 @@ def propose_ngram(token_ids: Sequence[int], k: int, lookup_min: int, lookup_max:
             except ValueError:
                 break
             if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + k]
+                return _continuation(tokens, start + n, k)
             start -= 1
     return []
+
+
+def _continuation(tokens: list[int], begin: int, k: int) -> list[int]:
+    """k tokens copied from `begin` on; a copy that reaches the end goes on through its own output, so
+    a periodic tail (the match overlapping the suffix) yields a full proposal."""
+    out: list[int] = []
+    num = len(tokens)
+    for j in range(k):
+        src = begin + j
+        out.append(tokens[src] if src < num else out[src - num])
+    return out
 
 
 def _rindex(tokens: list[int], value: int, last: int) -> int:

@@ -78,8 +78,9 @@ def test_ngram_prefers_longest_match_then_most_recent() -> None:
     assert propose_ngram([1, 2, 5, 6, 1, 2, 7, 8, 9, 1, 2], 2, 1, 2) == [7, 8]
     # a 3-gram match [9, 1, 2] beats the more recent 2-gram match
     assert propose_ngram([9, 1, 2, 3, 4, 1, 2, 6, 9, 1, 2], 2, 1, 3) == [3, 4]
-    # shorter than k near the end, and nothing when no suffix recurs
-    assert propose_ngram([4, 5, 4], 3, 1, 2) == [5, 4]
+    # a match overlapping the end continues periodically; nothing when no suffix recurs
+    assert propose_ngram([4, 5, 4], 3, 1, 2) == [5, 4, 5]  # the copy runs on through itself
+    assert propose_ngram([7, 7, 7], 4, 1, 2) == [7, 7, 7, 7]
     assert propose_ngram([1, 2, 3, 4], 3, 1, 3) == []
     assert propose_ngram([1, 2, 3, 1], 3, 2, 3) == []  # only a 1-gram recurs, min is 2
 
