@@ -62,6 +62,7 @@ class Speculator:
         self.sampler = sampler
         self.draft = draft
         self.stats = SpecDecodeStats()
+        self._q: dict[int, torch.Tensor] = {}  # this step's draft distributions of sampled sequences
 
     # ---- before scheduling --------------------------------------------------------------------
     def set_proposals(self, running: list[Sequence], max_new_tokens: Callable[[Sequence], int]) -> None:
@@ -87,7 +88,7 @@ class Speculator:
     # ---- after scheduling ---------------------------------------------------------------------
     def fill(self, out: SchedulerOutput, scheduler: Scheduler, requests: dict[str, Any]) -> SchedulerOutput:
         """Draft model: run it over the scheduled sequences' slots and put its tokens in the batch."""
-        self._q: dict[int, torch.Tensor] = {}
+        self._q = {}
         if self.draft is None:
             return out
         self.draft.forget_except({s.seq_id for s in scheduler.running})
@@ -158,7 +159,7 @@ class Speculator:
         return results
 
     def _q_of(self, seq: Sequence) -> torch.Tensor | None:
-        return getattr(self, "_q", {}).get(seq.seq_id)
+        return self._q.get(seq.seq_id)
 
 
 def build_speculator(config: EngineConfig, runner: Any, sampler: Any) -> Speculator:
@@ -186,7 +187,14 @@ def build_speculator(config: EngineConfig, runner: Any, sampler: Any) -> Specula
         speculative_config=None,
         max_model_len=runner.max_model_len,
     )
-    draft_runner = ModelRunner(draft_config, num_kv_blocks=runner.num_kv_blocks)
+    try:
+        draft_runner = ModelRunner(draft_config, num_kv_blocks=runner.num_kv_blocks)
+    except torch.OutOfMemoryError as e:
+        raise ValueError(
+            f"speculative_config: no device memory left for the draft model {spec.model!r} and its KV cache "
+            f"({runner.num_kv_blocks} blocks, as many as the target's); lower gpu_memory_utilization or set "
+            "kv_cache_memory_bytes so the target leaves room for the draft"
+        ) from e
     assert draft_runner.block_size == runner.block_size and draft_runner.num_kv_blocks == runner.num_kv_blocks
     return Speculator(spec, sampler, DraftProposer(draft_runner, sampler))
 
