@@ -5,11 +5,14 @@ Plain Python, no torch. Policy: vLLM V1's unified token budget. Each step has
 a decoding sequence takes 1 token, a sequence in the middle of a chunked prefill takes the rest of its
 prompt (or what is left of the budget). If the block pool cannot hold a running sequence's new tokens,
 the most recently admitted running sequence is preempted (its blocks freed, put back at the head of
-the waiting queue, recomputed later) until it fits. With speculative decoding, a decoding sequence
-also feeds the tokens proposed for it (`Sequence.spec_token_ids`) and gets slots for them
-(lookahead); only verified tokens are ever counted as computed or registered in the prefix cache. Then, if nothing was preempted, waiting sequences
+the waiting queue, recomputed later) until it fits. Then, if nothing was preempted, waiting sequences
 join in FCFS order while the budget, `max_num_seqs` and the block pool allow; a prompt longer than
 the remaining budget is split into chunks across steps. Finished sequences leave every step.
+
+Speculative decoding: a decoding sequence also feeds the tokens proposed for it
+(`Sequence.spec_token_ids`, cut to the budget, dropped rather than preempting anyone) and gets slots
+for them (lookahead). Only verified tokens are ever counted as computed or registered in the prefix
+cache; `accept_speculative` adds the accepted ones and gives back the rejected lookahead.
 """
 
 from __future__ import annotations
@@ -116,6 +119,8 @@ class Scheduler:
             seq.spec_token_ids = []
             num_new = min(seq.num_uncomputed_tokens + len(spec), budget)
             spec = spec[: max(0, num_new - seq.num_uncomputed_tokens)]
+            if spec and not self.block_manager.can_allocate(seq, num_new):
+                num_new, spec = num_new - len(spec), []  # lookahead never costs a preemption
             while not self.block_manager.allocate_slots(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
