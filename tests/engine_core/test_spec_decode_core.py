@@ -215,3 +215,28 @@ def test_budget_cuts_proposals_and_num_logits_follows() -> None:
     s.append_token(11)
     sched.accept_speculative(s, 1)
     assert s.num_computed_tokens == 4 and len(s.block_table) == bm.blocks_needed(5)
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+
+
+def test_prometheus_names_follow_vllm() -> None:
+    from llmdeploy_engine.server.metrics import ServerMetrics
+
+    class Stats:
+        spec_decode_num_drafts = 3
+        spec_decode_num_draft_tokens = 12
+        spec_decode_num_accepted_tokens = 7
+        spec_decode_num_accepted_tokens_per_pos = (3, 2, 1, 1)
+
+    text = ServerMetrics("m").render(Stats(), block_size=16)
+    assert 'vllm:spec_decode_num_drafts_total{model_name="m"} 3' in text
+    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 12' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 7' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2' in text
+    assert "# TYPE vllm:spec_decode_num_drafts counter" in text
+
+    class Off:
+        spec_decode_num_drafts = 0
+
+    assert "spec_decode" not in ServerMetrics("m").render(Off(), block_size=16)
