@@ -199,3 +199,21 @@ def test_sampling_with_speculation_is_seed_reproducible_and_reports_logprobs(
         assert len(c.token_ids) == 16 and c.logprobs is not None and len(c.logprobs) == 16
         assert all(t in lp and len(lp) <= 3 for t, lp in zip(c.token_ids, c.logprobs, strict=True))
     assert engine.stats().spec_decode_num_drafts > 0
+
+
+def test_sampling_with_itself_as_draft_accepts_almost_everything(
+    runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path
+) -> None:
+    # q (the draft's distribution) equals p up to rounding, so min(1, p/q) accepts nearly every draft;
+    # a draft whose q were mishandled (e.g. taken as one-hot) would be accepted only with p(d)
+    engine = make_engine(runner, tokenizer, gguf_path, {"model": str(gguf_path), "num_speculative_tokens": 3})
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=5, n=2)
+    [out] = run(engine, [CODE], params)
+    assert [len(c.token_ids) for c in out.outputs] == [16, 16]
+    stats = engine.stats()
+    assert stats.spec_decode_num_accepted_tokens >= 0.9 * stats.spec_decode_num_draft_tokens > 0
+    greedy_n2 = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, n=2)
+    plain = make_engine(runner, tokenizer, gguf_path, None)
+    assert [c.token_ids for c in run(engine, [CODE], greedy_n2)[0].outputs] == [
+        c.token_ids for c in run(plain, [CODE], greedy_n2)[0].outputs
+    ]
