@@ -174,6 +174,21 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back trailing blocks beyond the first `num_tokens` slots (speculative lookahead that was
+        rejected). Such blocks hold only unverified KV and are never registered in the prefix cache."""
+        keep = self.blocks_needed(num_tokens)
+        assert keep * self.block_size >= seq.num_computed_tokens
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            assert block.ref_count == 1 and block.block_hash is None, (
+                f"block {block_id} is not a private tail"
+            )
+            block.ref_count = 0
+            self.free_ids[block_id] = None
+            self.free_ids.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached-but-free block (live blocks stay registered)."""
         for block in self.blocks:

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.spec_decode.config import SpeculativeConfig
 
 API_KEY_ENV_VARS = ("LLMDEPLOY_API_KEY", "VLLM_API_KEY")
 DTYPES = ("auto", "float16", "bfloat16", "float32", "half", "float", "fp16", "bf16")
@@ -63,6 +64,17 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
     return value
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e.msg})") from None
+    try:
+        return SpeculativeConfig.from_dict(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -172,6 +184,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="number of GPUs to shard the model over",
     )
 
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--speculative-config",
+        type=_speculative_config,
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s speculative config, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 1}\' or \'{"model": DRAFT, "num_speculative_tokens": 4}\'',
+    )
+
     server = p.add_argument_group("HTTP server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
     server.add_argument("--port", type=_port, default=8000, help="port to listen on")
@@ -233,9 +255,12 @@ def flag_catalogue() -> list[dict[str, Any]]:
                 "option_strings": list(action.option_strings),
                 "dest": action.dest,
                 "kind": kind,
-                "type": {"_positive_int": "int", "_port": "int", "_fraction": "float"}.get(
-                    str(type_name), type_name
-                ),
+                "type": {
+                    "_positive_int": "int",
+                    "_port": "int",
+                    "_fraction": "float",
+                    "_speculative_config": "json",
+                }.get(str(type_name), type_name),
                 "nargs": action.nargs,
                 "default": action.default,
                 "choices": list(action.choices) if action.choices else None,
@@ -288,4 +313,5 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         max_queue_len=args.max_queue_len,
         enforce_eager=args.enforce_eager,
+        speculative_config=args.speculative_config,
     )

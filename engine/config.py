@@ -6,7 +6,11 @@ in the objects that measure them, never written back here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from llmdeploy_engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,11 @@ class EngineConfig:
     seed: int = 0
     max_queue_len: int = 1024  # waiting requests beyond this are refused (HTTP 503)
     enforce_eager: bool = False
+    # vLLM's speculative_config: a dict (as on vLLM's CLI) becomes a SpeculativeConfig at construction
+    speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
 
 
 @dataclass(frozen=True)

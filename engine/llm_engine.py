@@ -45,6 +45,11 @@ class EngineStats:
     generation_tokens_total: int
     num_requests_finished: int
     startup_report: Any = None
+    # speculative decoding (vLLM's spec_decode_* counters); zeros when it is off
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 @dataclass
@@ -110,6 +115,11 @@ class LLMEngine:
             # never schedule more tokens per step than the runner profiled its activation memory for
             sched_config = dataclasses.replace(sched_config, max_num_batched_tokens=runner_budget)
         self.scheduler = Scheduler(sched_config, self.block_manager)
+        self.speculator = None
+        if config.speculative_config is not None:
+            from llmdeploy_engine.spec_decode.speculator import build_speculator
+
+            self.speculator = build_speculator(config, runner, self.sampler)
         self.requests: dict[str, _Request] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -232,6 +242,8 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self.speculator.set_proposals(self.scheduler.running, self._num_tokens_left)
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
@@ -240,9 +252,34 @@ class LLMEngine:
             metrics = self.requests[entry.seq.request_id].metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
+        if self.speculator is not None:
+            out = self.speculator.fill(out, self.scheduler, self.requests)
         logits = self.runner.execute(out.batch)
         self.scheduler.update_computed(out)
+        if out.batch.num_logits is not None:
+            return self._process_verified(out, logits)
         return self._process_samples(out, logits)
+
+    def _num_tokens_left(self, seq: Sequence) -> int:
+        checker = self.requests[seq.request_id].checkers[seq.index]
+        return min(checker.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+
+    def _process_verified(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
+        """Speculative step: append each sequence's verified tokens through the per-token stop checks;
+        a stop inside the accepted run ends it there."""
+        assert self.speculator is not None
+        now = time.time()
+        touched: dict[str, _Request] = {}
+        for v in self.speculator.verify(out, logits, self.requests):
+            req = self.requests[v.seq.request_id]
+            for token_id, lp in zip(v.token_ids, v.logprobs, strict=True):
+                self._append_token(v.seq, req, token_id, lp, now)
+                if v.seq.is_finished:
+                    break
+            if v.num_proposed and not v.seq.is_finished:
+                self.scheduler.accept_speculative(v.seq, len(v.token_ids) - 1)
+            touched[req.request_id] = req
+        return self._collect_outputs(touched, now)
 
     def _process_samples(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
         seqs = out.sampled_seqs
@@ -259,21 +296,29 @@ class LLMEngine:
         now = time.time()
         touched: dict[str, _Request] = {}
         for seq, req, token_id, lp in zip(seqs, reqs, sampled.token_ids, sampled.logprobs, strict=True):
-            seq.append_token(token_id)
-            self._generation_tokens_total += 1
-            if seq.num_output_tokens == 1 and seq.index == 0:
-                self._prompt_tokens_total += seq.num_prompt_tokens
-                req.metrics.num_cached_prompt_tokens = seq.num_cached_tokens
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            req.metrics.last_token_time = now
-            self._record_logprobs(req, seq.index, token_id, lp)
-            checker = req.checkers[seq.index]
-            status = checker.on_token(token_id, seq.num_output_tokens, seq.num_tokens)
-            if status is not None:
-                seq.stop_reason = checker.stop_reason
-                self.scheduler.finish(seq, status)
+            self._append_token(seq, req, token_id, lp, now)
             touched[req.request_id] = req
+        return self._collect_outputs(touched, now)
+
+    def _append_token(
+        self, seq: Sequence, req: _Request, token_id: int, lp: dict[int, Logprob] | None, now: float
+    ) -> None:
+        seq.append_token(token_id)
+        self._generation_tokens_total += 1
+        if seq.num_output_tokens == 1 and seq.index == 0:
+            self._prompt_tokens_total += seq.num_prompt_tokens
+            req.metrics.num_cached_prompt_tokens = seq.num_cached_tokens
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        req.metrics.last_token_time = now
+        self._record_logprobs(req, seq.index, token_id, lp)
+        checker = req.checkers[seq.index]
+        status = checker.on_token(token_id, seq.num_output_tokens, seq.num_tokens)
+        if status is not None:
+            seq.stop_reason = checker.stop_reason
+            self.scheduler.finish(seq, status)
+
+    def _collect_outputs(self, touched: dict[str, _Request], now: float) -> list[RequestOutput]:
         results = []
         for req in touched.values():
             if req.finished:
@@ -340,4 +385,16 @@ class LLMEngine:
             generation_tokens_total=self._generation_tokens_total,
             num_requests_finished=self._num_requests_finished,
             startup_report=getattr(self.runner, "startup_report", None),
+            **self._spec_decode_stats(),
         )
+
+    def _spec_decode_stats(self) -> dict[str, Any]:
+        if self.speculator is None:
+            return {}
+        s = self.speculator.stats
+        return {
+            "spec_decode_num_drafts": s.num_drafts,
+            "spec_decode_num_draft_tokens": s.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos),
+        }

@@ -102,19 +102,28 @@ def local_kv_heads(num_kv_heads: int, tp: int) -> int:
 
 class ModelRunner:
     """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
-    starts ranks 1..N-1 (`llmdeploy_engine.tp_worker`), which construct theirs with `rank`/`port`."""
+    starts ranks 1..N-1 (`llmdeploy_engine.tp_worker`), which construct theirs with `rank`/`port`.
+    `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
+    draft model shares the target's block tables, so it needs the same count)."""
 
-    def __init__(self, config: EngineConfig, rank: int = 0, port: int | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        rank: int = 0,
+        port: int | None = None,
+        *,
+        num_kv_blocks: int | None = None,
+    ) -> None:
         self.workers: Any = None
         try:
-            self._init(config, rank, port)
+            self._init(config, rank, port, num_kv_blocks)
         except BaseException:
             if self.workers is not None:  # workers stuck in a collective: do not leave them behind
                 self.workers.close(timeout_s=5.0)
             destroy_parallel(getattr(self, "parallel", SINGLE))
             raise
 
-    def _init(self, config: EngineConfig, rank: int, port: int | None) -> None:
+    def _init(self, config: EngineConfig, rank: int, port: int | None, num_kv_blocks: int | None) -> None:
         start = time.perf_counter()
         tp = config.tensor_parallel_size
         if config.quantization not in (None, "gguf"):
@@ -174,6 +183,9 @@ class ModelRunner:
             kv_cache_memory_bytes=explicit,
         )
         self.num_kv_blocks = builtin_rule.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
+        if num_kv_blocks is not None:
+            self.num_kv_blocks = num_kv_blocks
+            kv_budget = num_kv_blocks * self.block_size * self.kv_bytes_per_token
         # every rank must hold the same blocks: the smallest pool of all ranks
         self.num_kv_blocks = all_reduce_min(self.num_kv_blocks, self.parallel, self.device)
         if self.num_kv_blocks < 1:

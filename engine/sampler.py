@@ -72,6 +72,32 @@ class Sampler:
         token_ids = [int(t) for t in chosen.tolist()]
         return SamplerOutput(token_ids, self._logprobs(raw, params, token_ids))
 
+    def processed_probs(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> torch.Tensor:
+        """Per row, the distribution `sample` draws from (speculative decoding verifies against it):
+        min_tokens, penalties, temperature, top-k/top-p/min-p. Greedy rows are one-hot at `sample`'s argmax."""
+        x = logits.float().clone()
+        self._mask_min_tokens(x, params, output_token_ids)
+        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=x.device)
+        probs = torch.softmax(_filter(x / temps[:, None], params), dim=-1)
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        if greedy:
+            top = x[greedy].argmax(dim=-1, keepdim=True)
+            probs[greedy] = torch.zeros_like(probs[greedy]).scatter_(1, top, 1.0)
+        return probs
+
+    def raw_logprobs(
+        self, logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int]
+    ) -> list[dict[int, Logprob] | None]:
+        """The logprobs `sample` reports for already chosen tokens (speculative decoding)."""
+        return self._logprobs(logits.float(), params, token_ids)
+
     def _mask_min_tokens(
         self, x: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
     ) -> None:

@@ -8,6 +8,11 @@ the most recently admitted running sequence is preempted (its blocks freed, put 
 the waiting queue, recomputed later) until it fits. Then, if nothing was preempted, waiting sequences
 join in FCFS order while the budget, `max_num_seqs` and the block pool allow; a prompt longer than
 the remaining budget is split into chunks across steps. Finished sequences leave every step.
+
+Speculative decoding: a decoding sequence also feeds the tokens proposed for it
+(`Sequence.spec_token_ids`, cut to the budget, dropped rather than preempting anyone) and gets slots
+for them (lookahead). Only verified tokens are ever counted as computed or registered in the prefix
+cache; `accept_speculative` adds the accepted ones and gives back the rejected lookahead.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
     samples: bool  # the chunk reaches the sequence's last token, so a next token is sampled
+    spec_token_ids: tuple[int, ...] = ()  # proposed tokens fed after the last one (counted in num_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            spec = seq.spec_token_ids if seq.num_uncomputed_tokens == 1 else []
+            seq.spec_token_ids = []
+            num_new = min(seq.num_uncomputed_tokens + len(spec), budget)
+            spec = spec[: max(0, num_new - seq.num_uncomputed_tokens)]
+            if spec and not self.block_manager.can_allocate(seq, num_new):
+                num_new, spec = num_new - len(spec), []  # lookahead never costs a preemption
             while not self.block_manager.allocate_slots(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -117,7 +128,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                scheduled.append(self._entry(seq, num_new))
+                scheduled.append(self._entry(seq, num_new, tuple(spec)))
                 budget -= num_new
                 i += 1
                 continue
@@ -162,14 +173,16 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
     @staticmethod
-    def _entry(seq: Sequence, num_new: int) -> ScheduledSeq:
-        return ScheduledSeq(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens)
+    def _entry(seq: Sequence, num_new: int, spec: tuple[int, ...] = ()) -> ScheduledSeq:
+        samples = seq.num_computed_tokens + num_new - len(spec) == seq.num_tokens
+        return ScheduledSeq(seq, num_new, samples, spec)
 
     def _build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         bs = self.block_manager.block_size
@@ -189,7 +202,8 @@ class Scheduler:
             query_start.append(len(input_ids))
             query_len.append(entry.num_new_tokens)
             context_len.append(end)
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.token_ids[start : end - len(entry.spec_token_ids)])
+            input_ids.extend(entry.spec_token_ids)
             positions.extend(range(start, end))
             slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             block_tables.append(list(table))
@@ -204,7 +218,28 @@ class Scheduler:
             context_len,
             block_tables,
             sample_indices,
+            num_logits=self._num_logits(scheduled),
         )
+
+    @staticmethod
+    def _num_logits(scheduled: list[ScheduledSeq]) -> list[int] | None:
+        if not any(e.spec_token_ids for e in scheduled):
+            return None
+        return [1 + len(e.spec_token_ids) for e in scheduled if e.samples]
+
+    def with_proposals(self, output: SchedulerOutput, proposals: dict[int, list[int]]) -> SchedulerOutput:
+        """The same step with the given sequences' proposed tokens replaced (a draft model fills them
+        in after scheduling, once their slots exist); a proposal may be shorter than scheduled."""
+        scheduled = []
+        for e in output.scheduled:
+            new = proposals.get(e.seq.seq_id)
+            if new is not None:
+                assert len(new) <= len(e.spec_token_ids), "a proposal may not outgrow its slots"
+                e = ScheduledSeq(
+                    e.seq, e.num_new_tokens - len(e.spec_token_ids) + len(new), e.samples, tuple(new)
+                )
+            scheduled.append(e)
+        return SchedulerOutput(scheduled, self._build_batch(scheduled), output.preempted)
 
     # ---- after the forward pass ---------------------------------------------------------------
     def update_computed(self, output: SchedulerOutput) -> None:
@@ -214,15 +249,24 @@ class Scheduler:
             seq = entry.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted between schedule and update
-            seq.num_computed_tokens += entry.num_new_tokens
+            num_verified = entry.num_new_tokens - len(entry.spec_token_ids)
+            seq.num_computed_tokens += num_verified
             bm.cache_full_blocks(seq)
             crossed_prompt_end = (
-                seq.num_computed_tokens - entry.num_new_tokens
-                < seq.num_prompt_tokens
-                <= seq.num_computed_tokens
+                seq.num_computed_tokens - num_verified < seq.num_prompt_tokens <= seq.num_computed_tokens
             )
             if crossed_prompt_end and seq.index == 0:
                 for child in self.waiting:
                     if child.parent is seq:
                         bm.fork(seq, child)
                         child.parent = None
+
+    def accept_speculative(self, seq: Sequence, num_accepted: int) -> None:
+        """After verification appended `num_accepted` proposed tokens (plus the target's own token) to a
+        running sequence: their KV, written by the verification pass, now counts as computed; slots
+        of rejected proposals are given back and get overwritten later."""
+        assert seq.status is SequenceStatus.RUNNING
+        seq.num_computed_tokens += num_accepted
+        assert seq.num_computed_tokens == seq.num_tokens - 1
+        self.block_manager.cache_full_blocks(seq)
+        self.block_manager.trim(seq, seq.num_tokens)

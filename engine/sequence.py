@@ -61,6 +61,9 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of this sequence's full blocks, in order
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
+        # speculative decoding: tokens proposed for this step, fed after the last sampled one; the
+        # scheduler consumes them (they never enter token_ids until verified)
+        self.spec_token_ids: list[int] = []
 
     # ---- derived views ------------------------------------------------------------------------
     @property

@@ -226,6 +226,19 @@ class ServerMetrics:
             value = first(stats, *keys)
             if value is not None:
                 metric(name, "counter", help_text, [f"{name}{_labels(lab)} {_num(value)}"])
+        if read(stats, "spec_decode_num_drafts", None):
+            for key, help_text in (
+                ("num_drafts", "Speculative drafts verified (sequence-steps with proposed tokens)."),
+                ("num_draft_tokens", "Speculative tokens proposed."),
+                ("num_accepted_tokens", "Speculative tokens accepted."),
+            ):
+                name = f"vllm:spec_decode_{key}_total"
+                value = read(stats, f"spec_decode_{key}", 0)
+                metric(name, "counter", help_text, [f"{name}{_labels(lab)} {_num(value)}"])
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            per_pos = read(stats, "spec_decode_num_accepted_tokens_per_pos", ()) or ()
+            samples = [f"{name}{_labels({**lab, 'position': str(i)})} {n}" for i, n in enumerate(per_pos)]
+            metric(name, "counter", "Speculative tokens accepted, by draft position.", samples)
         metric(
             "vllm:prompt_tokens_total",
             "counter",

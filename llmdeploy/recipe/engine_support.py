@@ -79,11 +79,14 @@ def speculative_problems(recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
     spec = recipe.speculative
     if spec is None:
         return
-    if recipe.engine.type == "builtin":
+    if recipe.engine.type == "builtin" and spec.method == "draft" and not recipe.model.random_weights:
         yield Problem(
-            "the built-in engine has no speculative decoding",
-            path="speculative",
-            fix="remove the speculative section, or use engine vllm",
+            "the built-in engine loads local files only, so it cannot fetch a draft model by hub id "
+            "(a draft runs here only as random weights, next to a random-weights target)",
+            path="speculative.draft_model",
+            value=spec.draft_model,
+            has_value=True,
+            fix="use speculative.method: ngram, set model.random_weights: true (benchmarks), or use engine vllm",
         )
         return
     if recipe.engine.type == "tgi" and spec.method == "draft":

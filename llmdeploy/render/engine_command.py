@@ -211,15 +211,21 @@ def _vllm(recipe: Recipe, plan: object, flags: _Flags) -> None:
         # vLLM's CPU attention kernel refuses other sizes at start-up ("No common block size")
         flags.unsupported("kv_cache.block_size", block, f"its CPU attention needs a multiple of {VLLM_CPU_BLOCK_MULTIPLE}",
                           "set kv_cache.block_size: 128 (vLLM's CPU default) or another multiple of 32")
+    if recipe.speculative is not None:
+        flags.add("--speculative-config", _speculative_json(recipe, recipe.speculative.draft_model))
+
+
+def _speculative_json(recipe: Recipe, draft_ref: str | None) -> str:
+    """vLLM's --speculative-config value (the built-in engine reads the same keys)."""
     spec = recipe.speculative
-    if spec is not None:
-        config: dict[str, object] = {"num_speculative_tokens": spec.num_speculative_tokens}
-        if spec.method == "ngram":
-            config.update(method="ngram", prompt_lookup_max=spec.prompt_lookup_max,
-                          prompt_lookup_min=spec.prompt_lookup_min)
-        else:
-            config.update(method="draft_model", model=spec.draft_model)
-        flags.add("--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":")))
+    assert spec is not None
+    config: dict[str, object] = {"num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.method == "ngram":
+        config.update(method="ngram", prompt_lookup_max=spec.prompt_lookup_max,
+                      prompt_lookup_min=spec.prompt_lookup_min)
+    else:
+        config.update(method="draft_model", model=draft_ref)
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 def _builtin(recipe: Recipe, plan: object, flags: _Flags) -> None:
@@ -229,9 +235,15 @@ def _builtin(recipe: Recipe, plan: object, flags: _Flags) -> None:
     _kv_dtype(recipe, flags, "--kv-cache-dtype")
     _parallel_vllm_style(recipe, flags)
     _limits_vllm_style(recipe, flags)
-    if recipe.speculative is not None:
-        flags.unsupported("speculative", recipe.speculative.method, "it has no speculative decoding",
-                          "remove the speculative section, or use engine.type: vllm")
+    spec = recipe.speculative
+    if spec is not None:
+        if spec.method == "draft" and not recipe.model.random_weights:
+            flags.unsupported("speculative.draft_model", spec.draft_model,
+                              "it loads local files only and cannot fetch a draft model by hub id",
+                              "use speculative.method: ngram, model.random_weights: true, or engine.type: vllm")
+        else:
+            # a random-weights target gets a random-weights draft of the catalog model
+            flags.add("--speculative-config", _speculative_json(recipe, f"random:{spec.draft_model}"))
 
 
 def _tgi(recipe: Recipe, plan: object, flags: _Flags) -> None:

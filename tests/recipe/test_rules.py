@@ -146,7 +146,7 @@ def test_builtin_engine_limits(tmp_path: Path) -> None:
     problems = _check(
         tmp_path,
         "model: {id: mistralai/Mixtral-8x7B-Instruct-v0.1, quantization: awq}\nhardware: {gpu: H100}\n"
-        "engine: {type: builtin}\nkv_cache: {dtype: fp8}\nspeculative: {method: ngram}\nlimits: {max_model_len: 4096}\n",
+        "engine: {type: builtin}\nkv_cache: {dtype: fp8}\nlimits: {max_model_len: 4096}\n",
     )
     assert (
         "the built-in engine cannot run MixtralForCausalLM with MoE/MLA layers"
@@ -154,7 +154,21 @@ def test_builtin_engine_limits(tmp_path: Path) -> None:
     )
     assert not [p for p in problems if p.path == "kv_cache.dtype"]  # fp8 KV is supported
     assert _only(problems, "model.quantization").value == "awq"
-    assert "no speculative decoding" in _only(problems, "speculative").message
+
+
+def test_builtin_engine_speculation(tmp_path: Path) -> None:
+    builtin = (
+        "model: {id: meta-llama/Llama-3.1-8B-Instruct}\nhardware: {gpu: H100}\nengine: {type: builtin}\n"
+    )
+    assert _check(tmp_path, builtin, "speculative.method=ngram", "limits.max_model_len=8192") == []
+    draft = (
+        "speculative.method=draft",
+        "speculative.draft_model=meta-llama/Llama-3.2-1B-Instruct",
+        "limits.max_model_len=8192",
+    )
+    problem = _only(_check(tmp_path, builtin, *draft), "speculative.draft_model")
+    assert "cannot fetch a draft model" in problem.message
+    assert _check(tmp_path, builtin, "model.random_weights=true", *draft) == []
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])

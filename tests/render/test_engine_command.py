@@ -81,6 +81,22 @@ def test_vllm_speculative_config_json() -> None:
     assert config == {"method": "draft_model", "model": "org/small", "num_speculative_tokens": 4}
 
 
+def test_builtin_speculative_config_json_is_what_its_parser_reads() -> None:
+    ngram = make_recipe("builtin", speculative={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3})
+    argv = engine_command(ngram, model_ref="m").argv
+    config = json.loads(_value(argv, "--speculative-config"))
+    assert config == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    cli_args = pytest.importorskip("llmdeploy_engine.cli_args")
+    parser = cli_args.serve_parser()
+    spec = cli_args.config_from_args(parser.parse_args(argv[2:]), parser).speculative_config
+    assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_max, spec.prompt_lookup_min) == ("ngram", 5, 3, 1)
+    draft = make_recipe("builtin", model={"id": "meta-llama/Llama-3.1-8B-Instruct", "random_weights": True},
+                        speculative={"method": "draft", "draft_model": "meta-llama/Llama-3.2-1B-Instruct"})
+    config = json.loads(_value(engine_command(draft).argv, "--speculative-config"))
+    assert config == {"method": "draft_model", "model": "random:meta-llama/Llama-3.2-1B-Instruct",
+                      "num_speculative_tokens": 4}
+
+
 @pytest.mark.parametrize(("engine", "sections", "knob"), [
     ("tgi", {"parallelism": {"pipeline": 2}}, "parallelism.pipeline"),
     ("tgi", {"speculative": {"method": "draft", "draft_model": "x"}}, "speculative.method"),
@@ -89,7 +105,7 @@ def test_vllm_speculative_config_json() -> None:
     ("tgi", {"model": {"id": "a/b", "dtype": "float32"}}, "model.dtype"),
     ("tgi", {"kv_cache": {"dtype": "fp16"}}, "kv_cache.dtype"),
     ("tgi", {"server": {"served_model_name": "other"}}, "server.served_model_name"),
-    ("builtin", {"speculative": {"method": "ngram"}}, "speculative"),
+    ("builtin", {"speculative": {"method": "draft", "draft_model": "org/small"}}, "speculative.draft_model"),
     ("builtin", {"parallelism": {"pipeline": 2}}, "parallelism.pipeline"),
     ("builtin", {"model": {"id": "a/b", "quantization": "awq"}}, "model.quantization"),
     ("vllm", {"model": {"id": "a/b", "quantization": "int8"}}, "model.quantization"),

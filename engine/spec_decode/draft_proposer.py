@@ -1,0 +1,159 @@
+"""Draft-model proposals: a second, smaller model runs k decode steps ahead of the target.
+
+The draft's ModelRunner has the target's block size and number of KV blocks, so it writes its own K/V
+tensors through the target's block tables and slots: no second block manager. The draft keeps, per
+sequence, how far its KV matches the sequence's tokens; before proposing it feeds what it has not
+seen (the prompt on first use, then the tokens verification appended) and then feeds its own
+proposals one at a time. Proposals it wrote KV for and that the target rejected are simply
+recomputed over later, like the target's own rejected slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.sequence import Sequence
+
+
+@dataclass
+class _DraftState:
+    num_preemptions: int  # the sequence's blocks (and so this KV) are gone after a preemption
+    base: int  # draft KV at positions < base matches the sequence's tokens
+    written: list[int] = field(default_factory=list)  # tokens whose KV sits at base, base + 1, ...
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One sequence to propose for: `k` tokens after its last one; its slots already exist."""
+
+    seq: Sequence
+    k: int
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    generator: torch.Generator | None
+
+
+class DraftProposer:
+    def __init__(self, runner: Any, sampler: Any) -> None:
+        self.runner = runner
+        self.sampler = sampler
+        self.block_size: int = runner.block_size
+        self.max_num_batched_tokens: int = runner.max_num_batched_tokens
+        self._states: dict[int, _DraftState] = {}
+
+    def forget_except(self, live_seq_ids: set[int]) -> None:
+        for seq_id in [s for s in self._states if s not in live_seq_ids]:
+            del self._states[seq_id]
+
+    def propose(self, requests: list[DraftRequest]) -> tuple[dict[int, list[int]], dict[int, torch.Tensor]]:
+        """Proposed tokens per seq_id, and for sampled (non-greedy) sequences the draft's
+        distributions [k, vocab] they were drawn from."""
+        if not requests:
+            return {}, {}
+        drafts: dict[int, list[int]] = {r.seq.seq_id: [] for r in requests}
+        probs: dict[int, list[torch.Tensor]] = {r.seq.seq_id: [] for r in requests}
+        # step 0: catch up on unseen tokens; the last one's logits give the first proposal
+        pieces = [(r, self._valid_len(r.seq), r.seq.num_tokens) for r in requests]
+        logits = self._run_pieces(pieces)
+        self._take(requests, logits, drafts, probs)
+        for step in range(1, max(r.k for r in requests)):
+            active = [r for r in requests if r.k > step]
+            if not active:
+                break
+            pieces = [(r, r.seq.num_tokens + step - 1, r.seq.num_tokens + step) for r in active]
+            self._take(active, self._run_pieces(pieces, drafts), drafts, probs)
+        for r in requests:
+            seq = r.seq
+            self._states[seq.seq_id] = _DraftState(
+                seq.num_preemptions, seq.num_tokens, drafts[seq.seq_id][:-1]
+            )
+        q = {sid: torch.stack(rows) for sid, rows in probs.items() if rows}
+        return drafts, q
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _valid_len(self, seq: Sequence) -> int:
+        """Positions whose draft KV is known good, leaving the last token to feed."""
+        state = self._states.get(seq.seq_id)
+        if state is None or state.num_preemptions != seq.num_preemptions:
+            return 0
+        valid = state.base
+        for tok in state.written:
+            if valid >= seq.num_tokens or seq.token_ids[valid] != tok:
+                break
+            valid += 1
+        return min(valid, seq.num_tokens - 1)
+
+    def _take(
+        self,
+        requests: list[DraftRequest],
+        logits: torch.Tensor,
+        drafts: dict[int, list[int]],
+        probs: dict[int, list[torch.Tensor]],
+    ) -> None:
+        outputs = [r.seq.output_token_ids + drafts[r.seq.seq_id] for r in requests]
+        q = self.sampler.processed_probs(
+            logits, [r.params for r in requests], [r.prompt_token_ids for r in requests], outputs
+        )
+        greedy_tokens = q.argmax(dim=-1).tolist()
+        for i, r in enumerate(requests):
+            sid = r.seq.seq_id
+            if r.params.greedy:
+                drafts[sid].append(int(greedy_tokens[i]))
+            else:
+                drafts[sid].append(int(torch.multinomial(q[i], 1, generator=r.generator)))
+                probs[sid].append(q[i])
+
+    def _run_pieces(
+        self, pieces: list[tuple[DraftRequest, int, int]], drafts: dict[int, list[int]] | None = None
+    ) -> torch.Tensor:
+        """Feed positions [start, end) of each request's sequence (then its drafts) to the draft, in
+        forward passes of at most max_num_batched_tokens; logits of each piece's last position, in order."""
+        budget = self.max_num_batched_tokens
+        chunks: list[list[tuple[DraftRequest, int, int, bool]]] = [[]]
+        used = 0
+        for r, start, end in pieces:
+            while start < end:
+                if used == budget:
+                    chunks.append([])
+                    used = 0
+                stop = min(end, start + budget - used)
+                chunks[-1].append((r, start, stop, stop == end))
+                used += stop - start
+                start = stop
+        out: list[torch.Tensor] = []
+        for chunk in chunks:
+            if chunk:
+                out.append(self.runner.execute(self._batch(chunk, drafts)))
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def _batch(
+        self, chunk: list[tuple[DraftRequest, int, int, bool]], drafts: dict[int, list[int]] | None
+    ) -> ForwardBatch:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start: list[int] = []
+        query_len: list[int] = []
+        context_len: list[int] = []
+        tables: list[list[int]] = []
+        sample: list[int] = []
+        for i, (r, start, end, last) in enumerate(chunk):
+            seq = r.seq
+            tokens = seq.token_ids + (drafts[seq.seq_id] if drafts is not None else [])
+            table = seq.block_table
+            assert len(table) * bs >= end, "draft positions beyond the sequence's slots"
+            query_start.append(len(input_ids))
+            query_len.append(end - start)
+            context_len.append(end)
+            input_ids.extend(tokens[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            tables.append(list(table))
+            if last:
+                sample.append(i)
+        return ForwardBatch(input_ids, positions, slots, query_start, query_len, context_len, tables, sample)
