@@ -48,3 +48,32 @@ def test_other_batches_run_eagerly() -> None:
     assert r._pick(first_token) is None
     partial = ForwardBatch(**{**vars(prefill), "sample_indices": [1]})  # a chunk that samples nothing
     assert r._pick(partial) is None
+
+
+def test_pack_decode_inputs_pads_rows_and_tables() -> None:
+    import numpy as np
+    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+
+    batch = ForwardBatch(
+        input_ids=[11, 12, 13],
+        positions=[20, 40, 5],
+        slot_mapping=[100, 200, 300],
+        query_start=[0, 1, 2],
+        query_len=[1, 1, 1],
+        context_len=[21, 41, 6],
+        block_tables=[[7, 8], [3, 4, 5], [9]],
+        sample_indices=[0, 1, 2],
+    )
+    out = np.full(64, -1, dtype=np.int64)  # stale values must not survive in the table region
+    b, nb = 4, 4
+    assert pack_decode_inputs(out, batch, b, nb) == b * (4 + nb)
+    assert out[:4].tolist() == [11, 12, 13, 11]  # padding row repeats row 0
+    assert out[4:8].tolist() == [20, 40, 5, 20]
+    assert out[8:12].tolist() == [100, 200, 300, 100]
+    assert out[12:16].tolist() == [21, 41, 6, 21]
+    assert out[16:32].reshape(4, 4).tolist() == [[7, 8, 0, 0], [3, 4, 5, 0], [9, 0, 0, 0], [7, 8, 0, 0]]
+    assert (out[32:] == -1).all()
+    # tables longer than the bucket are cut to it
+    long = ForwardBatch(**{**vars(batch), "block_tables": [[1, 2, 3], [4, 5, 6, 7, 8], [9]]})
+    pack_decode_inputs(out, long, 4, 2)
+    assert out[16:24].reshape(4, 2).tolist() == [[1, 2], [4, 5], [9, 0], [1, 2]]
