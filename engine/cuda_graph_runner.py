@@ -11,6 +11,13 @@ contexts to the bucket's number of KV blocks (masked, as the eager path pads to 
 Padding rows repeat row 0 (same token, position, slot and block table): they recompute and rewrite
 row 0's K/V into row 0's own slot, so no other sequence's cache is touched; their outputs are dropped.
 
+Uniform multi-token batches (every sequence feeds q new tokens and wants their logits, as
+speculative verification does) replay the same graphs: each new token is one row that attends to
+its own prefix (context length = its position + 1) through its sequence's block table, so n
+sequences x q tokens use the graph of the next batch size >= n * q. All K/V of the step are written
+before attention reads, so row j sees rows 0..j-1 of its sequence: causal attention, as the eager
+prefill-with-context path computes it.
+
 Host cost per replay: the step's inputs are written with numpy into one pinned host buffer and sent
 with one non-blocking copy (the buffer is rewritten only after that copy has completed, checked by
 an event). Graphs of up to `CUDA_GRAPH_LOGITS_MAX_BATCH` rows also compute the logits (lm_head and
@@ -183,13 +190,20 @@ class CudaGraphRunner:
         return out
 
     def _pick(self, batch: ForwardBatch) -> _DecodeGraph | None:
+        """The graph for a uniform batch (every sequence feeds q new tokens after at least one cached
+        token, every sequence samples), or None. A graph of batch size B serves n sequences x q tokens
+        when n * q <= B: each token is a row that attends to its own prefix (speculative verification
+        replays the decode graphs this way)."""
         n = batch.num_seqs
-        if n == 0 or any(q != 1 for q in batch.query_len) or any(c <= 1 for c in batch.context_len):
+        if n == 0:
             return None
-        if batch.sample_indices != list(range(n)) or batch.num_logits is not None:
+        q = batch.query_len[0]
+        if any(x != q for x in batch.query_len) or any(c <= q for c in batch.context_len):
+            return None
+        if batch.sample_indices != list(range(n)):
             return None
         need = -(-max(batch.context_len) // self.block_size)
-        b = next((s for s in self.batch_sizes if s >= n), None)
+        b = next((s for s in self.batch_sizes if s >= n * q), None)
         nb = next((s for s in self.block_buckets if s >= need), None)
         return None if b is None or nb is None else self.graphs[(b, nb)]
 
@@ -200,8 +214,8 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32 logits [len(batch.sample_indices), vocab], as ModelRunner.execute. From a graph that
-        computes logits the result is a view of a shared buffer: valid until the next call."""
+        """float32 logits [len(batch.logit_rows()), vocab], as ModelRunner.execute. From a graph that
+        computes logits the result is (a view of) a shared buffer: valid until the next call."""
         g = self._pick(batch)
         if g is None:
             result: torch.Tensor = self.runner.execute(batch)
@@ -211,24 +225,35 @@ class CudaGraphRunner:
         self._copied.record()
         g.graph.replay()
         self.num_replays += 1
-        n = batch.num_seqs
+        rows = batch.logit_rows()
+        num_tokens = batch.num_tokens
+        every_token = len(rows) == num_tokens and rows == list(range(num_tokens))
         if g.logits is not None:
-            return g.logits[:n]
+            if every_token:
+                return g.logits[:num_tokens]
+            return g.logits[torch.tensor(rows, device=g.logits.device)]
         assert g.hidden is not None
-        logits: torch.Tensor = self.runner.model.compute_logits(g.hidden[:n])
+        hidden = (
+            g.hidden[:num_tokens] if every_token else g.hidden[torch.tensor(rows, device=g.hidden.device)]
+        )
+        logits: torch.Tensor = self.runner.model.compute_logits(hidden)
         return logits
 
 
 def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) -> int:
-    """Lay a decode batch out as a graph of batch size b and nb context blocks reads it: ids,
-    positions, slots, context lengths (b each; rows n..b-1 repeat row 0), then b x nb block ids
-    (each table cut to nb and padded with block 0). Returns the number of int64 written."""
-    n = batch.num_seqs
-    for k, values in enumerate((batch.input_ids, batch.positions, batch.slot_mapping, batch.context_len)):
-        out[k * b : k * b + n] = values
-        out[k * b + n : (k + 1) * b] = values[0]
+    """Lay a uniform batch out as a graph of b rows and nb context blocks reads it, one row per new
+    token: ids, positions, slots, context lengths (position + 1: each token sees its own prefix; b
+    each, rows past the batch's tokens repeat row 0), then b x nb block ids (each token's sequence's
+    table, cut to nb and padded with block 0). Returns the number of int64 written."""
+    n, rows = batch.num_seqs, batch.num_tokens
+    positions = np.asarray(batch.positions, dtype=np.int64)
+    for k, values in enumerate((batch.input_ids, positions, batch.slot_mapping, positions + 1)):
+        out[k * b : k * b + rows] = values
+        out[k * b + rows : (k + 1) * b] = values[0]
     tables = out[4 * b : 4 * b + b * nb].reshape(b, nb)
-    tables[:n] = 0
+    q = batch.query_len[0]
+    per_seq = tables[:n] if q == 1 else np.empty((n, nb), dtype=np.int64)
+    per_seq[:] = 0
     lens = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=n)
     if n and int(lens.max()) > nb:
         cut = [t[:nb] for t in batch.block_tables]
@@ -237,8 +262,10 @@ def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) ->
         cut = batch.block_tables
     total = int(lens.sum())
     flat = np.fromiter(itertools.chain.from_iterable(cut), dtype=np.int64, count=total)
-    rows = np.repeat(np.arange(n), lens)
+    seq_rows = np.repeat(np.arange(n), lens)
     cols = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
-    tables[rows, cols] = flat
-    tables[n:] = tables[0]
+    per_seq[seq_rows, cols] = flat
+    if q != 1:
+        tables[:rows] = np.repeat(per_seq, q, axis=0)
+    tables[rows:] = tables[0]
     return b * (4 + nb)
