@@ -56,3 +56,36 @@ def test_cuda_graph_bytes_terms() -> None:
     assert gathered - triton == 2 * 256 * 2048 * 1024 * 2  # 2 GiB of gathered K/V copies
     # fewer sequences: a smaller largest graph
     assert cuda_graph_bytes(**{**shape, "max_num_seqs": 8}, gathered_kv=False) < triton
+
+
+def test_builtin_plan_sets_graph_memory_aside_like_the_engine() -> None:
+    from dataclasses import replace
+
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner import PlanInputs, plan_from_inputs
+    from llmdeploy.planner.builtin_rule import cuda_graph_bytes
+
+    inputs = PlanInputs(
+        spec=resolve_model("meta-llama/Llama-3.1-8B"),
+        engine="builtin",
+        device="cuda",
+        gpu_memory_gib=139.8,
+        max_model_len=2048,
+    )
+    plan = plan_from_inputs(inputs)
+    expected = cuda_graph_bytes(
+        max_num_seqs=256,
+        max_model_len=2048,
+        block_size=16,
+        hidden_size=4096,
+        intermediate_size=14336,
+        q_size=4096,
+        kv_size=1024,
+        vocab_size=128256,
+        dtype_bytes=2,
+        gathered_kv=False,
+    )
+    assert plan.cuda_graph_gib == expected / GIB
+    eager = plan_from_inputs(replace(inputs, enforce_eager=True))
+    assert eager.cuda_graph_gib == 0
+    assert eager.kv_cache_gib - plan.kv_cache_gib == expected / GIB
