@@ -120,10 +120,7 @@ class CudaGraphRunner:
         self._host = torch.zeros(size, dtype=torch.long, pin_memory=True)
         self._host_np = self._host.numpy()
         self._copied = torch.cuda.Event()
-        # shared output of the graphs that compute their logits
-        rows = min(self.logits_max_batch, max(self.batch_sizes, default=0))
-        vocab = runner.model_config.vocab_size
-        self._logits = torch.empty(rows, vocab, dtype=torch.float32, device=runner.device) if rows else None
+        self._logits: torch.Tensor | None = None  # shared output of the graphs that compute logits
         self.report = self._capture_all()
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
@@ -159,6 +156,10 @@ class CudaGraphRunner:
         before = torch.cuda.memory_reserved(device)
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        rows = min(self.logits_max_batch, max(self.batch_sizes, default=0))
+        if rows:
+            vocab = self.runner.model_config.vocab_size
+            self._logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)
         # one warm-up stream for all graphs: each new stream would get its own cuBLAS workspace and
         # its own cached blocks in the allocator
         side = torch.cuda.Stream(device)
