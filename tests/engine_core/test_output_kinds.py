@@ -154,3 +154,30 @@ def test_deferred_text_equals_per_token_text(text: str, cut: int, eos_end: bool)
         assert status is not None and k == len(stream)
         texts[kind] = checker.visible_text(True)
     assert texts[FINAL] == texts[CUM]
+
+
+def test_async_delta_stream_hands_over_every_delta() -> None:
+    import asyncio
+
+    from llmdeploy_engine.async_engine import AsyncLLMEngine
+
+    eng = AsyncLLMEngine(engine())
+
+    async def main() -> tuple[list[RequestOutput], list[RequestOutput], list[RequestOutput]]:
+        async def collect(kind: RequestOutputKind, rid: str) -> list[RequestOutput]:
+            outs = []
+            async for out in eng.generate(
+                "a", SamplingParams(temperature=0, max_tokens=8, output_kind=kind), rid
+            ):
+                outs.append(out)
+                await asyncio.sleep(0.01)  # slow consumer: the engine runs ahead
+            return outs
+
+        return await asyncio.gather(collect(DELTA, "d"), collect(CUM, "c"), collect(FINAL, "f"))
+
+    deltas, cumulative, final = asyncio.run(main())
+    eng.shutdown()
+    assert "".join(o.outputs[0].text for o in deltas) == "bcdefghi"
+    assert [t for o in deltas for t in o.outputs[0].token_ids] == list(range(2, 10))
+    assert cumulative[-1].outputs[0].text == "bcdefghi"
+    assert len(final) == 1 and final[0].outputs[0].text == "bcdefghi"
