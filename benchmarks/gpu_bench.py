@@ -65,6 +65,8 @@ from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
 MODELS = {"qwen": "random:Qwen/Qwen2.5-0.5B", "llama": "random:meta-llama/Llama-3.1-8B"}
+# transformers generate's generated tokens/s (padding included) measured in run 1 (docs/gpu-notes.md)
+PEER_GENERATED_TOK_S = {"qwen": 1909.0, "llama": 622.0}
 RESULTS: dict[str, Any] = {}
 START = time.perf_counter()
 
@@ -433,9 +435,20 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     if dev == "cuda":
         torch.cuda.empty_cache()
     k = min(n, args.hf_requests[key])
-    if args.no_peer or time.perf_counter() - START > args.budget_s:
+    # the peer's duration from run 1's generated tok/s (padding included) on the H200, plus 10 %
+    lens = out_lens[:k]
+    peer_gen = sum(
+        len(lens[b : b + args.hf_batch]) * max(lens[b : b + args.hf_batch])
+        for b in range(0, k, args.hf_batch)
+    )
+    peer_est = 1.1 * peer_gen / PEER_GENERATED_TOK_S.get(key, 600.0) + 20.0  # + model build, warm-up
+    elapsed_so_far = time.perf_counter() - START
+    if args.no_peer or elapsed_so_far + peer_est > args.budget_s:
         res["peer"] = None
-        log("  peer skipped (--no-peer or over the time budget)")
+        log(
+            f"  peer skipped (--no-peer, or {elapsed_so_far:.0f} s so far + ~{peer_est:.0f} s estimated "
+            f"> budget {args.budget_s:.0f} s)"
+        )
         return res
     hf = hf_model(mc, state, dev)
     del state
@@ -523,7 +536,12 @@ def main() -> None:
     parser.add_argument("--hf-batch", type=int, default=128)
     parser.add_argument("--hf-requests", default="qwen=256,llama=128", help="peer subset per model")
     parser.add_argument("--profile-step", type=int, default=300, help="throughput step to profile (3 steps)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="skip peers started after this")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=570.0,
+        help="skip a peer whose estimated end (run 1's peer rates) falls after this many seconds",
+    )
     parser.add_argument("--eager", action="store_true", help="enforce_eager: no CUDA graphs")
     parser.add_argument(
         "--cuda-graphs",
