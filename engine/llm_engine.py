@@ -333,7 +333,7 @@ class LLMEngine:
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
-            prompt_token_ids=list(req.prompt_token_ids),
+            prompt_token_ids=req.prompt_token_ids,  # never changed after add: shared, not copied
             outputs=completions,
             finished=req.finished,
             metrics=RequestMetrics(**vars(m)),
