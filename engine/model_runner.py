@@ -9,6 +9,7 @@ measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLL
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import time
@@ -218,14 +219,13 @@ class ModelRunner:
         by the planner's builtin rule; 0 when none will be captured."""
         if self.device.type != "cuda" or self.config.enforce_eager:
             return 0
-        from llmdeploy_engine.attention import _triton_decode
-
         from llmdeploy.planner import builtin_rule
 
         mc = self.model_config
-        # the Triton decode kernel reads the cache in place (16-bit, same dtype as the model)
+        # with Triton installed, 16-bit decode attention reads the cache in place (same dtype as the
+        # model); otherwise the pure-torch path gathers copies of the context
         in_place = (
-            _triton_decode() is not None
+            importlib.util.find_spec("triton") is not None
             and self.dtype in (torch.bfloat16, torch.float16)
             and self.kv_dtype == self.dtype
         )
