@@ -39,7 +39,8 @@ def test_startup_report_lines(runner: ModelRunner) -> None:
     assert lines[3].startswith(f"Maximum concurrency for {runner.max_model_len:,} tokens per request: ")
     assert report.to_dict()["num_kv_blocks"] == runner.num_kv_blocks
     # no CUDA graphs on CPU: nothing set aside, nothing captured, no graph lines
-    assert report.cuda_graph_reserved_bytes == 0 and report.num_cuda_graphs == 0 and len(lines) == 4
+    assert report.cuda_graph_reserved_bytes == 0 and report.num_cuda_graphs == 0
+    assert not any("graph" in line.lower() for line in lines)
 
 
 def test_startup_report_cuda_graph_lines() -> None:
@@ -60,11 +61,12 @@ def test_startup_report_cuda_graph_lines() -> None:
         load_time_s=1.0,
         cuda_graph_reserved_bytes=2**29,
     )
-    assert report.log_lines()[4] == "CUDA graph memory set aside before sizing the KV cache: 0.50 GiB"
+    assert "CUDA graph memory set aside before sizing the KV cache: 0.50 GiB" in report.log_lines()
+    assert not any(line.startswith("Graph capturing") for line in report.log_lines())
     captured = dataclasses.replace(
         report, num_cuda_graphs=45, cuda_graph_bytes=3 * 2**28, cuda_graph_capture_s=2.5
     )
-    assert captured.log_lines()[5] == "Graph capturing finished in 2.50 secs, took 0.75 GiB (45 graphs)"
+    assert "Graph capturing finished in 2.50 secs, took 0.75 GiB (45 graphs)" in captured.log_lines()
     d = captured.to_dict()
     assert d["cuda_graph_gib"] == 0.75 and d["num_cuda_graphs"] == 45 and d["cuda_graph_reserved_gib"] == 0.5
 
