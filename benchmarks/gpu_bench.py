@@ -11,8 +11,14 @@ llmdeploy's catalog, no hub):
 - peer: the same requests (or a stated subset) through transformers `generate` in static batches
   (left padding, max_new_tokens = the batch's longest output), same GPU, same run, same weights;
   useful output tok/s (each request's own output length) and engine / peer ratio;
-- where the time goes: host timers around schedule / execute / sample for every step, and
-  torch.profiler CUDA kernel time per step by kind (matmul, attention, KV gather/scatter, other).
+- where the time goes: host timers around schedule / execute / sample for every step (execute split
+  into CUDA-graph replays and eager steps), the rest of the step's host time (output processing:
+  stop checks, detokenization, RequestOutputs) and the host time per output token outside execute,
+  and torch.profiler CUDA kernel time per step by kind (matmul, attention, KV gather/scatter, other).
+
+The engine runs as `LLM.generate` drives it: requests ask for `RequestOutputKind.FINAL_ONLY`. By
+default LLMEngine builds its own CUDA graphs on CUDA and attention dispatches pure-decode batches to
+the Triton kernel when triton is importable; `--eager` sets `enforce_eager`.
 
 Run from the repository root (GPU machine):
 
@@ -56,9 +62,11 @@ _import_engine()
 import torch  # noqa: E402
 from llmdeploy_engine.config import EngineConfig, ModelConfig  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
-from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
 MODELS = {"qwen": "random:Qwen/Qwen2.5-0.5B", "llama": "random:meta-llama/Llama-3.1-8B"}
+# transformers generate's generated tokens/s (padding included) measured in run 1 (docs/gpu-notes.md)
+PEER_GENERATED_TOK_S = {"qwen": 1909.0, "llama": 622.0}
 RESULTS: dict[str, Any] = {}
 START = time.perf_counter()
 
@@ -94,7 +102,10 @@ class StepTimers:
 
     def __init__(self, engine: LLMEngine, device: str) -> None:
         self.totals = {"schedule": 0.0, "execute": 0.0, "sample": 0.0}
+        self.execute_split = {"graph": 0.0, "eager": 0.0}  # execute time of replayed / eager steps
         self.steps = 0
+        self.runner = engine.runner
+        self.enabled = True  # off during profiled steps, whose time is left out of the run's figures
         for name, obj, attr in (
             ("schedule", engine.scheduler, "schedule"),
             ("execute", engine.runner, "execute"),
@@ -104,18 +115,39 @@ class StepTimers:
 
     def _wrap(self, name: str, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            replays = getattr(self.runner, "num_replays", 0)
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             if name == "execute":
                 sync(device)
-            self.totals[name] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            if not self.enabled:
+                return out
+            self.totals[name] += dt
+            if name == "execute":
+                replayed = getattr(self.runner, "num_replays", 0) != replays
+                self.execute_split["graph" if replayed else "eager"] += dt
             return out
 
         return timed
 
     def reset(self) -> None:
         self.totals = dict.fromkeys(self.totals, 0.0)
+        self.execute_split = dict.fromkeys(self.execute_split, 0.0)
         self.steps = 0
+
+    def host_split(self, elapsed: float, tokens: int) -> dict[str, float]:
+        """Seconds per phase, the rest of the host time, and host microseconds per output token."""
+        rest = elapsed - sum(self.totals.values())
+        host = elapsed - self.totals["execute"]
+        return {
+            **self.totals,
+            "execute_graph": self.execute_split["graph"],
+            "execute_eager": self.execute_split["eager"],
+            "rest": rest,
+            "host_us_per_token": host / tokens * 1e6,
+            "rest_us_per_token": rest / tokens * 1e6,
+        }
 
 
 def kernel_kind(name: str) -> str:
@@ -172,11 +204,19 @@ def make_engine(model: str, device: str, max_model_len: int, max_batched: int, e
 
 
 def run_requests(
-    engine: LLMEngine, prompts: list[list[int]], out_lens: list[int], profile_at: int | None, device: str
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    out_lens: list[int],
+    profile_at: int | None,
+    device: str,
+    timers: StepTimers | None = None,
 ) -> tuple[float, int, dict[str, float] | None]:
-    """Add all requests at once, step to the end; (seconds, output tokens, profile of a few steps)."""
+    """Add all requests at once, step to the end; (seconds, output tokens, profile of a few steps).
+    The profiled steps (and the profiler's own work) are left out of the seconds and the timers."""
     for i, (ids, n) in enumerate(zip(prompts, out_lens, strict=True)):
-        params = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
+        params = SamplingParams(
+            max_tokens=n, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         engine.add_request(f"r{i}", ids, params)
     produced: dict[str, int] = {}
     prof = None
@@ -185,7 +225,13 @@ def run_requests(
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
         if profile_at is not None and steps == profile_at:
+            p0 = time.perf_counter()
+            if timers is not None:
+                timers.enabled = False
             prof, outs = profile_steps(engine, 3, device)
+            if timers is not None:
+                timers.enabled = True
+            t0 += time.perf_counter() - p0
             steps += 3
         else:
             outs = engine.step()
@@ -282,12 +328,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     model = MODELS[key] if not args.quick else "random:HuggingFaceTB/SmolLM2-135M-Instruct"
     res: dict[str, Any] = {"model": model}
     dev = args.device
-    if args.triton_attention:  # before start-up, so CUDA graphs capture the kernel
-        import llmdeploy_engine.model as model_module
-        from llmdeploy_engine.triton_attention import paged_attention_triton
-
-        model_module.paged_attention = paged_attention_triton  # type: ignore[assignment]
-    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens, not args.cuda_graphs)
+    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens, args.eager)
     runner: Any = getattr(engine.runner, "runner", engine.runner)  # the ModelRunner under any wrapper
     for line in runner.startup_report.log_lines():
         log("  " + line)
@@ -297,13 +338,8 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         graphs = engine.runner
         res["cuda_graphs"] = graphs.report.log_line()
         log("  " + res["cuda_graphs"])
-    elif args.cuda_graphs:
-        from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
-
-        graphs = CudaGraphRunner(runner)
-        engine.runner = graphs
-        res["cuda_graphs"] = graphs.report.log_line()
-        log("  " + res["cuda_graphs"])
+        res["cuda_graph_gib"] = rep.cuda_graph_bytes / 2**30
+        res["cuda_graph_reserved_gib"] = rep.cuda_graph_reserved_bytes / 2**30
     timers = StepTimers(engine, dev)
     gen = torch.Generator().manual_seed(0)
 
@@ -314,7 +350,12 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     prompt_len, out_len = 128, args.single_tokens
     prompt = torch.randint(0, 256, (prompt_len,), generator=gen).tolist()
     timers.reset()
-    engine.add_request("single", prompt, SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0))
+    final_only = RequestOutputKind.FINAL_ONLY
+    engine.add_request(
+        "single",
+        prompt,
+        SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0, output_kind=final_only),
+    )
     t_start = time.perf_counter()
     t_first = None
     while engine.has_unfinished_requests():
@@ -330,7 +371,10 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     per_tok = decode_bytes_per_token(mc, rep.weights_bytes, rep.kv_bytes_per_token, prompt_len + out_len / 2)
     roofline = bandwidth / per_tok
     split = {k: v / out_len * 1e3 for k, v in timers.totals.items()}
+    host_split = timers.host_split(t_end - t_start, out_len)
     res["single"] = {
+        "host_us_per_token": host_split["host_us_per_token"],
+        "rest_us_per_token": host_split["rest_us_per_token"],
         "e2e_tok_s": e2e,
         "decode_tok_s": decode,
         "roofline_tok_s": roofline,
@@ -340,10 +384,15 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     }
     log(
         f"  single stream: {e2e:.0f} tok/s end to end, {decode:.0f} tok/s decode, roofline {roofline:.0f} "
-        f"tok/s ({per_tok / 1e9:.2f} GB/token) -> {decode / roofline:.1%}; ms/step {res['single']['ms_per_step']}"
+        f"tok/s ({per_tok / 1e9:.2f} GB/token) -> {decode / roofline:.1%}; ms/step {res['single']['ms_per_step']}; "
+        f"host outside execute {host_split['host_us_per_token']:.0f} us/token"
     )
     # profile of single-stream decode steps (separate short request)
-    engine.add_request("single-prof", prompt, SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0))
+    engine.add_request(
+        "single-prof",
+        prompt,
+        SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0, output_kind=final_only),
+    )
     for _ in range(8):
         engine.step()
     res["single"]["profile_ms_per_step"] = profile_steps(engine, 5, dev)[0]
@@ -364,19 +413,19 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     pg = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (m,), generator=pg).tolist() for m in in_lens]
     timers.reset()
-    elapsed, tokens, prof = run_requests(engine, prompts, out_lens, args.profile_step, dev)
+    elapsed, tokens, prof = run_requests(engine, prompts, out_lens, args.profile_step, dev, timers)
     res["throughput"] = {
         "requests": n,
         "seconds": elapsed,
-        "output_tok_s": tokens / elapsed,
+        "output_tok_s": tokens / elapsed,  # the 3 profiled steps' time left out, their tokens counted
         "prompt_tokens": sum(in_lens),
         "output_tokens": tokens,
-        "host_s": dict(timers.totals),
+        "host_s": timers.host_split(elapsed, tokens),
         "profile_ms_per_step": prof,
     }
     log(
         f"  throughput: {n} requests, {tokens} output tokens in {elapsed:.1f} s -> {tokens / elapsed:.0f} tok/s; "
-        f"phase seconds {timers.totals}; profile at step {args.profile_step}: {prof}"
+        f"host split {res['throughput']['host_s']}; profile at step {args.profile_step}: {prof}"
     )
 
     # peer: transformers generate on the same weights
@@ -386,9 +435,20 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     if dev == "cuda":
         torch.cuda.empty_cache()
     k = min(n, args.hf_requests[key])
-    if args.no_peer or time.perf_counter() - START > args.budget_s:
+    # the peer's duration from run 1's generated tok/s (padding included) on the H200, plus 10 %
+    lens = out_lens[:k]
+    peer_gen = sum(
+        len(lens[b : b + args.hf_batch]) * max(lens[b : b + args.hf_batch])
+        for b in range(0, k, args.hf_batch)
+    )
+    peer_est = 1.1 * peer_gen / PEER_GENERATED_TOK_S.get(key, 600.0) + 20.0  # + model build, warm-up
+    elapsed_so_far = time.perf_counter() - START
+    if args.no_peer or elapsed_so_far + peer_est > args.budget_s:
         res["peer"] = None
-        log("  peer skipped (--no-peer or over the time budget)")
+        log(
+            f"  peer skipped (--no-peer, or {elapsed_so_far:.0f} s so far + ~{peer_est:.0f} s estimated "
+            f"> budget {args.budget_s:.0f} s)"
+        )
         return res
     hf = hf_model(mc, state, dev)
     del state
@@ -415,6 +475,10 @@ def table(bandwidth: float) -> str:
         s, t, p = r["single"], r.get("throughput"), r.get("peer")
         if "cuda_graphs" in r:
             lines.append(f"| {key} | start-up | CUDA graphs | {r['cuda_graphs']} |")
+            lines.append(
+                f"| {key} | start-up | CUDA graph GiB measured / set aside | "
+                f"{r['cuda_graph_gib']:.2f} / {r['cuda_graph_reserved_gib']:.2f} |"
+            )
         lines += [
             f"| {key} | single stream | tok/s end to end / decode | {s['e2e_tok_s']:.0f} / {s['decode_tok_s']:.0f} |",
             f"| {key} | single stream | decode / HBM roofline | {s['roofline_fraction']:.1%} of {s['roofline_tok_s']:.0f} tok/s |",
@@ -427,11 +491,23 @@ def table(bandwidth: float) -> str:
                 for x in ("matmul", "attention", "kv_index", "other")
             )
             + f" of {s['profile_ms_per_step']['wall_profiled_ms']:.2f} wall |",
+            f"| {key} | single stream | host us/token outside execute (of it: after sampling) | "
+            f"{s['host_us_per_token']:.0f} ({s['rest_us_per_token']:.0f}) |",
         ]
         if t is None:
             continue
         lines.append(
             f"| {key} | {t['requests']} requests | output tok/s | {t['output_tok_s']:.0f} ({t['seconds']:.1f} s) |"
+        )
+        h = t["host_s"]
+        lines.append(
+            f"| {key} | {t['requests']} requests | host s schedule / execute (graph + eager) / sample / rest | "
+            f"{h['schedule']:.2f} / {h['execute']:.2f} ({h['execute_graph']:.2f} + {h['execute_eager']:.2f}) / "
+            f"{h['sample']:.2f} / {h['rest']:.2f} |"
+        )
+        lines.append(
+            f"| {key} | {t['requests']} requests | host us/token outside execute (of it: rest) | "
+            f"{h['host_us_per_token']:.1f} ({h['rest_us_per_token']:.1f}) |"
         )
         if t["profile_ms_per_step"]:
             pr = t["profile_ms_per_step"]
@@ -460,12 +536,22 @@ def main() -> None:
     parser.add_argument("--hf-batch", type=int, default=128)
     parser.add_argument("--hf-requests", default="qwen=256,llama=128", help="peer subset per model")
     parser.add_argument("--profile-step", type=int, default=300, help="throughput step to profile (3 steps)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="skip peers started after this")
     parser.add_argument(
-        "--cuda-graphs", action="store_true", help="CUDA graphs for decode (else enforce_eager)"
+        "--budget-s",
+        type=float,
+        default=570.0,
+        help="skip a peer whose estimated end (run 1's peer rates) falls after this many seconds",
+    )
+    parser.add_argument("--eager", action="store_true", help="enforce_eager: no CUDA graphs")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="the default now (the engine builds its graphs); accepted for older command lines",
     )
     parser.add_argument(
-        "--triton-attention", action="store_true", help="pure-decode steps through engine/triton_attention.py"
+        "--triton-attention",
+        action="store_true",
+        help="the default now (attention dispatches to the kernel); accepted for older command lines",
     )
     parser.add_argument("--throughput-models", default="qwen,llama")
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")

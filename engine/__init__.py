@@ -10,6 +10,7 @@ from typing import Any
 _EXPORTS = {
     "LLM": "llmdeploy_engine.llm",
     "SamplingParams": "llmdeploy_engine.sampling_params",
+    "RequestOutputKind": "llmdeploy_engine.sampling_params",
     "AsyncLLMEngine": "llmdeploy_engine.async_engine",
     "LLMEngine": "llmdeploy_engine.llm_engine",
     "EngineConfig": "llmdeploy_engine.config",

@@ -23,7 +23,7 @@ from typing import Any
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.llm_engine import EngineStats, LLMEngine
 from llmdeploy_engine.outputs import RequestOutput
-from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,8 @@ class AsyncLLMEngine:
         params: SamplingParams,
         request_id: str,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs for one request until it finishes.
+        """Yield outputs for one request until it finishes, as `params.output_kind` asks (CUMULATIVE:
+        a slow consumer gets the latest only; DELTA: every delta; FINAL_ONLY: the last output).
 
         Raises ValueError for a bad prompt or parameters, QueueFullError when `max_queue_len` requests
         already wait, EngineDeadError when the loop has stopped.
@@ -141,11 +142,18 @@ class AsyncLLMEngine:
             self._num_pending_adds += 1
             self._commands.put(_Add(request_id, prompt, params, time.time(), stream))
         finished = False
+        cumulative = params.output_kind is RequestOutputKind.CUMULATIVE
         try:
             while True:
                 item = await stream.queue.get()
-                # the engine may run ahead of a slow consumer: outputs are cumulative, keep the latest
-                while not isinstance(item, BaseException) and not item.finished and not stream.queue.empty():
+                # the engine may run ahead of a slow consumer: cumulative outputs keep only the latest
+                # (DELTA outputs must all be handed over)
+                while (
+                    cumulative
+                    and not isinstance(item, BaseException)
+                    and not item.finished
+                    and not stream.queue.empty()
+                ):
                     item = stream.queue.get_nowait()
                 if isinstance(item, BaseException):
                     finished = True

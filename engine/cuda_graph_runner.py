@@ -10,22 +10,46 @@ Shapes are fixed per graph: the batch is padded up to the next captured batch si
 contexts to the bucket's number of KV blocks (masked, as the eager path pads to the longest context).
 Padding rows repeat row 0 (same token, position, slot and block table): they recompute and rewrite
 row 0's K/V into row 0's own slot, so no other sequence's cache is touched; their outputs are dropped.
-Logits are computed eagerly from the graph's hidden states (one matmul), so graphs hold no
-vocabulary-sized buffers.
+
+Uniform multi-token batches (every sequence feeds q new tokens and wants their logits, as
+speculative verification does) replay the same graphs: each new token is one row that attends to
+its own prefix (context length = its position + 1) through its sequence's block table, so n
+sequences x q tokens use the graph of the next batch size >= n * q. All K/V of the step are written
+before attention reads, so row j sees rows 0..j-1 of its sequence: causal attention, as the eager
+prefill-with-context path computes it.
+
+Host cost per replay: the step's inputs are written with numpy into one pinned host buffer and sent
+with one non-blocking copy (the buffer is rewritten only after that copy has completed, checked by
+an event). Graphs of up to `CUDA_GRAPH_LOGITS_MAX_BATCH` rows also compute the logits (lm_head and
+the float cast) into one float32 buffer shared by those graphs, so a single-stream step launches
+nothing but the copy and the replay; the returned logits are a view of that buffer, valid until the
+next `execute`. Larger graphs return hidden states and the logits are computed eagerly (one matmul).
+
+Memory: the planner's builtin rule (`cuda_graph_bytes`) sets the graphs' memory aside before the KV
+cache is sized; after capture the measured figure is added to the start-up report.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from llmdeploy_engine.attention import AttentionMetadata
 from llmdeploy_engine.forward_batch import ForwardBatch
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+from llmdeploy.planner.builtin_rule import (
+    CUDA_GRAPH_BATCH_SIZES,
+    CUDA_GRAPH_LOGITS_MAX_BATCH,
+    cuda_graph_context_buckets,
+)
+
+DEFAULT_BATCH_SIZES = CUDA_GRAPH_BATCH_SIZES
 logger = logging.getLogger("llmdeploy_engine")
 
 
@@ -57,6 +81,7 @@ class _DecodeGraph:
         self.lengths.fill_(1)
         self.graph = torch.cuda.CUDAGraph()
         self.hidden: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None  # view of the shared logits buffer, if computed inside
 
     def meta(self) -> AttentionMetadata:
         mask = self.key_pos[None, :] < self.lengths[:, None]
@@ -77,25 +102,52 @@ class CudaGraphRunner:
         runner: Any,
         batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
         max_blocks: int | None = None,
+        logits_max_batch: int = CUDA_GRAPH_LOGITS_MAX_BATCH,
     ) -> None:
         if runner.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.runner = runner
         self.block_size: int = runner.block_size
-        top = max_blocks or -(-runner.max_model_len // self.block_size)
-        buckets = [8]
-        while buckets[-1] < top:
-            buckets.append(buckets[-1] * 2)
-        buckets[-1] = top if top > 8 else buckets[-1]
-        self.block_buckets = tuple(buckets)
+        if max_blocks is None:
+            self.block_buckets = cuda_graph_context_buckets(runner.max_model_len, self.block_size)
+        else:
+            self.block_buckets = cuda_graph_context_buckets(max_blocks * self.block_size, self.block_size)
         self.batch_sizes = tuple(b for b in batch_sizes if b <= runner.config.max_num_seqs)
+        self.logits_max_batch = logits_max_batch
         self.graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self.num_replays = 0
+        size = max(b * (4 + nb) for b in self.batch_sizes for nb in self.block_buckets)
+        self._host = torch.zeros(size, dtype=torch.long, pin_memory=True)
+        self._host_np = self._host.numpy()
+        self._copied = torch.cuda.Event()
+        self._logits: torch.Tensor | None = None  # shared output of the graphs that compute logits
         self.report = self._capture_all()
         logger.info(self.report.log_line())
+        self.startup_report = self._extend_startup_report()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
+
+    def _extend_startup_report(self) -> Any:
+        """The runner's StartupReport with the graphs' measured memory and time (the runner's too)."""
+        report = getattr(self.runner, "startup_report", None)
+        if report is None or not dataclasses.is_dataclass(report):
+            return report
+        report = dataclasses.replace(
+            report,
+            num_cuda_graphs=self.report.num_graphs,
+            cuda_graph_bytes=self.report.memory_bytes,
+            cuda_graph_capture_s=self.report.capture_time_s,
+        )
+        self.runner.startup_report = report
+        if report.cuda_graph_bytes > report.cuda_graph_reserved_bytes:
+            logger.warning(
+                "CUDA graphs took %.2f GiB, more than the %.2f GiB set aside for them before the KV "
+                "cache was sized; lower gpu_memory_utilization if the device runs out of memory",
+                report.cuda_graph_bytes / 2**30,
+                report.cuda_graph_reserved_bytes / 2**30,
+            )
+        return report
 
     @torch.inference_mode()
     def _capture_all(self) -> CaptureReport:
@@ -104,17 +156,30 @@ class CudaGraphRunner:
         before = torch.cuda.memory_reserved(device)
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        rows = min(self.logits_max_batch, max(self.batch_sizes, default=0))
+        if rows:
+            vocab = self.runner.model_config.vocab_size
+            self._logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+        # one warm-up stream for all graphs: each new stream would get its own cuBLAS workspace and
+        # its own cached blocks in the allocator
+        side = torch.cuda.Stream(device)
         # largest first, so smaller graphs reuse the pool's blocks
         for b in sorted(self.batch_sizes, reverse=True):
             for nb in sorted(self.block_buckets, reverse=True):
                 g = _DecodeGraph(b, nb, self.block_size, device)
-                side = torch.cuda.Stream(device)
+                with_logits = b <= self.logits_max_batch
                 side.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(side):  # warm-up outside the capture (library handles, workspaces)
-                    self._forward(g)
+                    hidden = self._forward(g)
+                    if with_logits:
+                        self.runner.model.compute_logits(hidden)
                 torch.cuda.current_stream(device).wait_stream(side)
                 with torch.cuda.graph(g.graph, pool=pool):
                     g.hidden = self._forward(g)
+                    if with_logits:
+                        assert self._logits is not None
+                        g.logits = self._logits[:b]
+                        g.logits.copy_(self.runner.model.compute_logits(g.hidden))
                 self.graphs[(b, nb)] = g
         torch.cuda.synchronize(device)
         return CaptureReport(
@@ -126,39 +191,82 @@ class CudaGraphRunner:
         return out
 
     def _pick(self, batch: ForwardBatch) -> _DecodeGraph | None:
+        """The graph for a uniform batch (every sequence feeds q new tokens after at least one cached
+        token, every sequence samples), or None. A graph of batch size B serves n sequences x q tokens
+        when n * q <= B: each token is a row that attends to its own prefix (speculative verification
+        replays the decode graphs this way)."""
         n = batch.num_seqs
-        if n == 0 or any(q != 1 for q in batch.query_len) or any(c <= 1 for c in batch.context_len):
+        if n == 0:
             return None
-        if batch.sample_indices != list(range(n)) or batch.num_logits is not None:
+        q = batch.query_len[0]
+        if any(x != q for x in batch.query_len) or any(c <= q for c in batch.context_len):
+            return None
+        if batch.sample_indices != list(range(n)):
             return None
         need = -(-max(batch.context_len) // self.block_size)
-        b = next((s for s in self.batch_sizes if s >= n), None)
+        b = next((s for s in self.batch_sizes if s >= n * q), None)
         nb = next((s for s in self.block_buckets if s >= need), None)
         return None if b is None or nb is None else self.graphs[(b, nb)]
 
+    def _fill(self, g: _DecodeGraph, batch: ForwardBatch) -> int:
+        """Write the graph's packed inputs into the pinned host buffer; returns their length."""
+        self._copied.synchronize()  # the previous step's copy has left the buffer
+        return pack_decode_inputs(self._host_np, batch, g.batch_size, g.num_blocks)
+
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32 logits [len(batch.sample_indices), vocab], as ModelRunner.execute."""
+        """float32 logits [len(batch.logit_rows()), vocab], as ModelRunner.execute. From a graph that
+        computes logits the result is (a view of) a shared buffer: valid until the next call."""
         g = self._pick(batch)
         if g is None:
             result: torch.Tensor = self.runner.execute(batch)
             return result
-        n, b, nb = batch.num_seqs, g.batch_size, g.num_blocks
-        pad = b - n
-        tables = []
-        for table in batch.block_tables + [batch.block_tables[0]] * pad:
-            row = table[:nb]
-            tables += row + [0] * (nb - len(row))
-        packed = (
-            batch.input_ids + [batch.input_ids[0]] * pad
-            + batch.positions + [batch.positions[0]] * pad
-            + batch.slot_mapping + [batch.slot_mapping[0]] * pad
-            + batch.context_len + [batch.context_len[0]] * pad
-            + tables
-        )  # fmt: skip
-        g.packed.copy_(torch.tensor(packed, dtype=torch.long), non_blocking=True)
+        size = self._fill(g, batch)
+        g.packed.copy_(self._host[:size], non_blocking=True)
+        self._copied.record()
         g.graph.replay()
         self.num_replays += 1
+        rows = batch.logit_rows()
+        num_tokens = batch.num_tokens
+        every_token = len(rows) == num_tokens and rows == list(range(num_tokens))
+        if g.logits is not None:
+            if every_token:
+                return g.logits[:num_tokens]
+            return g.logits[torch.tensor(rows, device=g.logits.device)]
         assert g.hidden is not None
-        logits: torch.Tensor = self.runner.model.compute_logits(g.hidden[:n])
+        hidden = (
+            g.hidden[:num_tokens] if every_token else g.hidden[torch.tensor(rows, device=g.hidden.device)]
+        )
+        logits: torch.Tensor = self.runner.model.compute_logits(hidden)
         return logits
+
+
+def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) -> int:
+    """Lay a uniform batch out as a graph of b rows and nb context blocks reads it, one row per new
+    token: ids, positions, slots, context lengths (position + 1: each token sees its own prefix; b
+    each, rows past the batch's tokens repeat row 0), then b x nb block ids (each token's sequence's
+    table, cut to nb and padded with block 0). Returns the number of int64 written."""
+    n, rows = batch.num_seqs, batch.num_tokens
+    positions = np.asarray(batch.positions, dtype=np.int64)
+    for k, values in enumerate((batch.input_ids, positions, batch.slot_mapping, positions + 1)):
+        out[k * b : k * b + rows] = values
+        out[k * b + rows : (k + 1) * b] = values[0]
+    tables = out[4 * b : 4 * b + b * nb].reshape(b, nb)
+    q = batch.query_len[0]
+    per_seq = tables[:n] if q == 1 else np.empty((n, nb), dtype=np.int64)
+    per_seq[:] = 0
+    lens = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=n)
+    if n and int(lens.max()) > nb:
+        cut = [t[:nb] for t in batch.block_tables]
+        lens = np.minimum(lens, nb)
+    else:
+        cut = batch.block_tables
+    total = int(lens.sum())
+    flat = np.fromiter(itertools.chain.from_iterable(cut), dtype=np.int64, count=total)
+    seq_rows = np.repeat(np.arange(n), lens)
+    cols = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+    per_seq[seq_rows, cols] = flat
+    if q != 1:
+        tables[:rows] = np.repeat(per_seq, q, axis=0)
+    tables[rows:] = tables[0]
+    return b * (4 + nb)

@@ -6,6 +6,7 @@ one per prompt, in the order given.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import fields
@@ -14,7 +15,7 @@ from typing import Any
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.llm_engine import LLMEngine
 from llmdeploy_engine.outputs import RequestOutput
-from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 
 # vLLM keyword arguments that have no meaning here but that vLLM scripts commonly pass
 _ACCEPTED_NOOPS = {"trust_remote_code", "disable_log_stats", "download_dir", "load_format"}
@@ -119,6 +120,13 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(params_list)} sampling params for {len(prompts)} prompts")
+        # only the final output of each request is read: the engine builds nothing per step for it
+        final_only: dict[int, SamplingParams] = {}
+        for i, p in enumerate(params_list):
+            if p.output_kind is not RequestOutputKind.FINAL_ONLY:
+                if id(p) not in final_only:
+                    final_only[id(p)] = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+                params_list[i] = final_only[id(p)]
         engine = self.llm_engine
         # validate every prompt before adding any, so one bad prompt leaves nothing behind
         processed = []

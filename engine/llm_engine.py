@@ -1,4 +1,8 @@
-"""LLMEngine: requests in, one scheduled forward pass per `step()`, cumulative RequestOutputs out.
+"""LLMEngine: requests in, one scheduled forward pass per `step()`, RequestOutputs out.
+
+Each request's `SamplingParams.output_kind` says what it gets back: CUMULATIVE (default; everything so
+far, every step it advanced), DELTA (what is new since its previous output) or FINAL_ONLY (one output
+at finish; no per-step outputs are built, and without stop strings no per-token detokenization).
 
 Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call
 must come from one thread (AsyncLLMEngine runs it on its own loop thread).
@@ -15,7 +19,7 @@ from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmdeploy_engine.sequence import Sequence
 from llmdeploy_engine.stop_checker import StopChecker
@@ -64,6 +68,9 @@ class _Request:
     metrics: RequestMetrics
     logprobs: list[list[dict[int, Logprob]] | None] = field(default_factory=list)
     cumulative_logprobs: list[float] = field(default_factory=list)
+    # DELTA outputs: per sequence, (characters of text, tokens, logprob entries) already handed out
+    sent: list[tuple[int, int, int]] = field(default_factory=list)
+    needs_history: bool = False  # the sampler reads the sequences' tokens (penalties, min_tokens)
 
     @property
     def finished(self) -> bool:
@@ -219,6 +226,8 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_time=arrival),
             logprobs=[[] if params.logprobs is not None else None for _ in seqs],
             cumulative_logprobs=[0.0 for _ in seqs],
+            sent=[(0, 0, 0) for _ in seqs],
+            needs_history=params.needs_token_history,
         )
         self.requests[request_id] = req
         for seq in seqs:
@@ -285,24 +294,46 @@ class LLMEngine:
         seqs = out.sampled_seqs
         if not seqs:
             return []
-        reqs = [self.requests[s.request_id] for s in seqs]
+        requests = self.requests
+        reqs = [requests[s.request_id] for s in seqs]
+        no_history: list[int] = []
         sampled = self.sampler.sample(
             logits,
             [s.params for s in seqs],
-            [r.prompt_token_ids for r in reqs],
-            [s.output_token_ids for s in seqs],
+            [r.prompt_token_ids if r.needs_history else no_history for r in reqs],
+            [s.output_token_ids if r.needs_history else no_history for s, r in zip(seqs, reqs, strict=True)],
             [r.generators[s.index] for s, r in zip(seqs, reqs, strict=True)],
         )
         now = time.time()
         touched: dict[str, _Request] = {}
+        finished_any = False
+        # the per-token path of _append_token, inlined: this loop runs once per output token
         for seq, req, token_id, lp in zip(seqs, reqs, sampled.token_ids, sampled.logprobs, strict=True):
-            self._append_token(seq, req, token_id, lp, now)
+            seq.append_token(token_id)
+            num_output = seq.num_output_tokens
+            metrics = req.metrics
+            if num_output == 1 and seq.index == 0:
+                self._prompt_tokens_total += seq.num_prompt_tokens
+                metrics.num_cached_prompt_tokens = seq.num_cached_tokens
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
+            if lp is not None:
+                self._record_logprobs(req, seq.index, token_id, lp)
+            checker = req.checkers[seq.index]
+            status = checker.on_token(token_id, num_output, seq.num_tokens)
+            if status is not None:
+                seq.stop_reason = checker.stop_reason
+                self.scheduler.finish(seq, status)
+                finished_any = True
             touched[req.request_id] = req
-        return self._collect_outputs(touched, now)
+        self._generation_tokens_total += len(seqs)
+        return self._collect_outputs(touched, now, finished_any)
 
     def _append_token(
         self, seq: Sequence, req: _Request, token_id: int, lp: dict[int, Logprob] | None, now: float
-    ) -> None:
+    ) -> bool:
+        """Append one token through the stop checks; True when it finished the sequence."""
         seq.append_token(token_id)
         self._generation_tokens_total += 1
         if seq.num_output_tokens == 1 and seq.index == 0:
@@ -311,20 +342,30 @@ class LLMEngine:
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
         req.metrics.last_token_time = now
-        self._record_logprobs(req, seq.index, token_id, lp)
+        if lp is not None:
+            self._record_logprobs(req, seq.index, token_id, lp)
         checker = req.checkers[seq.index]
         status = checker.on_token(token_id, seq.num_output_tokens, seq.num_tokens)
-        if status is not None:
-            seq.stop_reason = checker.stop_reason
-            self.scheduler.finish(seq, status)
+        if status is None:
+            return False
+        seq.stop_reason = checker.stop_reason
+        self.scheduler.finish(seq, status)
+        return True
 
-    def _collect_outputs(self, touched: dict[str, _Request], now: float) -> list[RequestOutput]:
+    def _collect_outputs(
+        self, touched: dict[str, _Request], now: float, finished_any: bool = True
+    ) -> list[RequestOutput]:
+        """Outputs of the touched requests (none for an unfinished FINAL_ONLY one); finished requests
+        leave the engine. finished_any False skips the finished checks (no sequence stopped)."""
         results = []
+        final_only = RequestOutputKind.FINAL_ONLY
         for req in touched.values():
-            if req.finished:
+            if finished_any and req.finished:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
                 self._num_requests_finished += 1
+            elif req.params.output_kind is final_only:
+                continue  # nobody reads an unfinished FINAL_ONLY output
             results.append(self._make_output(req))
         return results
 
@@ -343,16 +384,25 @@ class LLMEngine:
 
     def _make_output(self, req: _Request) -> RequestOutput:
         completions = []
+        delta = req.params.output_kind is RequestOutputKind.DELTA
         for seq, checker in zip(req.seqs, req.checkers, strict=True):
             finished = seq.is_finished
             lps = req.logprobs[seq.index]
+            text = checker.visible_text(finished)
+            token_ids = seq.output_token_ids
+            lp_list = list(lps) if lps is not None else None
+            if delta:
+                sent_chars, sent_tokens, sent_lps = req.sent[seq.index]
+                req.sent[seq.index] = (len(text), len(token_ids), len(lp_list or ()))
+                text, token_ids = text[sent_chars:], token_ids[sent_tokens:]
+                lp_list = lp_list[sent_lps:] if lp_list is not None else None
             completions.append(
                 CompletionOutput(
                     index=seq.index,
-                    text=checker.visible_text(finished),
-                    token_ids=seq.output_token_ids,
+                    text=text,
+                    token_ids=token_ids,
                     cumulative_logprob=req.cumulative_logprobs[seq.index] if lps is not None else None,
-                    logprobs=list(lps) if lps is not None else None,
+                    logprobs=lp_list,
                     finish_reason=seq.status.finish_reason,
                     stop_reason=seq.stop_reason,
                 )
@@ -361,7 +411,7 @@ class LLMEngine:
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
-            prompt_token_ids=list(req.prompt_token_ids),
+            prompt_token_ids=req.prompt_token_ids,  # never changed after add: shared, not copied
             outputs=completions,
             finished=req.finished,
             metrics=RequestMetrics(**vars(m)),

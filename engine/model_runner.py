@@ -9,6 +9,7 @@ measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLL
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import time
@@ -171,6 +172,7 @@ class ModelRunner:
         self.kv_bytes_per_token = builtin_rule.kv_bytes_per_token(  # per rank
             mc.num_hidden_layers, self.num_local_kv_heads, mc.head_dim, self.kv_dtype.itemsize
         )
+        graph_reserve = self._cuda_graph_reserve(model_len)
         explicit = config.kv_cache_memory_bytes
         if self.device.type == "cpu" and explicit is None:
             explicit = CPU_DEFAULT_KV_CACHE_BYTES
@@ -180,6 +182,7 @@ class ModelRunner:
             weights_bytes,
             peak_activation_bytes,
             non_torch_bytes,
+            cuda_graph_bytes=graph_reserve,
             kv_cache_memory_bytes=explicit,
         )
         self.num_kv_blocks = builtin_rule.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
@@ -212,6 +215,7 @@ class ModelRunner:
             ),
             load_time_s=load_time_s,
             kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
+            cuda_graph_reserved_bytes=graph_reserve,
         )
         for line in self.startup_report.log_lines():
             logger.info(line)
@@ -331,6 +335,34 @@ class ModelRunner:
             n, min(k_scales), max(k_scales), min(v_scales), max(v_scales),
         )  # fmt: skip
 
+    def _cuda_graph_reserve(self, model_len: int) -> int:
+        """Bytes the decode CUDA graphs (captured after the KV cache, see cuda_graph_runner) will take,
+        by the planner's builtin rule; 0 when none will be captured."""
+        if self.device.type != "cuda" or self.config.enforce_eager:
+            return 0
+        from llmdeploy.planner import builtin_rule
+
+        mc = self.model_config
+        # with Triton installed, 16-bit decode attention reads the cache in place (a cache of the
+        # model's dtype or fp8); otherwise the pure-torch path gathers copies of the context
+        in_place = (
+            importlib.util.find_spec("triton") is not None
+            and self.dtype in (torch.bfloat16, torch.float16)
+            and (self.kv_dtype == self.dtype or self.kv_dtype.itemsize == 1)  # fp8: read in place too
+        )
+        return builtin_rule.cuda_graph_bytes(
+            max_num_seqs=self.config.max_num_seqs,
+            max_model_len=model_len,
+            block_size=self.block_size,
+            hidden_size=mc.hidden_size,
+            intermediate_size=mc.intermediate_size,
+            q_size=mc.q_size,
+            kv_size=mc.kv_size,
+            vocab_size=mc.vocab_size,
+            dtype_bytes=self.dtype.itemsize,
+            gathered_kv=not in_place,
+        )
+
     def _max_model_len(self, model_len: int) -> int:
         capacity = self.num_kv_blocks * self.block_size
         if self.config.max_model_len is None:
@@ -358,9 +390,14 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""
-        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
-        positions = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
+        n = batch.num_tokens
+        rows = batch.logit_rows()
+        # ids, positions and logit rows in one host-to-device copy
+        packed = torch.tensor(batch.input_ids + batch.positions + rows, dtype=torch.long)
+        packed = packed.to(self.device, non_blocking=True)
+        ids, positions = packed[:n], packed[n : 2 * n]
         meta = build_attention_metadata(batch, self.block_size, self.device)
         hidden = self.model(ids, positions, meta, self.kv_caches)
-        rows = torch.tensor(batch.logit_rows(), dtype=torch.long, device=self.device)
-        return self.model.compute_logits(hidden[rows])
+        if len(rows) == n and rows == list(range(n)):
+            return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden[packed[2 * n :]])

@@ -8,6 +8,11 @@ Logprobs follow vLLM's default (`logprobs_mode="raw_logprobs"`): the log-softmax
 logits, before penalties, temperature and filtering. Each row's dict holds the chosen token plus the
 top-N, with 1-based ranks in that raw distribution.
 
+Fast path: a batch of greedy rows without penalties, active min_tokens masks or logprobs is one
+argmax on the device and one `.tolist()` (the general path gives the same ids: same argmax, same
+tie-breaking). Otherwise the rows are processed batched (temperature, top-k/top-p/min-p as tensors);
+only penalties, min_tokens masks and seeded draws loop over the rows that have them.
+
 Seeded requests draw their noise from their own torch.Generator, one full-vocabulary draw per step,
 so their tokens do not depend on which other requests share the batch.
 """
@@ -46,14 +51,16 @@ class Sampler:
     ) -> SamplerOutput:
         num_rows, vocab = logits.shape
         assert len(params) == len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_rows
+        if all(_plain_greedy(p, out) for p, out in zip(params, output_token_ids, strict=True)):
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * num_rows)
         raw = logits.float()
         x = raw.clone()
         self._mask_min_tokens(x, params, output_token_ids)
         self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
 
-        greedy = torch.tensor([p.greedy for p in params], device=x.device)
         chosen = x.argmax(dim=-1)
-        if not bool(greedy.all()):
+        if not all(p.greedy for p in params):
+            greedy = torch.tensor([p.greedy for p in params], device=x.device)
             temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=x.device)
             x = x / temps[:, None]
             x = _filter(x, params)
@@ -155,6 +162,18 @@ class Sampler:
                     entry[tid] = Logprob(float(top_vals[j, r]), r + 1)
             result[i] = entry
         return result
+
+
+def _plain_greedy(p: SamplingParams, output_token_ids: list[int]) -> bool:
+    """Greedy with nothing that changes the logits or needs them back: the argmax is the token."""
+    return (
+        p.greedy
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and p.frequency_penalty == 0.0
+        and p.presence_penalty == 0.0
+        and len(output_token_ids) >= p.min_tokens
+    )
 
 
 def _filter(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.sequence import SequenceStatus
 
 
@@ -56,8 +56,16 @@ class StopChecker:
         stops = [s for s in params.stop_strings if s]
         hold = max((len(s) for s in stops), default=0) - 1
         self._holdback_chars = 0 if params.include_stop_str_in_output else max(hold, 0)
+        self.deferred = params.output_kind is RequestOutputKind.FINAL_ONLY and not stops
+        self._pending: list[int] = []  # deferred mode: ids not yet given to the decoder
+
+    def _materialize(self) -> None:
+        if self._pending:
+            self.text += self.decoder.add(self._pending)
+            self._pending = []
 
     def visible_text(self, finished: bool) -> str:
+        self._materialize()
         if finished or not self._holdback_chars:
             return self.text
         return self.text[: max(0, len(self.text) - self._holdback_chars)]
@@ -69,6 +77,8 @@ class StopChecker:
         is_stop_token = may_stop and (
             (not p.ignore_eos and token_id in self.eos_token_ids) or token_id in self.stop_token_ids
         )
+        if self.deferred:
+            return self._on_token_deferred(token_id, is_stop_token, num_output_tokens, num_tokens)
         if is_stop_token:
             if p.include_stop_str_in_output:
                 self.text += self.decoder.add([token_id])
@@ -89,3 +99,27 @@ class StopChecker:
             self.text += self.decoder.flush()
             return SequenceStatus.FINISHED_LENGTH
         return None
+
+    def _on_token_deferred(
+        self, token_id: int, is_stop_token: bool, num_output_tokens: int, num_tokens: int
+    ) -> SequenceStatus | None:
+        """on_token without stop strings, with the decoding left until the text is needed."""
+        if is_stop_token:
+            if self.params.include_stop_str_in_output:
+                self._pending.append(token_id)
+            if token_id in self.stop_token_ids:
+                self.stop_reason = token_id
+            self._finish_deferred(flush=False)
+            return SequenceStatus.FINISHED_STOPPED
+        self._pending.append(token_id)
+        if num_output_tokens >= self.max_tokens or num_tokens >= self.max_model_len:
+            self._finish_deferred(flush=True)
+            return SequenceStatus.FINISHED_LENGTH
+        return None
+
+    def _finish_deferred(self, flush: bool) -> None:
+        self._materialize()
+        rest = self.decoder.flush()
+        # a stop token ends the text without the held-back tail of an incomplete character, as the
+        # per-token path does (it never flushes on a stop token); a length stop keeps it
+        self.text += rest if flush else rest.rstrip("\ufffd")

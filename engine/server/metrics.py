@@ -92,6 +92,8 @@ STARTUP_GAUGES = {
         "llmdeploy:max_concurrency",
         "Requests of max_model_len tokens that fit in the KV cache.",
     ),
+    "cuda_graph_gib": ("llmdeploy:cuda_graph_gib", "Memory the decode CUDA graphs took at capture (GiB)."),
+    "num_cuda_graphs": ("llmdeploy:num_cuda_graphs", "Decode CUDA graphs captured at start-up."),
 }
 
 

@@ -38,3 +38,69 @@ def max_concurrency(num_kv_blocks: int, block_size: int, max_model_len: int) -> 
     """How many requests of max_model_len tokens fit at once: blocks / ceil(len / block_size)."""
     blocks_per_request = -(-max_model_len // block_size)
     return num_kv_blocks / blocks_per_request
+
+
+# ---- CUDA graphs (decode steps) ------------------------------------------------------------------
+# The engine captures one graph per (batch size, context bucket) at start-up, after the KV cache is
+# allocated (the graphs hold its addresses), so their memory must be set aside before the KV cache is
+# sized. These functions are what the engine captures and reserves; the planner shows the same term.
+
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CUDA_GRAPH_LOGITS_MAX_BATCH = 64  # graphs of up to this many rows compute the logits inside the graph
+CUDA_GRAPH_FIXED_BYTES = 256 * 2**20  # cuBLAS workspace of the capture stream, graph objects, rounding
+
+
+def cuda_graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """Captured batch sizes: the powers of two up to 256 that max_num_seqs allows (at least 1)."""
+    sizes = tuple(b for b in CUDA_GRAPH_BATCH_SIZES if b <= max_num_seqs)
+    return sizes or (1,)
+
+
+def cuda_graph_context_buckets(max_model_len: int, block_size: int) -> tuple[int, ...]:
+    """Captured context sizes in KV blocks: 8, 16, 32, ... with the last one covering max_model_len."""
+    top = -(-max_model_len // block_size)
+    buckets = [8]
+    while buckets[-1] < top:
+        buckets.append(buckets[-1] * 2)
+    if top > 8:
+        buckets[-1] = top
+    return tuple(buckets)
+
+
+def cuda_graph_bytes(
+    *,
+    max_num_seqs: int,
+    max_model_len: int,
+    block_size: int,
+    hidden_size: int,
+    intermediate_size: int,
+    q_size: int,
+    kv_size: int,
+    vocab_size: int,
+    dtype_bytes: int,
+    gathered_kv: bool,
+) -> int:
+    """Device memory the decode graphs take: their shared pool holds the largest graph's step.
+
+    - activations of one decode step at the largest batch B, all of a layer's tensors at once
+      (hidden states, q/k/v, attention output, gate/up/act, down; float32 norm temporaries):
+      B x (5 hidden + 2 q + 2 kv + 3 intermediate) x dtype + B x 2 hidden x 4;
+    - with the pure-torch decode attention (`gathered_kv`: no Triton kernel, e.g. float32), the K and
+      V copies gathered over the largest context bucket: 2 x B x bucket tokens x kv size x dtype
+      (Llama-3.1-8B, 256 x 2048 tokens: 2.0 GiB; measured 1.97 GiB in all, docs/gpu-notes.md v1);
+    - the logits computed inside graphs of up to 64 rows: one shared float32 output plus the capture's
+      16-bit and float32 temporaries, min(B, 64) x vocab x (8 + dtype);
+    - a fixed 256 MiB (cuBLAS workspace of the capture stream, graph objects, allocator rounding).
+    Measured before this rule (docs/gpu-notes.md): 45 graphs took 1.32 GiB (Qwen2.5-0.5B, gathered
+    attention: 0.27 GiB of copies), 1.97 GiB (Llama-3.1-8B, gathered: 2.0 GiB by this rule) and
+    1.01 GiB (Llama-3.1-8B, Triton kernel). The ~1 GiB those leave unexplained came from warming each
+    graph up on its own new CUDA stream (a cuBLAS workspace and a block cache per stream); the runner
+    now uses one warm-up stream, and reports the measured figure next to this reservation.
+    """
+    batch = max(cuda_graph_batch_sizes(max_num_seqs))
+    bucket_tokens = max(cuda_graph_context_buckets(max_model_len, block_size)) * block_size
+    activations = batch * (5 * hidden_size + 2 * q_size + 2 * kv_size + 3 * intermediate_size) * dtype_bytes
+    activations += batch * 2 * hidden_size * 4
+    gathered = 2 * batch * bucket_tokens * kv_size * dtype_bytes if gathered_kv else 0
+    logits = min(batch, CUDA_GRAPH_LOGITS_MAX_BATCH) * vocab_size * (8 + dtype_bytes)
+    return activations + gathered + logits + CUDA_GRAPH_FIXED_BYTES

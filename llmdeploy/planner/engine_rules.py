@@ -227,10 +227,29 @@ def plan_builtin(inputs: PlanInputs) -> MemoryPlan:
     # it counts everything outside torch's pool, the CUDA context included (0.67 GiB measured)
     non_torch = int(BUILTIN_NON_TORCH_GIB * GIB)
     explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
+    graphs = 0 if inputs.enforce_eager else builtin_graph_bytes(inputs, seqs)
     kv = builtin_rule.kv_cache_bytes(
-        total, inputs.gpu_memory_utilization, weights, act, non_torch, 0, explicit
+        total, inputs.gpu_memory_utilization, weights, act, non_torch, graphs, explicit
     )
-    return _plan(inputs, usable, weights, act, non_torch, 0, True, kv, batched, seqs)
+    return _plan(inputs, usable, weights, act, non_torch, graphs, True, kv, batched, seqs)
+
+
+def builtin_graph_bytes(inputs: PlanInputs, seqs: int) -> int:
+    """What the built-in engine sets aside for its decode CUDA graphs (builtin_rule.cuda_graph_bytes);
+    assumes the Triton decode kernel is installed, which it uses for 16-bit caches of the model's dtype."""
+    spec, tp = inputs.spec, inputs.tensor_parallel_size
+    return builtin_rule.cuda_graph_bytes(
+        max_num_seqs=seqs,
+        max_model_len=inputs.context_len,
+        block_size=inputs.block_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size // tp,
+        q_size=spec.num_attention_heads * spec.head_dim // tp,
+        kv_size=max(1, spec.num_kv_heads // tp) * spec.head_dim,
+        vocab_size=spec.vocab_size,
+        dtype_bytes=inputs.model_dtype_bytes,
+        gathered_kv=inputs.model_dtype_bytes == 4 or inputs.kv_dtype_bytes != inputs.model_dtype_bytes,
+    )
 
 
 def plan_for(inputs: PlanInputs) -> MemoryPlan:

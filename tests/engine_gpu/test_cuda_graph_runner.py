@@ -83,3 +83,42 @@ def test_graph_decode_matches_eager(dtype: str, tol: float) -> None:
         for j, i in enumerate(active):
             last[i] = int(ref[j].argmax())
             ctx[i] += 1
+
+
+@pytest.mark.parametrize("logits_max_batch", [64, 2])  # logits inside every graph / only the small ones
+def test_uniform_multi_token_steps_replay_and_match_eager(logits_max_batch: int) -> None:
+    """Speculative-verification shape: every sequence feeds q tokens and wants all q logits."""
+    runner = ModelRunner(
+        EngineConfig(
+            model="random:Qwen/Qwen2.5-0.5B",
+            device="cuda",
+            dtype="bfloat16",
+            max_model_len=512,
+            max_num_seqs=8,
+            gpu_memory_utilization=0.3,
+        )
+    )
+    graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4, 8), logits_max_batch=logits_max_batch)
+    bs = runner.block_size
+    gen = torch.Generator().manual_seed(2)
+    lengths = [9, 40, 130]
+    prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in lengths]
+    per_seq = -(-(max(lengths) + 32) // bs)
+    tables = [list(range(i, 3 * per_seq, 3)) for i in range(3)]
+    graphs.execute(batch_for(prompts, [0] * 3, tables, bs))  # prefill: eager
+    ctx = list(lengths)
+    for step, (active, q) in enumerate([([0, 1, 2], 2), ([1, 2], 4), ([0], 3), ([0, 1], 1)]):
+        tokens = [torch.randint(0, 1000, (q,), generator=gen).tolist() for _ in active]
+        batch = batch_for(tokens, [ctx[i] for i in active], [tables[i] for i in active], bs)
+        batch = ForwardBatch(**{**vars(batch), "num_logits": [q] * len(active)})
+        idle = [b for i in range(3) if i not in active for b in tables[i]]
+        before = [(k[idle].clone(), v[idle].clone()) for k, v in runner.kv_caches]
+        ours = graphs.execute(batch).clone()
+        assert graphs.num_replays == step + 1
+        for (k, v), (k0, v0) in zip(runner.kv_caches, before, strict=True):
+            assert torch.equal(k[idle], k0) and torch.equal(v[idle], v0), "graph wrote outside its batch"
+        ref = runner.execute(batch)  # eager prefill-with-context chunks, same slots rewritten
+        assert ours.shape == ref.shape == (len(active) * q, runner.model_config.vocab_size)
+        assert rel_err(ours, ref) < 3e-2, (step, rel_err(ours, ref))
+        for i in active:
+            ctx[i] += q

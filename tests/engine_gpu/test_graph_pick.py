@@ -48,3 +48,79 @@ def test_other_batches_run_eagerly() -> None:
     assert r._pick(first_token) is None
     partial = ForwardBatch(**{**vars(prefill), "sample_indices": [1]})  # a chunk that samples nothing
     assert r._pick(partial) is None
+
+
+def test_pack_decode_inputs_pads_rows_and_tables() -> None:
+    import numpy as np
+    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+
+    batch = ForwardBatch(
+        input_ids=[11, 12, 13],
+        positions=[20, 40, 5],
+        slot_mapping=[100, 200, 300],
+        query_start=[0, 1, 2],
+        query_len=[1, 1, 1],
+        context_len=[21, 41, 6],
+        block_tables=[[7, 8], [3, 4, 5], [9]],
+        sample_indices=[0, 1, 2],
+    )
+    out = np.full(64, -1, dtype=np.int64)  # stale values must not survive in the table region
+    b, nb = 4, 4
+    assert pack_decode_inputs(out, batch, b, nb) == b * (4 + nb)
+    assert out[:4].tolist() == [11, 12, 13, 11]  # padding row repeats row 0
+    assert out[4:8].tolist() == [20, 40, 5, 20]
+    assert out[8:12].tolist() == [100, 200, 300, 100]
+    assert out[12:16].tolist() == [21, 41, 6, 21]
+    assert out[16:32].reshape(4, 4).tolist() == [[7, 8, 0, 0], [3, 4, 5, 0], [9, 0, 0, 0], [7, 8, 0, 0]]
+    assert (out[32:] == -1).all()
+    # tables longer than the bucket are cut to it
+    long = ForwardBatch(**{**vars(batch), "block_tables": [[1, 2, 3], [4, 5, 6, 7, 8], [9]]})
+    pack_decode_inputs(out, long, 4, 2)
+    assert out[16:24].reshape(4, 2).tolist() == [[1, 2], [4, 5], [9, 0], [1, 2]]
+
+
+def uniform(contexts: list[int], q: int, num_logits: list[int] | None) -> ForwardBatch:
+    """n sequences feeding q new tokens each (speculative verification shape)."""
+    n = len(contexts)
+    positions = [c - q + j for c in contexts for j in range(q)]
+    return ForwardBatch(
+        input_ids=[5 + p for p in positions],
+        positions=positions,
+        slot_mapping=[1000 + p for p in positions],
+        query_start=[i * q for i in range(n)],
+        query_len=[q] * n,
+        context_len=contexts,
+        block_tables=[[10 * (i + 1) + k for k in range(-(-c // 16))] for i, c in enumerate(contexts)],
+        sample_indices=list(range(n)),
+        num_logits=num_logits,
+    )
+
+
+def test_uniform_multi_token_batches_use_the_graph_of_n_times_q_rows() -> None:
+    r = picker()
+    assert r._pick(uniform([20, 40], 3, [3, 3])) == (8, 8)  # 6 rows
+    assert r._pick(uniform([20], 2, [2])) == (2, 8)
+    assert r._pick(uniform([20, 40], 2, None)) == (4, 8)  # only the last token's logits
+    assert r._pick(uniform([20, 40, 50], 3, [3, 3, 3])) is None  # 9 rows > 8
+    assert r._pick(uniform([3, 40], 3, [3, 3])) is None  # no cached token before the first new one
+
+
+def test_pack_uniform_multi_token_rows() -> None:
+    import numpy as np
+    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+
+    batch = uniform([20, 33], 2, [2, 2])
+    out = np.full(8 * (4 + 4), -1, dtype=np.int64)
+    b, nb = 8, 4
+    pack_decode_inputs(out, batch, b, nb)
+    rows = 4
+    assert out[:b].tolist() == batch.input_ids + [batch.input_ids[0]] * (b - rows)
+    assert out[b : 2 * b].tolist() == [18, 19, 31, 32] + [18] * 4
+    assert out[2 * b : 3 * b].tolist() == [1018, 1019, 1031, 1032] + [1018] * 4
+    assert out[3 * b : 4 * b].tolist() == [19, 20, 32, 33] + [19] * 4  # each token sees its own prefix
+    tables = out[4 * b :].reshape(b, nb).tolist()
+    assert tables[:4] == [[10, 11, 0, 0], [10, 11, 0, 0], [20, 21, 22, 0], [20, 21, 22, 0]]
+    assert tables[4:] == [[10, 11, 0, 0]] * 4
+    # a decode batch after it: no multi-token state is left behind in the rows it uses
+    pack_decode_inputs(out, decode([5, 17]), 2, 4)
+    assert out[8:16].reshape(2, 4).tolist() == [[0, 0, 0, 0], [0, 0, 0, 0]]  # decode() uses block 0

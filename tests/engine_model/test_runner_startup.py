@@ -38,6 +38,37 @@ def test_startup_report_lines(runner: ModelRunner) -> None:
     assert lines[2] == f"CPU KV cache size: {report.kv_cache_tokens:,} tokens"
     assert lines[3].startswith(f"Maximum concurrency for {runner.max_model_len:,} tokens per request: ")
     assert report.to_dict()["num_kv_blocks"] == runner.num_kv_blocks
+    # no CUDA graphs on CPU: nothing set aside, nothing captured, no graph lines
+    assert report.cuda_graph_reserved_bytes == 0 and report.num_cuda_graphs == 0
+    assert not any("graph" in line.lower() for line in lines)
+
+
+def test_startup_report_cuda_graph_lines() -> None:
+    import dataclasses
+
+    report = StartupReport(
+        device="cuda",
+        dtype="bfloat16",
+        weights_bytes=2**30,
+        peak_activation_bytes=0,
+        non_torch_bytes=0,
+        kv_cache_bytes=2**30,
+        kv_bytes_per_token=1024,
+        num_kv_blocks=64,
+        block_size=16,
+        max_model_len=1024,
+        max_concurrency=1.0,
+        load_time_s=1.0,
+        cuda_graph_reserved_bytes=2**29,
+    )
+    assert "CUDA graph memory set aside before sizing the KV cache: 0.50 GiB" in report.log_lines()
+    assert not any(line.startswith("Graph capturing") for line in report.log_lines())
+    captured = dataclasses.replace(
+        report, num_cuda_graphs=45, cuda_graph_bytes=3 * 2**28, cuda_graph_capture_s=2.5
+    )
+    assert "Graph capturing finished in 2.50 secs, took 0.75 GiB (45 graphs)" in captured.log_lines()
+    d = captured.to_dict()
+    assert d["cuda_graph_gib"] == 0.75 and d["num_cuda_graphs"] == 45 and d["cuda_graph_reserved_gib"] == 0.5
 
 
 @pytest.mark.parametrize(

@@ -171,3 +171,39 @@ def test_unfiltered_rows_keep_the_whole_tail_when_batch_mates_filter() -> None:
     out = s.sample(logits, params, [[]] * (n + 1), [[]] * (n + 1), [None] * (n + 1))
     tail = [t for t in out.token_ids[:n] if t >= vocab * 9 // 10]
     assert len(tail) > 5  # ~10% expected; cumulative-sum rounding must not cut the tail off
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_fast_path_matches_the_general_path_and_float64(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(37, 501, generator=gen).to(dtype)
+    logits[5, 10] = logits[5, 20] = logits[5].max() + 1  # a tie: the first index wins on both paths
+    n = logits.shape[0]
+    plain = [SamplingParams(temperature=0)] * n
+    with_logprobs = [SamplingParams(temperature=0, logprobs=0)] * n  # forces the general path
+    sampler = Sampler({0})
+    fast = sampler.sample(logits, plain, [[]] * n, [[]] * n, [None] * n)
+    general = sampler.sample(logits, with_logprobs, [[]] * n, [[]] * n, [None] * n)
+    reference = logits.double().argmax(dim=-1).tolist()
+    assert fast.token_ids == general.token_ids == reference
+    assert fast.token_ids[5] == 10 and all(isinstance(t, int) for t in fast.token_ids)
+    assert fast.logprobs == [None] * n
+
+
+def test_greedy_fast_path_is_left_when_a_row_needs_processing(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampler = Sampler({0})
+    logits = torch.tensor([[0.0, 5.0, 1.0], [0.0, 1.0, 5.0]])
+    calls: list[int] = []
+    original = sampler._mask_min_tokens
+    monkeypatch.setattr(sampler, "_mask_min_tokens", lambda *a: calls.append(1) or original(*a))
+    greedy = SamplingParams(temperature=0)
+    assert sampler.sample(logits, [greedy, greedy], [[1], [1]], [[], []], [None, None]).token_ids == [1, 2]
+    assert calls == []  # fast path
+    # min_tokens still active on row 0: EOS (id 1 here) is masked, so the general path runs
+    sampler.eos_token_ids = {1}
+    masked = SamplingParams(temperature=0, min_tokens=2)
+    assert sampler.sample(logits, [masked, greedy], [[1], [1]], [[], []], [None, None]).token_ids == [2, 2]
+    assert calls == [1]
+    # penalties also leave the fast path: repetition penalty on the seen id 2 of row 1
+    pen = SamplingParams(temperature=0, repetition_penalty=10.0)
+    assert sampler.sample(logits, [greedy, pen], [[1], [2]], [[], []], [None, None]).token_ids == [1, 1]

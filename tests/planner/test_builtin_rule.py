@@ -20,3 +20,72 @@ def test_blocks_floor_and_concurrency() -> None:
     assert num_kv_blocks(-5, 131_072, 16) == 0
     assert max_concurrency(100, 16, 1600) == 1.0
     assert max_concurrency(100, 16, 1601) == 100 / 101
+
+
+def test_cuda_graph_shapes() -> None:
+    from llmdeploy.planner.builtin_rule import cuda_graph_batch_sizes, cuda_graph_context_buckets
+
+    assert cuda_graph_batch_sizes(256) == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert cuda_graph_batch_sizes(100) == (1, 2, 4, 8, 16, 32, 64)
+    assert cuda_graph_batch_sizes(1) == (1,)
+    assert cuda_graph_context_buckets(2048, 16) == (8, 16, 32, 64, 128)
+    assert cuda_graph_context_buckets(100, 16) == (8,)
+    assert cuda_graph_context_buckets(3000, 16) == (8, 16, 32, 64, 128, 188)
+
+
+def test_cuda_graph_bytes_terms() -> None:
+    from llmdeploy.planner.builtin_rule import CUDA_GRAPH_FIXED_BYTES, cuda_graph_bytes
+
+    # Llama-3.1-8B shape, bf16, 256 sequences, 2048 tokens
+    shape = dict(
+        max_num_seqs=256,
+        max_model_len=2048,
+        block_size=16,
+        hidden_size=4096,
+        intermediate_size=14336,
+        q_size=4096,
+        kv_size=1024,
+        vocab_size=128256,
+        dtype_bytes=2,
+    )
+    triton = cuda_graph_bytes(**shape, gathered_kv=False)
+    act = 256 * (5 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) * 2 + 256 * 2 * 4096 * 4
+    logits = 64 * 128256 * 10
+    assert triton == act + logits + CUDA_GRAPH_FIXED_BYTES
+    gathered = cuda_graph_bytes(**shape, gathered_kv=True)
+    assert gathered - triton == 2 * 256 * 2048 * 1024 * 2  # 2 GiB of gathered K/V copies
+    # fewer sequences: a smaller largest graph
+    assert cuda_graph_bytes(**{**shape, "max_num_seqs": 8}, gathered_kv=False) < triton
+
+
+def test_builtin_plan_sets_graph_memory_aside_like_the_engine() -> None:
+    from dataclasses import replace
+
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner import PlanInputs, plan_from_inputs
+    from llmdeploy.planner.builtin_rule import cuda_graph_bytes
+
+    inputs = PlanInputs(
+        spec=resolve_model("meta-llama/Llama-3.1-8B"),
+        engine="builtin",
+        device="cuda",
+        gpu_memory_gib=139.8,
+        max_model_len=2048,
+    )
+    plan = plan_from_inputs(inputs)
+    expected = cuda_graph_bytes(
+        max_num_seqs=256,
+        max_model_len=2048,
+        block_size=16,
+        hidden_size=4096,
+        intermediate_size=14336,
+        q_size=4096,
+        kv_size=1024,
+        vocab_size=128256,
+        dtype_bytes=2,
+        gathered_kv=False,
+    )
+    assert plan.cuda_graph_gib == expected / GIB
+    eager = plan_from_inputs(replace(inputs, enforce_eager=True))
+    assert eager.cuda_graph_gib == 0
+    assert eager.kv_cache_gib - plan.kv_cache_gib == expected / GIB

@@ -1,0 +1,135 @@
+"""Host cost per output token of LLMEngine's Python, measured on CPU with a near-free fake model.
+
+The runner is a stand-in that returns one-hot logits (next token = a hash of the sequence's last
+ids) without any model, so what is timed is the engine around it: scheduling, building the
+ForwardBatch, sampling (the real `Sampler`, on a small vocabulary), stop checks, detokenization
+(the real byte-level tokenizer the engine uses for random-weight models) and RequestOutputs. The
+runner's own time is measured and left out.
+
+Workload: N requests (default 256) of P prompt tokens, each generating exactly T tokens (ignore_eos,
+greedy), all added at once, driven like `LLM.generate` (`--output-kind final`, what it asks for) or
+like a streaming server (`--output-kind cumulative`, the engine's behaviour before output kinds).
+
+    python benchmarks/host_overhead.py                               # final_only and cumulative
+    python benchmarks/host_overhead.py --num-requests 64 --output-len 64 --output-kind final
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.llm_engine import LLMEngine
+from llmdeploy_engine.sampler import Sampler
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
+from llmdeploy_engine.tokenizer import Tokenizer
+
+KINDS = {
+    "final": RequestOutputKind.FINAL_ONLY,
+    "cumulative": RequestOutputKind.CUMULATIVE,
+    "delta": RequestOutputKind.DELTA,
+}
+
+
+class FastRunner:
+    """Paged-runner contract with no model: one-hot float32 logits, one tensor op per step."""
+
+    def __init__(self, vocab: int, num_kv_blocks: int, block_size: int, max_model_len: int) -> None:
+        self.vocab = vocab
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.device = torch.device("cpu")
+        self.seconds = 0.0
+
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        start = time.perf_counter()
+        rows = batch.logit_rows()
+        nxt = torch.tensor([(batch.input_ids[r] * 31 + batch.positions[r]) % 200 + 32 for r in rows])
+        logits = torch.zeros(len(rows), self.vocab)
+        logits[torch.arange(len(rows)), nxt] = 1.0
+        self.seconds += time.perf_counter() - start
+        return logits
+
+
+def run(args: argparse.Namespace, kind: RequestOutputKind) -> dict[str, float]:
+    tokenizer = Tokenizer.byte_level()
+    vocab = int(tokenizer.vocab_size)
+    max_len = args.prompt_len + args.output_len + 16
+    blocks_per_seq = -(-max_len // 16)
+    runner = FastRunner(vocab, args.num_requests * blocks_per_seq + 16, 16, max_len)
+    engine = LLMEngine(
+        EngineConfig(model="fake", max_num_seqs=args.num_requests, max_num_batched_tokens=8192),
+        runner=runner,
+        tokenizer=tokenizer,
+        sampler=Sampler(set(tokenizer.eos_token_ids)),
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True, output_kind=kind)
+    for i in range(args.num_requests):
+        prompt = [(i * 7 + k) % 200 + 32 for k in range(args.prompt_len)]
+        engine.add_request(f"r{i}", prompt, params)
+    timers = {"schedule": 0.0, "sample": 0.0}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                timers[name] += time.perf_counter() - t0
+
+        return wrapper
+
+    engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)  # type: ignore[method-assign]
+    engine.sampler.sample = timed("sample", engine.sampler.sample)  # type: ignore[method-assign]
+    finals = 0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            finals += out.finished
+    total = time.perf_counter() - start
+    assert finals == args.num_requests
+    tokens = args.num_requests * args.output_len
+    host = total - runner.seconds
+    rest = host - timers["schedule"] - timers["sample"]
+    return {
+        "tokens": tokens,
+        "host_us_per_token": host / tokens * 1e6,
+        "schedule_us": timers["schedule"] / tokens * 1e6,
+        "sample_us": timers["sample"] / tokens * 1e6,
+        "rest_us": rest / tokens * 1e6,
+        "runner_s": runner.seconds,
+        "total_s": total,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-kind", choices=[*KINDS, "both"], default="both")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    kinds = ["final", "cumulative"] if args.output_kind == "both" else [args.output_kind]
+    print(
+        f"{args.num_requests} requests x {args.prompt_len} prompt + {args.output_len} output tokens; "
+        "host us per output token (runner time left out)"
+    )
+    print(
+        f"{'output kind':<12} {'host us/tok':>11} {'schedule':>9} {'sample':>8} {'rest':>8} {'runner s':>9}"
+    )
+    for name in kinds:
+        r = run(args, KINDS[name])
+        print(
+            f"{name:<12} {r['host_us_per_token']:>11.1f} {r['schedule_us']:>9.1f} {r['sample_us']:>8.1f} "
+            f"{r['rest_us']:>8.1f} {r['runner_s']:>9.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
