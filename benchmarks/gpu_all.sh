@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 6 on the lent 2-GPU machine (nvidia-h200-x2), from the repository root, in two device calls:
+#
+#   bash benchmarks/gpu_all.sh check   # GPU tests (both GPUs, parallel), tensor-parallel tests and
+#                                      # benchmarks/gpu_tp.py (both GPUs), ~4 min
+#   bash benchmarks/gpu_all.sh bench   # GPU 0: benchmarks/gpu_bench.py (single stream, 256 requests,
+#                                      # transformers peer); GPU 1 at the same time: gpu_fp8.py then
+#                                      # gpu_spec.py; ~9 min
+#
+# Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
+set -u
+phase=${1:?usage: gpu_all.sh check|bench}
+out=${OUT:-/tmp/gpu_all_out}
+mkdir -p "$out"
+if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
+    pip install -q --no-deps --target /tmp/site .whl/*.whl
+fi
+mkdir -p /tmp/pkgs && ln -sfn "$PWD/engine" /tmp/pkgs/llmdeploy_engine
+export PYTHONPATH=/tmp/pkgs:$PWD:/tmp/site PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared hosts (the device notes say why)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader
+git log --oneline -1 2>/dev/null || true
+
+tests() {  # gpu, log name, timeout, test paths
+    local gpu=$1 name=$2 limit=$3
+    shift 3
+    CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" python3 -m pytest -q -rfE --tb=short -W ignore --noconftest \
+        -p no:cacheprovider "$@" >"$out/t_$name.log" 2>&1
+    echo "exit $? (124: timed out)" >>"$out/t_$name.log"
+}
+summary() {
+    for f in "$@"; do
+        echo "== $f"
+        grep -E "^(FAILED|ERROR)|passed|failed|^exit |Error" "$f" | tail -25
+    done
+}
+
+start=$(date +%s)
+if [ "$phase" = check ]; then
+    tests 0 kernels 200 tests/engine_gpu/test_triton_varlen.py tests/engine_gpu/test_triton_attention.py &
+    tests 1 engine 200 tests/engine_gpu/test_triton_ops.py tests/engine_gpu/test_triton_engine.py \
+        tests/engine_gpu/test_cuda_graph_runner.py tests/engine_gpu/test_graph_pick.py \
+        tests/engine_gpu/test_fp8_kv_cache_gpu.py tests/engine_gpu/test_spec_decode_gpu.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py &
+    wait
+    echo "single-GPU tests took $(($(date +%s) - start)) s"
+    tests 0,1 tp 150 tests/engine_gpu/test_tensor_parallel_gpu.py -k "nccl or not symm_mem"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 benchmarks/gpu_tp.py --allreduce nccl --out "$out/gpu_tp.json" \
+        >"$out/gpu_tp.log" 2>&1
+    echo "exit $?" >>"$out/gpu_tp.log"
+    summary "$out"/t_*.log
+    echo "== gpu_tp"
+    tail -20 "$out/gpu_tp.log"
+elif [ "$phase" = bench ]; then
+    (CUDA_VISIBLE_DEVICES=0 timeout 570 python3 benchmarks/gpu_bench.py --budget-s 540 --out "$out" \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
+    (CUDA_VISIBLE_DEVICES=1 timeout 330 python3 benchmarks/gpu_fp8.py --kv-dtypes auto,fp8_e4m3,fp8_e5m2 \
+        --out "$out" >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log"
+     CUDA_VISIBLE_DEVICES=1 timeout 230 python3 benchmarks/gpu_spec.py --repeats 2 --out "$out/gpu_spec.json" \
+        >"$out/gpu_spec.log" 2>&1; echo "exit $?" >>"$out/gpu_spec.log") &
+    wait
+    for f in gpu_fp8 gpu_spec gpu_bench; do
+        echo "== $f"
+        tail -40 "$out/$f.log"
+    done
+else
+    echo "unknown phase $phase (check | bench)" >&2
+    exit 2
+fi
+echo "took $(($(date +%s) - start)) s"
