@@ -138,6 +138,9 @@ def graph_reference() -> list[list[int]]:
     return _run_engine(1)[0]
 
 
+@pytest.mark.skip(
+    reason="tensor-parallel CUDA graphs hung on 2 H200s (docs/gpu-notes.md); the engine runs tp > 1 eagerly"
+)
 @pytest.mark.parametrize("allreduce", ["nccl", "symm_mem"])
 def test_tp2_greedy_with_cuda_graphs_matches_tp1(
     allreduce: str, graph_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
