@@ -32,6 +32,8 @@ TILE_TOKENS = 64
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 256  # below this a split's partial result costs more than its parallelism gains
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# paged_decode's (keys per tile, warps, pipeline stages), by whether the cache is fp8
+DECODE_CONFIG = {False: (TILE_TOKENS, 4, 3), True: (TILE_TOKENS, 4, 3)}
 
 
 @triton.jit
@@ -128,6 +130,19 @@ def write_kv(
 
 
 @triton.jit
+def _fp16_query(q, qk_scale):
+    """q (bf16) as fp16 for tl.dot with fp8 K/V tiles, which convert to fp16 natively on Hopper
+    (fp8 -> bf16 has no single instruction). Every bf16 value up to 65504 is exact in fp16 apart from
+    subnormals below 6.1e-5 (absolute error < 3e-8). Larger |q| would overflow fp16, so the tile is
+    divided by a power of two bringing its largest |q| under 2**15 (exact) and the scores multiplied
+    back through qk_scale: one reduction per program, outside the key loop."""
+    qf = q.to(tl.float32)
+    qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+    shift = tl.where(qmax > 32768.0, tl.exp2(tl.ceil(tl.log2(qmax)) - 15.0), 1.0)
+    return (qf / shift).to(tl.float16), qk_scale * shift
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,
     k_ptr,
@@ -157,6 +172,7 @@ def _paged_decode_kernel(
     TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
+    F16_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -172,6 +188,9 @@ def _paged_decode_kernel(
     qk_scale = scale
     if FP8:
         qk_scale = scale * tl.load(k_scale_ptr)
+    if F16_DOT:
+        # K, V and P follow q's dtype below: fp16 for the dots
+        q, qk_scale = _fp16_query(q, qk_scale)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -272,8 +291,10 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,  # None: choose_num_splits
-    tile: int = TILE_TOKENS,  # keys per loop step (a tuning knob: the benchmark times others)
-    num_warps: int = 4,
+    tile: int | None = None,  # keys per loop step; None: DECODE_CONFIG (tuning knobs: the benchmark
+    num_warps: int | None = None,  # times others)
+    num_stages: int | None = None,
+    fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
@@ -282,6 +303,14 @@ def paged_decode(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
+    default_tile, default_warps, default_stages = DECODE_CONFIG[fp8]
+    tile = tile or default_tile
+    num_warps = num_warps or default_warps
+    num_stages = num_stages or default_stages
+    if fp16_dot is None:
+        fp16_dot = fp8 and q.dtype == torch.bfloat16
+    if fp16_dot and q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"fp16 dots need a 16-bit query, got {q.dtype}")
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     if n == 0:
@@ -327,7 +356,9 @@ def paged_decode(
         TILE=tile,
         NUM_SPLITS=num_splits,
         FP8=fp8,
+        F16_DOT=fp16_dot,
         num_warps=num_warps,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(n, num_heads)](
