@@ -32,8 +32,8 @@ TILE_TOKENS = 64
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 256  # below this a split's partial result costs more than its parallelism gains
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-# paged_decode's (keys per tile, warps, pipeline stages), by whether the cache is fp8
-DECODE_CONFIG = {False: (TILE_TOKENS, 4, 3), True: (TILE_TOKENS, 4, 3)}
+# paged_decode's (keys per tile, warps, pipeline stages, prefetch), by whether the cache is fp8
+DECODE_CONFIG = {False: (TILE_TOKENS, 4, 3, False), True: (TILE_TOKENS, 4, 3, True)}
 
 
 @triton.jit
@@ -143,6 +143,19 @@ def _fp16_query(q, qk_scale):
 
 
 @triton.jit
+def _load_kv_tile(k_ptr, v_ptr, table_row, pos, hi, kv_head, stride_kb, stride_kt, stride_kh,
+                  HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):  # fmt: skip
+    """K and V rows at positions pos (< hi; others read as 0 without touching memory), as stored."""
+    valid = pos < hi
+    d = tl.arange(0, HEAD_DIM)
+    block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
+    off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+    k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,
     k_ptr,
@@ -173,6 +186,7 @@ def _paged_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -197,21 +211,42 @@ def _paged_decode_kernel(
     t = tl.arange(0, TILE)
     lo = split * split_tokens
     hi = tl.minimum(ctx, lo + split_tokens)
-    for start in range(lo, hi, TILE):
-        pos = start + t
-        valid = pos < hi
-        block = tl.load(tables_ptr + seq * stride_tn + pos // BLOCK_SIZE, mask=valid, other=0)
-        off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-        m_i = m_new
+    table_row = tables_ptr + seq * stride_tn
+    if PREFETCH:
+        # the next tile's K/V are loaded (as stored) before this tile's math: two tiles in flight
+        # per program whatever the compiler's pipelining does with converted loads
+        k_raw, v_raw = _load_kv_tile(k_ptr, v_ptr, table_row, lo + t, hi, kv_head, stride_kb, stride_kt,
+                                     stride_kh, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+        for start in range(lo, hi, TILE):
+            k = k_raw.to(q.dtype)
+            v = v_raw.to(q.dtype)
+            k_raw, v_raw = _load_kv_tile(k_ptr, v_ptr, table_row, start + TILE + t, hi, kv_head,
+                                         stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+            valid = start + t < hi
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            m_i = m_new
+    else:
+        for start in range(lo, hi, TILE):
+            pos = start + t
+            valid = pos < hi
+            block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
+            off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            m_i = m_new
     if FP8:
         acc = acc * tl.load(v_scale_ptr)
     if NUM_SPLITS == 1:
@@ -295,6 +330,7 @@ def paged_decode(
     num_warps: int | None = None,  # times others)
     num_stages: int | None = None,
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
+    prefetch: bool | None = None,  # load the next K/V tile before this one's math; None: DECODE_CONFIG
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
@@ -303,7 +339,8 @@ def paged_decode(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-    default_tile, default_warps, default_stages = DECODE_CONFIG[fp8]
+    default_tile, default_warps, default_stages, default_prefetch = DECODE_CONFIG[fp8]
+    prefetch = default_prefetch if prefetch is None else prefetch
     tile = tile or default_tile
     num_warps = num_warps or default_warps
     num_stages = num_stages or default_stages
@@ -357,6 +394,7 @@ def paged_decode(
         NUM_SPLITS=num_splits,
         FP8=fp8,
         F16_DOT=fp16_dot,
+        PREFETCH=prefetch,
         num_warps=num_warps,
         num_stages=num_stages,
     )

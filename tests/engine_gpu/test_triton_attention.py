@@ -216,8 +216,9 @@ def test_write_kv_matches_the_contract(dtype: torch.dtype, cache_dtype: torch.dt
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("q_mul", [1.0, 1e5])
 def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> None:
-    """bf16 query over an fp8 cache: the fp16-dot path (the default) and the bf16-dot path against the
-    float64 reference, including |q| far past fp16's 65504 (the kernel rescales q by a power of two)."""
+    """bf16 query over an fp8 cache: the fp16-dot path (the default) and the bf16-dot path, with and
+    without the next-tile prefetch, against the float64 reference, including |q| far past fp16's 65504
+    (the kernel rescales q by a power of two)."""
     from kernel_cases import make_batch, reference, rel_err
     from llmdeploy_engine.triton_attention import paged_decode
 
@@ -233,10 +234,10 @@ def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> N
     lengths = torch.tensor(ctxs, device=DEVICE)
     # the interpreter computes bf16 tl.dot wrongly, fp16 correctly
     for fp16_dot in (None, True) if INTERPRET else (None, True, False):
-        for splits in (1, 4):
+        for splits, prefetch in ((1, True), (4, True), (1, False), (4, False)):
             out = paged_decode(
                 b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
-                fp16_dot=fp16_dot,
+                fp16_dot=fp16_dot, prefetch=prefetch,
             )  # fmt: skip
             err = rel_err(out, ref)
-            assert err < 2e-2, (fp16_dot, splits, err)
+            assert err < 2e-2, (fp16_dot, splits, prefetch, err)
