@@ -12,9 +12,12 @@ over the copy (decodes) or one SDPA call per prefill chunk. Here:
 - `varlen_attention` (triton_varlen.py): any mix of prefill chunks, prefix hits, chunked prefill and
   multi-token decode, in one launch.
 
-fp8 caches: K/V tiles are loaded as fp8, converted exactly to the query's 16-bit type, and the
-per-tensor scales are folded in (k_scale into the softmax scale, v_scale into the output), so
-read = stored.float() * scale holds. Grid sizes come only from tensor shapes and host ints carried by
+fp8 caches: K/V tiles are loaded as fp8 and converted exactly to the dot dtype; the per-tensor scales
+are folded in once (k_scale into the softmax scale, v_scale into the output), so
+read = stored.float() * scale holds. A bf16 query over an fp8 cache runs its dots in fp16 (q, K, V
+and P): Hopper converts e4m3/e5m2 to fp16 in one instruction but has no fp8 -> bf16 conversion, and
+fp16 holds every fp8 value and (with the power-of-two rescale in `_fp16_query`) every bf16 query.
+paged_decode over fp8 also loads the next K/V tile before the current one's math (`PREFETCH`). Grid sizes come only from tensor shapes and host ints carried by
 the metadata, never from tensor values, so every launch here can be captured in a CUDA graph.
 """
 
