@@ -208,6 +208,8 @@ FP8_CONFIGS: list[dict[str, Any]] = [
     {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 8, "num_stages": 3},
     {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 8, "num_stages": 3},
     {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 4, "num_stages": 1},
+    {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 4, "num_stages": 1},
+    {"fp16_dot": True, "prefetch": True, "tile": 32, "num_warps": 4, "num_stages": 3},
     {"fp16_dot": True, "prefetch": False, "tile": 128, "num_warps": 4, "num_stages": 3},
     {"fp16_dot": True, "prefetch": False, "tile": 128, "num_warps": 8, "num_stages": 4},
     {"fp16_dot": True, "prefetch": False, "tile": 64, "num_warps": 4, "num_stages": 4},
