@@ -241,3 +241,30 @@ def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> N
             )  # fmt: skip
             err = rel_err(out, ref)
             assert err < 2e-2, (fp16_dot, splits, prefetch, err)
+
+
+@pytest.mark.parametrize(
+    "tile,num_warps,num_stages,prefetch",
+    [(32, 4, 3, True), (64, 8, 3, True), (128, 4, 3, True), (128, 8, 3, True), (64, 4, 1, True),
+     (128, 4, 1, True), (128, 4, 3, False), (128, 8, 4, False), (64, 4, 4, False)],
+)  # fmt: skip
+def test_paged_decode_fp8_tuning_configs(tile: int, num_warps: int, num_stages: int, prefetch: bool) -> None:
+    """The fp8 decode configurations the benchmark times (candidates for DECODE_CONFIG) against the
+    float64 reference, bf16 query over e4m3, with and without split-KV."""
+    from kernel_cases import make_batch, reference, rel_err
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    if INTERPRET and tile > 32:
+        pytest.skip("large tiles: checked on the GPU only (interpreter time)")
+    shape = (8, 2, 32, 16) if INTERPRET else (32, 8, 128, 16)
+    ctxs = [150, 40] if INTERPRET else [1000, 333, 17]
+    b = make_batch([1] * len(ctxs), ctxs, *shape, torch.bfloat16, torch.float8_e4m3fn, DEVICE, 6)
+    scale = shape[2] ** -0.5
+    ref = reference(b, scale)
+    lengths = torch.tensor(ctxs, device=DEVICE)
+    for splits in (1, 4):
+        out = paged_decode(
+            b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
+            tile=tile, num_warps=num_warps, num_stages=num_stages, prefetch=prefetch,
+        )  # fmt: skip
+        assert rel_err(out, ref) < 2e-2, splits
