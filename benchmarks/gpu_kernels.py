@@ -6,7 +6,8 @@ block_size 16). Rows:
 - decode attention (KV write + attention) at 1/32/256 sequences and several contexts: the torch
   path (index_copy, gather of whole blocks padded to the longest context, SDPA) vs the Triton path
   (write kernel + paged decode, split-KV where chosen), and the Triton path with one split;
-- fp8 (e4m3) vs bf16 KV at 32 x 8k through the Triton path;
+- fp8 (e4m3, e5m2) vs bf16 KV at 32 x 8k, 1 x 8k and 256 x 2k through the Triton path, and
+  (--fp8-only) the decode kernel's fp8 configurations against the kernel before fp16 dots;
 - prefill of 8k tokens: per-sequence SDPA (the torch path, gathered copies where there is a prefix)
   vs one varlen launch, without and with cached prefixes, and a 4-token verification batch;
 - fused add+RMSNorm and RoPE vs the torch ops at 1 and 256 tokens.
@@ -20,6 +21,7 @@ read once. Each row is measured on its own and a failing row prints its error an
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import traceback
 from collections.abc import Callable
@@ -177,18 +179,92 @@ def decode_tuning_rows(sizes: list[tuple[int, int]]) -> None:
         row(f"decode kernel only n={n} ctx={ctx}", measure)
 
 
-def fp8_rows(n: int, ctx: int) -> None:
-    base: list[float] = []
-    for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+def fp8_rows(sizes: list[tuple[int, int]]) -> None:
+    """bf16 vs fp8 (e4m3, e5m2) KV through the Triton path (write + decode, default configs)."""
+    for n, ctx in sizes:
+        base: list[float] = []
+        for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
 
-        def measure(dtype: torch.dtype = dtype) -> str:
-            c = attention_case([1] * n, [ctx] * n, dtype)
-            t = bench(triton_attention(c))
-            if not base:
-                base.append(t)
-            return f"{fmt(t, c['bytes'])} | vs bf16 KV {base[0] / t:5.2f}x"
+            def measure(
+                dtype: torch.dtype = dtype, n: int = n, ctx: int = ctx, base: list[float] = base
+            ) -> str:
+                c = attention_case([1] * n, [ctx] * n, dtype)
+                t = bench(triton_attention(c))
+                if not base:
+                    base.append(t)
+                return f"{fmt(t, c['bytes'])} | vs bf16 KV {base[0] / t:5.2f}x"
 
-        row(f"decode n={n} ctx={ctx} triton, KV {str(dtype).removeprefix('torch.')}", measure)
+            row(f"decode n={n} ctx={ctx} triton, KV {str(dtype).removeprefix('torch.')}", measure)
+
+
+# paged_decode keyword sets timed over an e4m3 cache; the first is the kernel before fp16 dots and
+# prefetch (bf16 dots, tile 64, 4 warps, 3 stages)
+FP8_CONFIGS: list[dict[str, Any]] = [
+    {"fp16_dot": False, "prefetch": False, "tile": 64, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": False, "tile": 64, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": False, "prefetch": True, "tile": 64, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 8, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 8, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 4, "num_stages": 1},
+    {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 4, "num_stages": 1},
+    {"fp16_dot": True, "prefetch": True, "tile": 32, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": False, "tile": 128, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "prefetch": False, "tile": 128, "num_warps": 8, "num_stages": 4},
+    {"fp16_dot": True, "prefetch": False, "tile": 64, "num_warps": 4, "num_stages": 4},
+    {"fp16_dot": True, "prefetch": False, "tile": 32, "num_warps": 4, "num_stages": 4},
+]
+
+
+def decode_only(n: int, ctx: int, dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], int]:
+    """paged_decode over a fresh n x ctx case (keywords passed through) and the K/V bytes it reads."""
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    c = attention_case([1] * n, [ctx] * n, dtype)
+    meta, q, (kc, vc) = c["meta"], c["q"], c["cache"]
+    tables = meta.decode_blocks.view(n, -1)
+    lengths = meta.decode_mask.view(n, -1).sum(-1)
+    ks, vs_ = c["scales"] if dtype != torch.bfloat16 else (None, None)
+
+    def fn(**kw: Any) -> torch.Tensor:
+        return paged_decode(q, kc, vc, tables, lengths, HEAD_DIM**-0.5, ks, vs_, **kw)
+
+    return fn, int(c["bytes"])
+
+
+def fp8_tuning_rows(sizes: list[tuple[int, int, int]]) -> None:
+    """paged_decode alone over e4m3 vs bf16 caches: the kernel before fp16 dots and prefetch, then
+    the first `configs` FP8_CONFIGS, the default, and split counts 2x/4x the chosen one; each fp8
+    cell shows its output's relative difference from the old kernel's as a check."""
+    import llmdeploy_engine.triton_attention as ta
+
+    for n, ctx, configs in sizes:
+
+        def measure(n: int = n, ctx: int = ctx, configs: int = configs) -> str:
+            fn16, nbytes16 = decode_only(n, ctx, torch.bfloat16)
+            bf16_t = bench(fn16)
+            cells = [f"bf16 default: {fmt(bf16_t, nbytes16)}"]
+            fn8, nbytes8 = decode_only(n, ctx, torch.float8_e4m3fn)
+            chosen = ta.choose_num_splits(n, KV_HEADS, ctx, DEV)
+            runs: list[dict[str, Any]] = [dict(kw) for kw in FP8_CONFIGS[:configs]]
+            runs += [{}] + [{"num_splits": min(chosen * f, ta.MAX_SPLITS)} for f in (2, 4)]
+            ref = fn8(**runs[0]).float()
+            for kw in runs:
+                name = ",".join(f"{k}={int(v)}" for k, v in kw.items()) or "default"
+                try:
+                    diff = float((fn8(**kw).float() - ref).norm() / ref.norm())
+                    t = bench(functools.partial(fn8, **kw))
+                except Exception as exc:  # one configuration failing leaves the others' cells
+                    cells.append(f"e4m3 {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                cells.append(f"e4m3 {name}: {fmt(t, nbytes8)} x{bf16_t / t:4.2f} of bf16 (diff {diff:.1e})")
+            return " | ".join(cells)
+
+        row(
+            f"fp8 decode kernel only n={n} ctx={ctx} (chosen splits {ta.choose_num_splits(n, KV_HEADS, ctx, DEV)})",
+            measure,
+        )
 
 
 def prefill_rows(cases: list[tuple[str, list[int], list[int]]]) -> None:
@@ -265,13 +341,18 @@ def graph_capture() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    parser.add_argument("--fp8-only", action="store_true", help="only the fp8 KV rows and configurations")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    if args.fp8_only:
+        fp8_rows([(32, 8192), (1, 8192), (256, 2048)])
+        fp8_tuning_rows([(32, 8192, len(FP8_CONFIGS)), (1, 8192, 5), (256, 2048, 5)])
+        return
     sizes = [(1, 512), (1, 2048), (1, 8192), (32, 2048), (32, 8192), (256, 512), (256, 2048)]
     if args.quick:
         sizes = [(1, 2048), (32, 8192), (256, 1024)]
     decode_rows(sizes)
-    fp8_rows(32, 8192)
+    fp8_rows([(32, 8192), (1, 8192), (256, 2048)])
     prefill_rows(
         [
             ("prefill 8 x 1024 new tokens, no prefix", [1024] * 8, [1024] * 8),

@@ -12,9 +12,13 @@ over the copy (decodes) or one SDPA call per prefill chunk. Here:
 - `varlen_attention` (triton_varlen.py): any mix of prefill chunks, prefix hits, chunked prefill and
   multi-token decode, in one launch.
 
-fp8 caches: K/V tiles are loaded as fp8, converted exactly to the query's 16-bit type, and the
-per-tensor scales are folded in (k_scale into the softmax scale, v_scale into the output), so
-read = stored.float() * scale holds. Grid sizes come only from tensor shapes and host ints carried by
+fp8 caches: K/V tiles are loaded as fp8 and converted exactly to the dot dtype; the per-tensor scales
+are folded in once (k_scale into the softmax scale, v_scale into the output), so
+read = stored.float() * scale holds. A bf16 query over an fp8 cache runs its dots in fp16 (q, K, V
+and P): Hopper converts e4m3/e5m2 to fp16 in one instruction but has no fp8 -> bf16 conversion, and
+fp16 holds every fp8 value and (with the power-of-two rescale in `_fp16_query`) every bf16 query.
+paged_decode over fp8 takes 128-key tiles (half the bytes of a bf16 tile of 64); `PREFETCH` (the
+next tile loaded before the current one's math) is a measured alternative, off by default. Grid sizes come only from tensor shapes and host ints carried by
 the metadata, never from tensor values, so every launch here can be captured in a CUDA graph.
 """
 
@@ -32,6 +36,11 @@ TILE_TOKENS = 64
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 256  # below this a split's partial result costs more than its parallelism gains
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# paged_decode's (keys per tile, warps, pipeline stages, prefetch), by whether the cache is fp8.
+# H200, Llama-3.1-8B layer, 32 x 8k, kernel only, e4m3 (benchmarks/gpu_kernels.py --fp8-only):
+# bf16 dots tile 64 365 us; fp16 dots 334; + prefetch 291; fp16 dots tile 128 no prefetch 260 (the
+# bf16 cache: 263). Prefetch with 128-key tiles spills (890 us), so it stays off there.
+DECODE_CONFIG = {False: (TILE_TOKENS, 4, 3, False), True: (128, 4, 3, False)}
 
 
 @triton.jit
@@ -128,6 +137,32 @@ def write_kv(
 
 
 @triton.jit
+def _fp16_query(q, qk_scale):
+    """q (bf16) as fp16 for tl.dot with fp8 K/V tiles, which convert to fp16 natively on Hopper
+    (fp8 -> bf16 has no single instruction). Every bf16 value up to 65504 is exact in fp16 apart from
+    subnormals below 6.1e-5 (absolute error < 3e-8). Larger |q| would overflow fp16, so the tile is
+    divided by a power of two bringing its largest |q| under 2**15 (exact) and the scores multiplied
+    back through qk_scale: one reduction per program, outside the key loop."""
+    qf = q.to(tl.float32)
+    qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+    shift = tl.where(qmax > 32768.0, tl.exp2(tl.ceil(tl.log2(qmax)) - 15.0), 1.0)
+    return (qf / shift).to(tl.float16), qk_scale * shift
+
+
+@triton.jit
+def _load_kv_tile(k_ptr, v_ptr, table_row, pos, hi, kv_head, stride_kb, stride_kt, stride_kh,
+                  HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):  # fmt: skip
+    """K and V rows at positions pos (< hi; others read as 0 without touching memory), as stored."""
+    valid = pos < hi
+    d = tl.arange(0, HEAD_DIM)
+    block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
+    off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+    k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,
     k_ptr,
@@ -157,6 +192,8 @@ def _paged_decode_kernel(
     TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
+    F16_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -172,27 +209,51 @@ def _paged_decode_kernel(
     qk_scale = scale
     if FP8:
         qk_scale = scale * tl.load(k_scale_ptr)
+    if F16_DOT:
+        # K, V and P follow q's dtype below: fp16 for the dots
+        q, qk_scale = _fp16_query(q, qk_scale)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     t = tl.arange(0, TILE)
     lo = split * split_tokens
     hi = tl.minimum(ctx, lo + split_tokens)
-    for start in range(lo, hi, TILE):
-        pos = start + t
-        valid = pos < hi
-        block = tl.load(tables_ptr + seq * stride_tn + pos // BLOCK_SIZE, mask=valid, other=0)
-        off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-        m_i = m_new
+    table_row = tables_ptr + seq * stride_tn
+    if PREFETCH:
+        # the next tile's K/V are loaded (as stored) before this tile's math: two tiles in flight
+        # per program whatever the compiler's pipelining does with converted loads
+        k_raw, v_raw = _load_kv_tile(k_ptr, v_ptr, table_row, lo + t, hi, kv_head, stride_kb, stride_kt,
+                                     stride_kh, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+        for start in range(lo, hi, TILE):
+            k = k_raw.to(q.dtype)
+            v = v_raw.to(q.dtype)
+            k_raw, v_raw = _load_kv_tile(k_ptr, v_ptr, table_row, start + TILE + t, hi, kv_head,
+                                         stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+            valid = start + t < hi
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            m_i = m_new
+    else:
+        for start in range(lo, hi, TILE):
+            pos = start + t
+            valid = pos < hi
+            block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
+            off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            m_i = m_new
     if FP8:
         acc = acc * tl.load(v_scale_ptr)
     if NUM_SPLITS == 1:
@@ -272,8 +333,11 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,  # None: choose_num_splits
-    tile: int = TILE_TOKENS,  # keys per loop step (a tuning knob: the benchmark times others)
-    num_warps: int = 4,
+    tile: int | None = None,  # keys per loop step; None: DECODE_CONFIG (tuning knobs: the benchmark
+    num_warps: int | None = None,  # times others)
+    num_stages: int | None = None,
+    fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
+    prefetch: bool | None = None,  # load the next K/V tile before this one's math; None: DECODE_CONFIG
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
@@ -282,6 +346,15 @@ def paged_decode(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
+    default_tile, default_warps, default_stages, default_prefetch = DECODE_CONFIG[fp8]
+    prefetch = default_prefetch if prefetch is None else prefetch
+    tile = tile or default_tile
+    num_warps = num_warps or default_warps
+    num_stages = num_stages or default_stages
+    if fp16_dot is None:
+        fp16_dot = fp8 and q.dtype == torch.bfloat16
+    if fp16_dot and q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"fp16 dots need a 16-bit query, got {q.dtype}")
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     if n == 0:
@@ -327,7 +400,10 @@ def paged_decode(
         TILE=tile,
         NUM_SPLITS=num_splits,
         FP8=fp8,
+        F16_DOT=fp16_dot,
+        PREFETCH=prefetch,
         num_warps=num_warps,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(n, num_heads)](

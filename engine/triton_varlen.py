@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 from llmdeploy_engine.attention import VarlenMetadata
-from llmdeploy_engine.triton_attention import check_cache
+from llmdeploy_engine.triton_attention import _fp16_query, check_cache
 
 BLOCK_N = 64
 
@@ -104,6 +104,7 @@ def _varlen_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP8: tl.constexpr,
+    F16_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -125,6 +126,9 @@ def _varlen_kernel(
     qk_scale = scale
     if FP8:
         qk_scale = scale * tl.load(k_scale_ptr)
+    if F16_DOT:
+        # K, V and P follow q's dtype in _attend_tile: fp16 for the dots
+        q, qk_scale = _fp16_query(q, qk_scale)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -159,6 +163,7 @@ def varlen_attention(
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
     block_m: int | None = None,  # rows per program; None: from max_query_len * group (16 to 128)
+    fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context (see the module doc).
     Rows of q that belong to no sequence are left uninitialised."""
@@ -168,6 +173,10 @@ def varlen_attention(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
+    if fp16_dot is None:
+        fp16_dot = fp8 and q.dtype == torch.bfloat16
+    if fp16_dot and q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"fp16 dots need a 16-bit query, got {q.dtype}")
     group = num_heads // num_kv_heads
     num_seqs = meta.query_len.shape[0]
     out = torch.empty_like(q)
@@ -205,6 +214,7 @@ def varlen_attention(
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         FP8=fp8,
+        F16_DOT=fp16_dot,
         num_warps=4 if block_m <= 32 else 8,
         num_stages=2,
     )

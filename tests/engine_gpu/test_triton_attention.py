@@ -211,3 +211,60 @@ def test_write_kv_matches_the_contract(dtype: torch.dtype, cache_dtype: torch.dt
     if fp8:
         with pytest.raises(ValueError, match="k_scale"):
             write_kv(k, v, (caches[0], caches[1]), slots)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("q_mul", [1.0, 1e5])
+def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> None:
+    """bf16 query over an fp8 cache: the fp16-dot path (the default) and the bf16-dot path, with and
+    without the next-tile prefetch, against the float64 reference, including |q| far past fp16's 65504
+    (the kernel rescales q by a power of two)."""
+    from kernel_cases import make_batch, reference, rel_err
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    n, num_heads, num_kv_heads, head_dim, bs = (2, 8, 2, 32, 16) if INTERPRET else (3, 32, 8, 128, 16)
+    ctxs = [150, 40] if INTERPRET else [1000, 333, 17]
+    b = make_batch(
+        [1] * n, ctxs, num_heads, num_kv_heads, head_dim, bs, torch.bfloat16, cache_dtype, DEVICE, 3
+    )
+    b.q = (b.q.float() * q_mul).to(torch.bfloat16)
+    assert q_mul == 1.0 or float(b.q.abs().max()) > 65504
+    scale = head_dim**-0.5 / q_mul
+    ref = reference(b, scale)
+    lengths = torch.tensor(ctxs, device=DEVICE)
+    # the interpreter computes bf16 tl.dot wrongly, fp16 correctly
+    for fp16_dot in (None, True) if INTERPRET else (None, True, False):
+        for splits, prefetch in ((1, True), (4, True), (1, False), (4, False)):
+            out = paged_decode(
+                b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
+                fp16_dot=fp16_dot, prefetch=prefetch,
+            )  # fmt: skip
+            err = rel_err(out, ref)
+            assert err < 2e-2, (fp16_dot, splits, prefetch, err)
+
+
+@pytest.mark.parametrize(
+    "tile,num_warps,num_stages,prefetch",
+    [(32, 4, 3, True), (64, 8, 3, True), (128, 4, 3, True), (128, 8, 3, True), (64, 4, 1, True),
+     (128, 4, 1, True), (128, 4, 3, False), (128, 8, 4, False), (64, 4, 4, False)],
+)  # fmt: skip
+def test_paged_decode_fp8_tuning_configs(tile: int, num_warps: int, num_stages: int, prefetch: bool) -> None:
+    """The fp8 decode configurations the benchmark times (candidates for DECODE_CONFIG) against the
+    float64 reference, bf16 query over e4m3, with and without split-KV."""
+    from kernel_cases import make_batch, reference, rel_err
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    if INTERPRET and tile > 32:
+        pytest.skip("large tiles: checked on the GPU only (interpreter time)")
+    shape = (8, 2, 32, 16) if INTERPRET else (32, 8, 128, 16)
+    ctxs = [150, 40] if INTERPRET else [1000, 333, 17]
+    b = make_batch([1] * len(ctxs), ctxs, *shape, torch.bfloat16, torch.float8_e4m3fn, DEVICE, 6)
+    scale = shape[2] ** -0.5
+    ref = reference(b, scale)
+    lengths = torch.tensor(ctxs, device=DEVICE)
+    for splits in (1, 4):
+        out = paged_decode(
+            b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
+            tile=tile, num_warps=num_warps, num_stages=num_stages, prefetch=prefetch,
+        )  # fmt: skip
+        assert rel_err(out, ref) < 2e-2, splits

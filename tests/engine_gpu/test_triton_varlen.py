@@ -171,3 +171,25 @@ def test_paged_attention_dispatch_mixed_batch(cache_dtype: torch.dtype) -> None:
         ref_cache = (before[0].clone(), before[1].clone())
         torch_out = _paged_attention(q, k, v, ref_cache, meta, scale)
         assert rel_err(out, torch_out.double().cpu()) < 2e-2
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("q_mul", [1.0, 1e5])
+def test_varlen_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> None:
+    """bf16 query over an fp8 cache: fp16 dots (the default) and bf16 dots against the float64
+    reference, including |q| far past fp16's 65504 (the kernel rescales q by a power of two)."""
+    from llmdeploy_engine.triton_varlen import varlen_attention
+
+    qlens, ctxs = ([9, 1, 3], [9, 20, 150]) if INTERPRET else ([37, 1, 120, 4], [37, 200, 161, 40])
+    shape = (8, 2, 32, 16) if INTERPRET else (32, 8, 128, 16)
+    b = make_batch(qlens, ctxs, *shape, torch.bfloat16, cache_dtype, DEVICE, seed=4)
+    b.q = (b.q.float() * q_mul).to(torch.bfloat16)
+    assert q_mul == 1.0 or float(b.q.abs().max()) > 65504
+    scale = shape[2] ** -0.5 / q_mul
+    ref = reference(b, scale)
+    for fp16_dot in (None, True) if INTERPRET else (None, True, False):
+        out = varlen_attention(
+            b.q, b.k_cache, b.v_cache, meta_of(b, DEVICE), scale, b.k_scale, b.v_scale, fp16_dot=fp16_dot
+        )
+        err = rel_err(out, ref)
+        assert err < 2e-2, (fp16_dot, err)
