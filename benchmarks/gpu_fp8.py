@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import _import_engine, log, sync
+from engine_path import import_engine
+from gpu_bench import log, sync
 
-_import_engine()
+import_engine()
 
 import torch  # noqa: E402
 from llmdeploy_engine import attention  # noqa: E402

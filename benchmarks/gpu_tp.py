@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import sys
@@ -30,22 +29,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _import_engine() -> None:
-    """Use the checkout's engine/ as `llmdeploy_engine` when the package is not installed."""
-    sys.path.insert(0, str(ROOT))
-    if importlib.util.find_spec("llmdeploy_engine") is None:
-        spec = importlib.util.spec_from_file_location(
-            "llmdeploy_engine",
-            ROOT / "engine" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "engine")],
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["llmdeploy_engine"] = module
-        spec.loader.exec_module(module)
+from engine_path import import_engine  # noqa: E402
 
-
-_import_engine()
+import_engine()
 
 import torch  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
