@@ -236,7 +236,8 @@ def plan_builtin(inputs: PlanInputs) -> MemoryPlan:
 
 def builtin_graph_bytes(inputs: PlanInputs, seqs: int) -> int:
     """What the built-in engine sets aside for its decode CUDA graphs (builtin_rule.cuda_graph_bytes);
-    assumes the Triton decode kernel is installed, which it uses for 16-bit caches of the model's dtype."""
+    assumes the Triton kernels are installed, which read 16-bit caches of the model's dtype and fp8
+    caches in place (a float32 model or another cache dtype takes the gathering torch path)."""
     spec, tp = inputs.spec, inputs.tensor_parallel_size
     return builtin_rule.cuda_graph_bytes(
         max_num_seqs=seqs,
@@ -248,7 +249,8 @@ def builtin_graph_bytes(inputs: PlanInputs, seqs: int) -> int:
         kv_size=max(1, spec.num_kv_heads // tp) * spec.head_dim,
         vocab_size=spec.vocab_size,
         dtype_bytes=inputs.model_dtype_bytes,
-        gathered_kv=inputs.model_dtype_bytes == 4 or inputs.kv_dtype_bytes != inputs.model_dtype_bytes,
+        gathered_kv=inputs.model_dtype_bytes == 4
+        or inputs.kv_dtype_bytes not in (inputs.model_dtype_bytes, 1),
     )
 
 
