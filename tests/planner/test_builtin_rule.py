@@ -33,21 +33,24 @@ def test_cuda_graph_shapes() -> None:
     assert cuda_graph_context_buckets(3000, 16) == (8, 16, 32, 64, 128, 188)
 
 
+# Llama-3.1-8B shape, bf16, 256 sequences, 2048 tokens (the builtin plan's defaults for that model)
+LLAMA_8B_GRAPH_SHAPE = dict(
+    max_num_seqs=256,
+    max_model_len=2048,
+    block_size=16,
+    hidden_size=4096,
+    intermediate_size=14336,
+    q_size=4096,
+    kv_size=1024,
+    vocab_size=128256,
+    dtype_bytes=2,
+)
+
+
 def test_cuda_graph_bytes_terms() -> None:
     from llmdeploy.planner.builtin_rule import CUDA_GRAPH_FIXED_BYTES, cuda_graph_bytes
 
-    # Llama-3.1-8B shape, bf16, 256 sequences, 2048 tokens
-    shape = dict(
-        max_num_seqs=256,
-        max_model_len=2048,
-        block_size=16,
-        hidden_size=4096,
-        intermediate_size=14336,
-        q_size=4096,
-        kv_size=1024,
-        vocab_size=128256,
-        dtype_bytes=2,
-    )
+    shape = LLAMA_8B_GRAPH_SHAPE
     triton = cuda_graph_bytes(**shape, gathered_kv=False)
     act = 256 * (5 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 14336) * 2 + 256 * 2 * 4096 * 4
     logits = 64 * 128256 * 10
@@ -73,18 +76,7 @@ def test_builtin_plan_sets_graph_memory_aside_like_the_engine() -> None:
         max_model_len=2048,
     )
     plan = plan_from_inputs(inputs)
-    expected = cuda_graph_bytes(
-        max_num_seqs=256,
-        max_model_len=2048,
-        block_size=16,
-        hidden_size=4096,
-        intermediate_size=14336,
-        q_size=4096,
-        kv_size=1024,
-        vocab_size=128256,
-        dtype_bytes=2,
-        gathered_kv=False,
-    )
+    expected = cuda_graph_bytes(**LLAMA_8B_GRAPH_SHAPE, gathered_kv=False)
     assert plan.cuda_graph_gib == expected / GIB
     eager = plan_from_inputs(replace(inputs, enforce_eager=True))
     assert eager.cuda_graph_gib == 0
