@@ -45,8 +45,8 @@ if [ "$phase" = check ]; then
         tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py &
     wait
     echo "single-GPU tests took $(($(date +%s) - start)) s"
-    tests 0,1 tp 150 tests/engine_gpu/test_tensor_parallel_gpu.py -k "nccl or not symm_mem"
-    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 benchmarks/gpu_tp.py --allreduce nccl --out "$out/gpu_tp.json" \
+    tests 0,1 tp 150 tests/engine_gpu/test_tensor_parallel_gpu.py
+    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 benchmarks/gpu_tp.py --allreduce auto,nccl --out "$out/gpu_tp.json" \
         >"$out/gpu_tp.log" 2>&1
     echo "exit $?" >>"$out/gpu_tp.log"
     summary "$out"/t_*.log

@@ -3,7 +3,8 @@
 Random Llama-3.1-8B (architecture from llmdeploy's catalog, no hub), bf16, CUDA graphs on: one
 request with a 128-token prompt and 256 greedy output tokens (ignore_eos); end-to-end and decode
 tok/s per tensor_parallel_size, the tp=N / tp=1 ratio (target on 2 H200s: >= 1.5x) for each
-all-reduce path asked for (--allreduce nccl,symm_mem), and how many of the greedy tokens agree (bf16 sums in another order may flip a near tie, so this is reported, not
+all-reduce path asked for (--allreduce auto,nccl,symm_mem: auto = symmetric memory on CUDA, which
+CUDA graphs at tp > 1 need; nccl alone runs tp > 1 eagerly), and how many of the greedy tokens agree (bf16 sums in another order may flip a near tie, so this is reported, not
 asserted). JSON to --out (a file, or a folder that gets gpu_tp.json); the table is printed last.
 
 GPU (from the repository root, 2 GPUs visible):
@@ -139,8 +140,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU dry run)")
     parser.add_argument(
         "--allreduce",
-        default="nccl",
-        help="comma-separated all-reduce paths to time at tp=N: nccl, symm_mem (CUDA; opt-in)",
+        default="auto",
+        help="comma-separated all-reduce paths to time at tp=N: auto, nccl (eager at tp > 1), symm_mem",
     )
     parser.add_argument("--out", type=Path, default=None, help="JSON file, or folder for gpu_tp.json")
     args = parser.parse_args()

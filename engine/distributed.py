@@ -8,6 +8,7 @@ torch.distributed call is made, so single-device runs never need a process group
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger("llmdeploy_engine")
 
 # NVLink multicast (NCCL NVLS, symmetric-memory multimem) stays off: see the device notes; a worker
 # started with its own environment must keep these too.
@@ -45,9 +48,16 @@ class ParallelState:
 
 SINGLE = ParallelState()
 COLLECTIVE_TIMEOUT_S = 300
-# LLMDEPLOY_TP_ALLREDUCE=symm_mem: decode-sized all-reduces (up to this many bytes) as one kernel that
-# reads every peer's buffer over NVLink (torch symmetric memory, no multicast); default: NCCL only
+# LLMDEPLOY_TP_ALLREDUCE picks the all-reduce of decode-sized tensors (up to the symmetric buffer's
+# bytes): `auto` (default) = on CUDA one kernel that reads every peer's buffer over NVLink (torch
+# symmetric memory, no multicast) when it sets up, else NCCL; `symm_mem` = that kernel or fail;
+# `nccl` = NCCL only. Larger tensors (prefill steps) always go through NCCL.
+# CUDA graphs of tensor-parallel decode steps need the symmetric-memory path: on 2 H200s (torch 2.11,
+# NCCL 2.28) graphs with NCCL collectives inside replayed correctly but destroy_process_group() never
+# returned afterwards (benchmarks/tp_graph_diag.py, docs/gpu-notes.md), so collectives are refused
+# during a capture (`all_reduce`/`all_gather` raise) and the engine runs eagerly without the fast path.
 ALLREDUCE_ENV = "LLMDEPLOY_TP_ALLREDUCE"
+ALLREDUCE_CHOICES = ("auto", "nccl", "symm_mem")
 SYMM_MEM_MAX_BYTES = 1 << 20
 
 
@@ -61,8 +71,11 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_parallel(rank: int, world_size: int, port: int, device: torch.device) -> ParallelState:
-    """Join (rank 0: create) the tensor-parallel group on 127.0.0.1:port; returns the state for layers."""
+def init_parallel(
+    rank: int, world_size: int, port: int, device: torch.device, symm_mem_bytes: int = SYMM_MEM_MAX_BYTES
+) -> ParallelState:
+    """Join (rank 0: create) the tensor-parallel group on 127.0.0.1:port; returns the state for layers.
+    symm_mem_bytes: size of the symmetric buffer (the largest all-reduce the fast path takes)."""
     if world_size == 1:
         return SINGLE
     for key, value in SAFE_NCCL_ENV.items():
@@ -89,17 +102,26 @@ def init_parallel(rank: int, world_size: int, port: int, device: torch.device) -
     all_reduce(probe, state)
     if int(probe.item()) != world_size:
         raise RuntimeError(f"tensor-parallel group check failed: all-reduce gave {probe.item()}")
-    choice = os.environ.get(ALLREDUCE_ENV, "nccl")
-    if choice not in ("nccl", "symm_mem"):
-        raise ValueError(f"{ALLREDUCE_ENV}={choice!r}: use nccl or symm_mem")
-    if choice == "symm_mem":
-        if device.type != "cuda":
-            raise ValueError(f"{ALLREDUCE_ENV}=symm_mem needs CUDA devices")
-        state = ParallelState(rank, world_size, state.group, SymmMemAllReduce(state, device))
+    choice = os.environ.get(ALLREDUCE_ENV, "auto")
+    if choice not in ALLREDUCE_CHOICES:
+        raise ValueError(f"{ALLREDUCE_ENV}={choice!r}: use {', '.join(ALLREDUCE_CHOICES)}")
+    if choice == "symm_mem" and device.type != "cuda":
+        raise ValueError(f"{ALLREDUCE_ENV}=symm_mem needs CUDA devices")
+    if choice == "nccl" or device.type != "cuda":
+        return state
+    try:
+        fast = SymmMemAllReduce(state, device, max(symm_mem_bytes, 8 * 4))
+        fast_state = ParallelState(rank, world_size, state.group, fast)
         probe = torch.ones(8, device=device)
-        if float(all_reduce(probe, state).sum()) != 8 * world_size:
-            raise RuntimeError("tensor-parallel symmetric-memory all-reduce check failed")
-    return state
+        ok = float(all_reduce(probe, fast_state).sum()) == 8 * world_size
+    except Exception as exc:  # every rank fails the same way (same build, same devices)
+        if choice == "symm_mem":
+            raise
+        logger.warning("symmetric-memory all-reduce unavailable (%s); using NCCL only", exc)
+        return state
+    if not ok:
+        raise RuntimeError("tensor-parallel symmetric-memory all-reduce check failed")
+    return fast_state
 
 
 class SymmMemAllReduce:
@@ -134,6 +156,15 @@ def destroy_parallel(state: ParallelState) -> None:
         dist.destroy_process_group()
 
 
+def _refuse_in_capture(what: str, x: torch.Tensor) -> None:
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"NCCL {what} of {tuple(x.shape)} {x.dtype} inside a CUDA graph capture: the process group "
+            "could not be destroyed afterwards (see engine/distributed.py); the symmetric-memory buffer "
+            "must cover every captured all-reduce"
+        )
+
+
 def all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
     """Sum over ranks; use the result (NCCL sums x in place and returns it, the symmetric-memory path
     returns a new tensor). x itself at world size 1."""
@@ -143,6 +174,7 @@ def all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
     if fast is not None and x.is_cuda and fast.fits(x):
         result: torch.Tensor = fast(x)
         return result
+    _refuse_in_capture("all-reduce", x)
     dist.all_reduce(x, group=state.group)
     return x
 
@@ -152,6 +184,7 @@ def all_gather(x: torch.Tensor, state: ParallelState, dim: int = -1) -> torch.Te
     if not state.is_parallel:
         return x
     x = x.contiguous()
+    _refuse_in_capture("all-gather", x)
     if x.device.type == "cuda":
         out = torch.empty((state.world_size, *x.shape), dtype=x.dtype, device=x.device)
         dist.all_gather_into_tensor(out, x, group=state.group)

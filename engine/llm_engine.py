@@ -94,18 +94,26 @@ class LLMEngine:
             from llmdeploy_engine.model_runner import ModelRunner
 
             runner = model_runner = ModelRunner(config)
-            if runner.device.type == "cuda" and not config.enforce_eager and model_runner.workers is not None:
-                # measured on 2 H200s: the first graph replay with NCCL collectives inside never
-                # completed (docs/gpu-notes.md), so tensor-parallel steps run eagerly until that is fixed
-                logger.warning(
-                    "CUDA graphs are not used with tensor_parallel_size > 1 yet (see docs/gpu-notes.md); "
-                    "decode steps run eagerly"
-                )
-            elif runner.device.type == "cuda" and not config.enforce_eager:
-                # decode steps replayed from CUDA graphs captured now (docs/gpu-notes.md)
-                from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+            if runner.device.type == "cuda" and not config.enforce_eager:
+                if model_runner.graphs_with_tensor_parallel:
+                    # decode steps replayed from CUDA graphs captured now (docs/gpu-notes.md); with
+                    # tensor parallelism every rank captures the same graphs (all-reduces over
+                    # symmetric memory inside, the logits' all-gather outside)
+                    from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 
-                runner = CudaGraphRunner(runner)
+                    model_runner.capture_graphs_on_workers()
+                    if model_runner.workers is not None:
+                        runner = CudaGraphRunner(runner, logits_max_batch=0)
+                    else:
+                        runner = CudaGraphRunner(runner)
+                else:
+                    from llmdeploy_engine.distributed import ALLREDUCE_ENV
+
+                    logger.warning(
+                        "CUDA graphs with tensor_parallel_size > 1 need the symmetric-memory all-reduce "
+                        "(%s=nccl or its set-up failed); decode steps run eagerly",
+                        ALLREDUCE_ENV,
+                    )
             if model_runner.workers is not None:  # tensor parallel: steps go to ranks 1..N-1 first
                 from llmdeploy_engine.tp_worker import TensorParallelDriver
 

@@ -239,7 +239,21 @@ class ModelRunner:
             self.workers = WorkerGroup.start(self.config, port, self.device.type)
         elif port is None:
             raise ValueError("a tensor-parallel worker needs the rendezvous port")
-        self.parallel = init_parallel(rank, tp, port, self.device)
+        self.parallel = init_parallel(rank, tp, port, self.device, self._symm_mem_bytes())
+
+    def _symm_mem_bytes(self) -> int:
+        """Bytes of the largest all-reduce inside a decode CUDA graph (rows of the largest graph x
+        hidden size, float32 at most): the symmetric-memory buffer must take every one of them."""
+        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_BATCH_SIZES
+
+        rows = max((b for b in CUDA_GRAPH_BATCH_SIZES if b <= self.config.max_num_seqs), default=1)
+        return rows * self.model_config.hidden_size * 4
+
+    @property
+    def graphs_with_tensor_parallel(self) -> bool:
+        """Whether decode steps may be captured in CUDA graphs at this tensor-parallel size: always at
+        tp 1; at tp > 1 only with the symmetric-memory all-reduce (no NCCL inside a graph)."""
+        return not self.parallel.is_parallel or self.parallel.fast_all_reduce is not None
 
     def capture_graphs_on_workers(self) -> None:
         """Tell ranks 1..N-1 to capture their CUDA graphs now (rank 0 captures right after)."""

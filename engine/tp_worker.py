@@ -179,6 +179,11 @@ def main() -> int:
     if kind != "init":
         raise RuntimeError(f"tp_worker: expected an init message, got {kind!r}")
     _die_with_parent(parent_pid)
+    hang_dump_s = os.environ.get("LLMDEPLOY_HANG_DUMP_S")
+    if hang_dump_s:  # diagnosis (benchmarks/tp_graph_diag.py): print this rank's stack if still busy then
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(hang_dump_s), exit=False)
     logging.basicConfig(level=logging.WARNING, format=f"[tp rank {rank}] %(levelname)s %(message)s")
 
     import torch
@@ -200,7 +205,7 @@ def main() -> int:
         elif msg[0] == "capture_graphs":
             from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 
-            top = CudaGraphRunner(runner)
+            top = CudaGraphRunner(runner, logits_max_batch=0)  # as rank 0: the all-gather stays eager
         elif msg[0] == "close":
             break
         else:
