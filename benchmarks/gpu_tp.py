@@ -100,12 +100,22 @@ def single_stream(
         t_start = time.perf_counter()
         first: float | None = None
         tokens: list[int] = []
+        steps = 0
+        profiled = 0.0
+        kernels: dict[str, Any] = {}
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            steps += 1
+            if steps == 64 and args.profile_steps and args.device == "cuda":
+                t_prof = time.perf_counter()
+                kernels, outs = profile_decode(engine, args.profile_steps)
+                profiled = time.perf_counter() - t_prof  # left out of the timings
+            else:
+                outs = engine.step()
+            for out in outs:
                 if first is None and out.outputs[0].token_ids:
                     first = time.perf_counter()
                 tokens = list(out.outputs[0].token_ids)
-        end = time.perf_counter()
+        end = time.perf_counter() - profiled
     finally:
         engine.close()
     assert first is not None and len(tokens) == args.output_len, (first, len(tokens))
@@ -119,12 +129,46 @@ def single_stream(
         "tok_s": len(tokens) / total,
         "decode_tok_s": (len(tokens) - 1) / decode if decode > 0 else float("nan"),
     }
+    if kernels:
+        res["profile"] = kernels
     log(f"tp={tp}: {res}")
     del engine
     gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return res, tokens
+
+
+def profile_decode(engine: LLMEngine, num_steps: int) -> tuple[dict[str, Any], list[Any]]:
+    """Rank 0's CUDA kernels over num_steps decode steps (each step's outputs kept): kernel ms and
+    launches per step, wall ms per step, and the top kernels by time per step."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    outputs: list[Any] = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(num_steps):
+            outputs += engine.step()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    per_name: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == DeviceType.CUDA:
+            entry = per_name.setdefault(ev.name[:70], [0.0, 0.0])
+            entry[0] += 1
+            entry[1] += ev.time_range.elapsed_us()
+    top = sorted(per_name.items(), key=lambda kv: -kv[1][1])[:12]
+    result = {
+        "wall_ms_per_step": wall / num_steps * 1e3,
+        "kernel_ms_per_step": sum(v[1] for v in per_name.values()) / num_steps * 1e-3,
+        "kernels_per_step": sum(v[0] for v in per_name.values()) / num_steps,
+        "top": [(name, round(v[0] / num_steps, 1), round(v[1] / num_steps, 1)) for name, v in top],
+    }
+    for name, count, us in result["top"]:
+        log(f"    {us:8.1f} us/step {count:6.1f}x  {name}")
+    return result, outputs
 
 
 def main() -> int:
@@ -142,6 +186,9 @@ def main() -> int:
         "--allreduce",
         default="auto",
         help="comma-separated all-reduce paths to time at tp=N: auto, nccl (eager at tp > 1), symm_mem",
+    )
+    parser.add_argument(
+        "--profile-steps", type=int, default=0, help="profile this many decode steps on rank 0 (0: none)"
     )
     parser.add_argument("--out", type=Path, default=None, help="JSON file, or folder for gpu_tp.json")
     args = parser.parse_args()

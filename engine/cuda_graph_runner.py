@@ -128,6 +128,19 @@ class CudaGraphRunner:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
 
+    def release_graphs(self) -> None:
+        """Drop the captured graphs (before a tensor-parallel group is destroyed); execute runs eagerly
+        afterwards."""
+        for g in self.graphs.values():
+            g.graph.reset()
+        self.graphs.clear()
+        self.batch_sizes = ()
+
+    def close(self) -> None:
+        """Release the graphs, then close the wrapped runner (tensor-parallel workers and group)."""
+        self.release_graphs()
+        self.runner.close()
+
     def _extend_startup_report(self) -> Any:
         """The runner's StartupReport with the graphs' measured memory and time (the runner's too)."""
         report = getattr(self.runner, "startup_report", None)

@@ -261,11 +261,17 @@ class ModelRunner:
             self.workers.send(("capture_graphs",))
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers and leave the process group (no-op at tp 1)."""
+        """Stop the tensor-parallel workers and leave the process group (no-op at tp 1). Every rank
+        leaves at the same time: with symmetric memory the teardown waits for all ranks (measured on
+        2 H200s: a worker leaving alone hung until rank 0 left too)."""
         if self.workers is not None:
-            self.workers.close()
-        destroy_parallel(self.parallel)
-        self.parallel = SINGLE
+            self.workers.request_close()
+        try:
+            destroy_parallel(self.parallel)
+        finally:
+            self.parallel = SINGLE
+            if self.workers is not None:
+                self.workers.close()
 
     # phase: load
     def _load_model(self) -> CausalLM:

@@ -113,8 +113,8 @@ class WorkerGroup:
                 except (BrokenPipeError, OSError) as exc:
                     raise RuntimeError(f"tensor-parallel worker rank {rank} is gone ({exc})") from exc
 
-    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Ask every worker to stop, wait up to timeout_s for all of them, kill what is left."""
+    def request_close(self) -> None:
+        """Ask every worker to stop (they leave the process group, then exit); returns at once."""
         if self.closing:
             return
         self.closing = True
@@ -123,6 +123,10 @@ class WorkerGroup:
                 assert proc.stdin is not None
                 _send(proc.stdin, ("close",))
                 proc.stdin.close()
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Ask every worker to stop, wait up to timeout_s for all of them, kill what is left."""
+        self.request_close()
         deadline = time.monotonic() + timeout_s
         for proc in self.procs:
             try:
@@ -210,6 +214,10 @@ def main() -> int:
             break
         else:
             raise RuntimeError(f"tp_worker: unknown command {msg[0]!r}")
+    release = getattr(top, "release_graphs", None)
+    if callable(release):
+        release()
+    # rank 0 leaves the group at the same time (freeing symmetric memory takes every rank)
     destroy_parallel(runner.parallel)
     return 0
 
