@@ -150,6 +150,22 @@ class SymmMemAllReduce:
         out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging, "sum", self.group_name)
         return out.view(x.shape)
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        """all-reduce of x @ weight.T with the product written by the GEMM into this rank's buffer (no
+        staging copy); None when the product does not fit (the caller goes through NCCL)."""
+        rows, cols = x.shape[0], weight.shape[0]
+        nbytes = rows * cols * x.element_size()
+        if (
+            x.dtype != weight.dtype
+            or x.dtype not in (torch.bfloat16, torch.float32)
+            or nbytes > self.max_bytes
+        ):
+            return None
+        staging = self.buffer[:nbytes].view(x.dtype).view(rows, cols)
+        torch.mm(x, weight.t(), out=staging)
+        out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging.view(-1), "sum", self.group_name)
+        return out.view(rows, cols)
+
 
 def destroy_parallel(state: ParallelState) -> None:
     if state.is_parallel and dist.is_initialized():
