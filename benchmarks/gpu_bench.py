@@ -329,8 +329,12 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     timers = StepTimers(engine, dev)
     gen = torch.Generator().manual_seed(0)
 
-    # warm-up (first kernels, allocator)
+    # warm-up (first kernels, allocator, and the Triton kernels' compiled variants of mixed
+    # prefill + decode steps: 16 prompts of the throughput run's length range, another seed)
     run_requests(engine, [torch.randint(0, 256, (64,), generator=gen).tolist()] * 4, [8] * 4, None, dev)
+    warm_lens = torch.randint(100, 1025, (16,), generator=torch.Generator().manual_seed(2)).tolist()
+    warm_prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in warm_lens]
+    run_requests(engine, warm_prompts, [16] * 16, None, dev)
 
     # single stream
     prompt_len, out_len = 128, args.single_tokens
