@@ -25,6 +25,13 @@ the float cast) into one float32 buffer shared by those graphs, so a single-stre
 nothing but the copy and the replay; the returned logits are a view of that buffer, valid until the
 next `execute`. Larger graphs return hidden states and the logits are computed eagerly (one matmul).
 
+Multi-step decoding (`execute_multi_step`, num_scheduler_steps > 1): a decode window replays one
+graph, picked for the context of the window's LAST step, once per step. Every step's positions,
+slots and context lengths (and the block tables, once) are known on the host, packed into a second
+pinned buffer and sent in one copy; per step, a device copy moves that step's inputs into the graph's
+static buffers, the input ids are the previous step's argmax (gathered so padding rows keep
+repeating row 0's token: they rewrite row 0's slot, which must get row 0's K/V), and the argmax lands in an [N, b] device tensor read back once at the end.
+
 Memory: the planner's builtin rule (`cuda_graph_bytes`) sets the graphs' memory aside before the KV
 cache is sized; after capture the measured figure is added to the start-up report.
 """
@@ -42,6 +49,7 @@ import numpy as np
 import torch
 from llmdeploy_engine.attention import AttentionMetadata
 from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.multi_step import check_decode_window, last_step_batch, pack_window_steps
 
 from llmdeploy.planner.builtin_rule import (
     CUDA_GRAPH_BATCH_SIZES,
@@ -121,6 +129,10 @@ class CudaGraphRunner:
         self._host_np = self._host.numpy()
         self._copied = torch.cuda.Event()
         self._logits: torch.Tensor | None = None  # shared output of the graphs that compute logits
+        # multi-step windows: their own pinned buffer (grown on demand), event and device copy
+        self._window_host = torch.zeros(0, dtype=torch.long)
+        self._window_dev: torch.Tensor | None = None
+        self._window_copied = torch.cuda.Event()
         self.report = self._capture_all()
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
@@ -239,6 +251,58 @@ class CudaGraphRunner:
         )
         logits: torch.Tensor = self.runner.model.compute_logits(hidden)
         return logits
+
+    @torch.inference_mode()
+    def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
+        """A decode window (multi_step.py): num_steps greedy steps replayed from one graph, each fed
+        the previous step's argmax on the device; the sampled ids [num_steps][num_seqs] after one sync.
+        Batches no graph serves run the wrapped runner's eager window."""
+        check_decode_window(batch, num_steps, self.block_size)
+        g = self._pick(last_step_batch(batch, num_steps))
+        if g is None:
+            result: list[list[int]] = self.runner.execute_multi_step(batch, num_steps)
+            return result
+        n, b, nb = batch.num_seqs, g.batch_size, g.num_blocks
+        step0 = b * (4 + nb)  # step 0 exactly as `execute` packs it
+        size = step0 + b + (num_steps - 1) * 3 * b  # + padding gather index + later steps' inputs
+        host = self._window_buffer(size)
+        pack_decode_inputs(host, batch, b, nb)
+        host[step0 : step0 + b] = np.concatenate((np.arange(n), np.zeros(b - n, dtype=np.int64)))
+        later = host[step0 + b : size].reshape(num_steps - 1, 3, b)
+        tables = host[4 * b : step0].reshape(b, nb)
+        pack_window_steps(later, tables, host[b : 2 * b], num_steps, self.block_size)
+        if self._window_dev is None or self._window_dev.numel() < size:
+            self._window_dev = torch.empty(
+                self._window_host.numel(), dtype=torch.long, device=g.packed.device
+            )
+        dev = self._window_dev[:size]
+        dev.copy_(self._window_host[:size], non_blocking=True)
+        self._window_copied.record()
+        gather = dev[step0 : step0 + b]
+        later_dev = dev[step0 + b :].view(max(num_steps - 1, 0), 3 * b)
+        sampled = torch.empty(num_steps, n, dtype=torch.long, device=g.packed.device)
+        g.packed.copy_(dev[:step0])
+        for k in range(num_steps):
+            if k:
+                g.packed[b : 4 * b].copy_(later_dev[k - 1])
+                torch.index_select(sampled[k - 1], 0, gather, out=g.ids)
+            g.graph.replay()
+            if g.logits is not None:
+                logits = g.logits[:n]
+            else:
+                assert g.hidden is not None
+                logits = self.runner.model.compute_logits(g.hidden[:n])
+            torch.argmax(logits, dim=-1, out=sampled[k])
+        self.num_replays += num_steps
+        return sampled.tolist()  # type: ignore[no-any-return]
+
+    def _window_buffer(self, size: int) -> np.ndarray:
+        """The window's pinned host buffer as numpy, at least `size` long, once the previous window's
+        copy has left it."""
+        self._window_copied.synchronize()
+        if self._window_host.numel() < size:
+            self._window_host = torch.zeros(size, dtype=torch.long, pin_memory=True)
+        return self._window_host.numpy()
 
 
 def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) -> int:

@@ -4,6 +4,16 @@ Each request's `SamplingParams.output_kind` says what it gets back: CUMULATIVE (
 far, every step it advanced), DELTA (what is new since its previous output) or FINAL_ONLY (one output
 at finish; no per-step outputs are built, and without stop strings no per-token detokenization).
 
+Multi-step decoding (`num_scheduler_steps` = N > 1): when a scheduled step is pure decode, nothing
+waits, speculative decoding is off, the runner has `execute_multi_step` and every sequence's next
+tokens are plain greedy (no logprobs, penalties or unmet min_tokens), the runner runs up to N decode
+steps back to back, feeding each step's argmax to the next on the device, with one host sync at the
+end (the scheduler reserved the slots: `Scheduler.reserve_decode_window`). The tokens then go
+through the same per-token stop checks in order; a sequence that stops at step k drops the later
+ones. Anything else (sampled or seeded requests, logprobs, prefills, a waiting queue) runs one step.
+Trade-off: a request that arrives during a window waits up to N - 1 steps, and streamed outputs come
+in chunks of up to N tokens.
+
 Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call
 must come from one thread (AsyncLLMEngine runs it on its own loop thread).
 """
@@ -74,6 +84,7 @@ class _Request:
     # DELTA outputs: per sequence, (characters of text, tokens, logprob entries) already handed out
     sent: list[tuple[int, int, int]] = field(default_factory=list)
     needs_history: bool = False  # the sampler reads the sequences' tokens (penalties, min_tokens)
+    device_greedy: bool = False  # its tokens are the argmax of the logits once min_tokens is met
 
     @property
     def finished(self) -> bool:
@@ -136,6 +147,14 @@ class LLMEngine:
             from llmdeploy_engine.spec_decode.speculator import build_speculator
 
             self.speculator = build_speculator(config, runner, self.sampler)
+        self.num_scheduler_steps = 1
+        if config.num_scheduler_steps > 1:
+            if self.speculator is not None:
+                logger.warning("num_scheduler_steps is ignored with speculative decoding: one step per call")
+            elif not callable(getattr(runner, "execute_multi_step", None)):
+                logger.warning("num_scheduler_steps is ignored: this runner has no multi-step decoding")
+            else:
+                self.num_scheduler_steps = config.num_scheduler_steps
         self.requests: dict[str, _Request] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -237,6 +256,7 @@ class LLMEngine:
             cumulative_logprobs=[0.0 for _ in seqs],
             sent=[(0, 0, 0) for _ in seqs],
             needs_history=params.needs_token_history,
+            device_greedy=_device_greedy(params),
         )
         self.requests[request_id] = req
         for seq in seqs:
@@ -272,6 +292,12 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
         if self.speculator is not None:
             out = self.speculator.fill(out, self.scheduler, self.requests)
+        elif self.num_scheduler_steps > 1:
+            max_steps = self._window_limit(out)
+            if max_steps > 1:
+                out, num_steps = self.scheduler.reserve_decode_window(out, max_steps)
+                if num_steps > 1:
+                    return self._process_window(out, self.runner.execute_multi_step(out.batch, num_steps))
         logits = self.runner.execute(out.batch)
         self.scheduler.update_computed(out)
         if out.batch.num_logits is not None:
@@ -281,6 +307,42 @@ class LLMEngine:
     def _num_tokens_left(self, seq: Sequence) -> int:
         checker = self.requests[seq.request_id].checkers[seq.index]
         return min(checker.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+
+    def _window_limit(self, out: SchedulerOutput) -> int:
+        """How many decode steps this scheduled step may run back to back: 1 unless every sequence's
+        next tokens are plain greedy, else num_scheduler_steps cut to the longest remaining output
+        (steps past every sequence's max_tokens would be thrown away)."""
+        longest = 1
+        requests = self.requests
+        for entry in out.scheduled:
+            seq = entry.seq
+            req = requests[seq.request_id]
+            if not req.device_greedy or seq.num_output_tokens < req.params.min_tokens:
+                return 1
+            longest = max(longest, req.checkers[seq.index].max_tokens - seq.num_output_tokens)
+        return min(self.num_scheduler_steps, longest)
+
+    def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
+        """After a decode window: per sequence, step k's token is appended (its fed token now counts as
+        computed) through the per-token stop checks; a stop drops the later steps' tokens, and their
+        KV, never counted as computed, is never registered in the prefix cache."""
+        now = time.time()
+        bm = self.block_manager
+        bs = bm.block_size
+        touched: dict[str, _Request] = {}
+        finished_any = False
+        for i, entry in enumerate(out.scheduled):
+            seq = entry.seq
+            req = self.requests[seq.request_id]
+            for step_tokens in sampled:
+                seq.num_computed_tokens += 1
+                if seq.num_computed_tokens % bs == 0:
+                    bm.cache_full_blocks(seq)
+                if self._append_token(seq, req, step_tokens[i], None, now):
+                    finished_any = True
+                    break
+            touched[req.request_id] = req
+        return self._collect_outputs(touched, now, finished_any)
 
     def _process_verified(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
         """Speculative step: append each sequence's verified tokens through the per-token stop checks;
@@ -457,3 +519,15 @@ class LLMEngine:
             "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
             "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos),
         }
+
+
+def _device_greedy(params: SamplingParams) -> bool:
+    """The request's tokens are the logits' argmax (once min_tokens is met) and nothing else is read
+    from the logits: a multi-step window can pick them on the device."""
+    return (
+        params.greedy
+        and params.logprobs is None
+        and params.repetition_penalty == 1.0
+        and params.frequency_penalty == 0.0
+        and params.presence_penalty == 0.0
+    )

@@ -29,6 +29,7 @@ from llmdeploy_engine.distributed import (
 )
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model import CausalLM
+from llmdeploy_engine.multi_step import check_decode_window, step_batch
 from llmdeploy_engine.startup_report import StartupReport
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -401,3 +402,21 @@ class ModelRunner:
         if len(rows) == n and rows == list(range(n)):
             return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[packed[2 * n :]])
+
+    @torch.inference_mode()
+    def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
+        """A decode window (multi_step.py): `num_steps` greedy steps back to back, each fed the previous
+        step's argmax on the device; returns the sampled ids [num_steps][num_seqs] after one sync.
+        Each step computes what `execute` computes for it, so the tokens are those of single steps."""
+        check_decode_window(batch, num_steps, self.block_size)
+        ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        sampled = torch.empty(num_steps, batch.num_seqs, dtype=torch.long, device=self.device)
+        for k in range(num_steps):
+            step = step_batch(batch, k, self.block_size)
+            positions = torch.tensor(step.positions, dtype=torch.long).to(self.device, non_blocking=True)
+            meta = build_attention_metadata(step, self.block_size, self.device)
+            hidden = self.model(ids, positions, meta, self.kv_caches)
+            ids = self.model.compute_logits(hidden).argmax(dim=-1)
+            sampled[k] = ids
+        result: list[list[int]] = sampled.tolist()
+        return result
