@@ -1,0 +1,179 @@
+"""Multi-step decoding on the default GGUF (CPU, float32, the real ModelRunner): greedy outputs with
+num_scheduler_steps 4 and 8 are token-identical to one step per call (different lengths, stops inside
+a window, n > 1, a request added mid-run, prefix-cache hits, a preemption-prone pool), block
+accounting returns to all-free, token counters match, and DELTA streams concatenate to the same text.
+The runner-level check compares a window with single `execute` steps plus the sampler's argmax."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from engine_model_helpers import BlockPlan, make_batch
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.llm_engine import LLMEngine
+from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.multi_step import step_batch
+from llmdeploy_engine.outputs import RequestOutput
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
+from llmdeploy_engine.tokenizer import Tokenizer
+
+SHARED = "You are a careful assistant. Answer briefly and precisely. " * 3
+PROMPTS = ["Hello, my name is", "The capital of France is", SHARED + "What is 2 + 2?", "def add(a, b):\n"]
+MAX_TOKENS = [13, 21, 9, 17]  # none a multiple of 4 or 8
+
+
+class Recording:
+    """The shared session runner, recording each window's length; with num_kv_blocks, seen through a
+    smaller block pool (the engine's block manager only hands out the first num_kv_blocks blocks)."""
+
+    def __init__(self, runner: ModelRunner, num_kv_blocks: int | None = None) -> None:
+        self.runner = runner
+        self.windows: list[int] = []
+        if num_kv_blocks is not None:
+            self.num_kv_blocks = num_kv_blocks
+            self.max_model_len = num_kv_blocks * runner.block_size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def execute_multi_step(self, batch: Any, num_steps: int) -> list[list[int]]:
+        self.windows.append(num_steps)
+        return self.runner.execute_multi_step(batch, num_steps)
+
+
+def make_engine(runner: Any, tokenizer: Tokenizer, gguf: Path, steps: int, **kw: Any) -> LLMEngine:
+    config = EngineConfig(
+        model=str(gguf), device="cpu", max_num_batched_tokens=256, num_scheduler_steps=steps, **kw
+    )
+    return LLMEngine(config, runner=runner, tokenizer=tokenizer)
+
+
+def run(
+    engine: LLMEngine,
+    requests: list[tuple[str, Any, SamplingParams]],
+    later: list[tuple[str, Any, SamplingParams]] = (),  # type: ignore[assignment]
+    add_later_at: int = 3,
+) -> tuple[dict[str, RequestOutput], dict[str, list[RequestOutput]]]:
+    for rid, prompt, params in requests:
+        engine.add_request(rid, prompt, params)
+    final: dict[str, RequestOutput] = {}
+    stream: dict[str, list[RequestOutput]] = {}
+    n_step = 0
+    while engine.has_unfinished_requests() or (n_step <= add_later_at and bool(later)):
+        if n_step == add_later_at:
+            for rid, prompt, params in later:
+                engine.add_request(rid, prompt, params)
+        n_step += 1
+        for out in engine.step():
+            stream.setdefault(out.request_id, []).append(out)
+            if out.finished:
+                final[out.request_id] = out
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks, "KV blocks leaked"
+    return final, stream
+
+
+def summary(final: dict[str, RequestOutput]) -> dict[str, list[tuple[Any, ...]]]:
+    return {
+        rid: [(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in out.outputs]
+        for rid, out in sorted(final.items())
+    }
+
+
+def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference_text(runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path) -> list[RequestOutput]:
+    engine = make_engine(runner, tokenizer, gguf_path, 1)
+    final, _ = run(engine, [(f"r{i}", p, greedy(24, ignore_eos=True)) for i, p in enumerate(PROMPTS)])
+    return [final[f"r{i}"] for i in range(len(PROMPTS))]
+
+
+def test_runner_window_equals_single_steps(runner: ModelRunner) -> None:
+    plan = BlockPlan(runner, per_seq_tokens=64, first_block=0)
+    prompts = [[1, 504, 3458, 314, 253], [1, 2000, 42, 7, 9, 11, 13, 99, 105]]
+    prefill = make_batch(plan, [0, 1], prompts, [0, 0])
+    first = runner.execute(prefill).argmax(dim=-1).tolist()
+    lengths = [len(p) for p in prompts]
+    decode = make_batch(plan, [0, 1], [[t] for t in first], lengths)
+    num_steps = 6
+    window = runner.execute_multi_step(decode, num_steps)
+    caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    # the same steps one at a time (they rewrite the same slots with the same values)
+    ids = first
+    expected = []
+    for k in range(num_steps):
+        step = make_batch(plan, [0, 1], [[t] for t in ids], [p + k for p in lengths])
+        assert step.slot_mapping == step_batch(decode, k, runner.block_size).slot_mapping
+        ids = runner.execute(step).argmax(dim=-1).tolist()
+        expected.append(ids)
+    assert window == expected
+    for (k0, v0), (k1, v1) in zip(caches, runner.kv_caches, strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+def test_greedy_windows_are_token_identical(
+    runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path, reference_text: list[RequestOutput]
+) -> None:
+    ref_ids = [r.outputs[0].token_ids for r in reference_text]
+    stop_text = reference_text[1].outputs[0].text
+    stop = stop_text[len(stop_text) // 2 : len(stop_text) // 2 + 3]
+    assert stop.strip()
+    requests = [
+        ("len", PROMPTS[0], greedy(MAX_TOKENS[0], ignore_eos=True)),
+        ("stop-str", PROMPTS[1], greedy(MAX_TOKENS[1], ignore_eos=True, stop=[stop])),
+        ("stop-id", PROMPTS[0], greedy(MAX_TOKENS[1], stop_token_ids=[ref_ids[0][5]])),
+        ("n2", PROMPTS[3], greedy(MAX_TOKENS[3], n=2, ignore_eos=True)),
+        # the reference continues this with EOS a few tokens later
+        ("eos", tokenizer.encode(PROMPTS[2]) + ref_ids[2][:7], greedy(30)),
+    ]
+    later = [("late", SHARED + "Name a colour.", greedy(11, ignore_eos=True))]
+    results = {}
+    for steps in (1, 4, 8):
+        recording = Recording(runner)
+        engine = make_engine(recording, tokenizer, gguf_path, steps)
+        final, _ = run(engine, requests, later)
+        assert (max(recording.windows, default=1) == steps) and all(w <= steps for w in recording.windows)
+        stats = engine.stats()
+        results[steps] = (summary(final), stats.generation_tokens_total, stats.prompt_tokens_total)
+        assert final["late"].num_cached_tokens > 0  # a prefix-cache hit on the shared system prompt
+    assert results[4] == results[1]
+    assert results[8] == results[1]
+    got = results[1][0]
+    assert got["stop-id"][0][3] == ref_ids[0][5] and got["stop-id"][0][0] == ref_ids[0][:6]
+    assert got["eos"][0][2] == "stop" and got["eos"][0][3] is None and 2 < len(got["eos"][0][0]) < 30
+    assert got["stop-str"][0][2] == "stop" and got["stop-str"][0][3] == stop
+    assert got["len"][0][0] == ref_ids[0][: MAX_TOKENS[0]]
+    assert results[1][1] == sum(len(c[0]) for outs in got.values() for c in outs)
+
+
+def test_windows_under_a_small_pool(runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path) -> None:
+    pool = Recording(runner, num_kv_blocks=9)  # 144 slots for 4 x (prompt + 40) tokens
+    requests = [(f"p{i}", p, greedy(40, ignore_eos=True)) for i, p in enumerate(PROMPTS[:2] + PROMPTS[3:])]
+    requests.append(("p3", "Once upon a time", greedy(40, ignore_eos=True)))
+    results = []
+    for steps in (1, 8):
+        engine = make_engine(pool, tokenizer, gguf_path, steps)
+        final, _ = run(engine, requests)
+        results.append((summary(final), engine.stats().generation_tokens_total))
+        assert engine.stats().num_preemptions > 0
+    assert results[1] == results[0]
+    assert pool.windows and max(pool.windows) == 8
+
+
+def test_delta_stream_concatenates_to_the_same_text(
+    runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path, reference_text: list[RequestOutput]
+) -> None:
+    params = greedy(24, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    engine = make_engine(runner, tokenizer, gguf_path, 8)
+    final, stream = run(engine, [("d", PROMPTS[1], params)])
+    chunks = stream["d"]
+    assert "".join(o.outputs[0].text for o in chunks) == reference_text[1].outputs[0].text
+    assert [t for o in chunks for t in o.outputs[0].token_ids] == reference_text[1].outputs[0].token_ids
+    assert [len(o.outputs[0].token_ids) for o in chunks] == [1, 8, 8, 7]  # the prefill's token, windows
+    assert final["d"].finished
