@@ -263,14 +263,9 @@ class CudaGraphRunner:
             result: list[list[int]] = self.runner.execute_multi_step(batch, num_steps)
             return result
         n, b, nb = batch.num_seqs, g.batch_size, g.num_blocks
-        step0 = b * (4 + nb)  # step 0 exactly as `execute` packs it
-        size = step0 + b + (num_steps - 1) * 3 * b  # + padding gather index + later steps' inputs
-        host = self._window_buffer(size)
-        pack_decode_inputs(host, batch, b, nb)
-        host[step0 : step0 + b] = np.concatenate((np.arange(n), np.zeros(b - n, dtype=np.int64)))
-        later = host[step0 + b : size].reshape(num_steps - 1, 3, b)
-        tables = host[4 * b : step0].reshape(b, nb)
-        pack_window_steps(later, tables, host[b : 2 * b], num_steps, self.block_size)
+        step0 = b * (4 + nb)
+        size = window_size(b, nb, num_steps)
+        pack_decode_window(self._window_buffer(size), batch, num_steps, b, nb, self.block_size)
         if self._window_dev is None or self._window_dev.numel() < size:
             self._window_dev = torch.empty(
                 self._window_host.numel(), dtype=torch.long, device=g.packed.device
@@ -303,6 +298,28 @@ class CudaGraphRunner:
         if self._window_host.numel() < size:
             self._window_host = torch.zeros(size, dtype=torch.long, pin_memory=True)
         return self._window_host.numpy()
+
+
+def window_size(b: int, nb: int, num_steps: int) -> int:
+    """int64 values `pack_decode_window` writes for a graph of b rows and nb context blocks."""
+    return b * (4 + nb) + b + (num_steps - 1) * 3 * b
+
+
+def pack_decode_window(
+    out: np.ndarray, batch: ForwardBatch, num_steps: int, b: int, nb: int, block_size: int
+) -> int:
+    """Lay a decode window out for a graph of b rows and nb blocks: step 0 exactly as
+    `pack_decode_inputs` packs it (ids, positions, slots, lengths, block tables), then the padding
+    gather index (b: rows past the batch take row 0's sampled token), then per later step its
+    positions, slots and lengths (3 x b). Returns the number of int64 written."""
+    n = batch.num_seqs
+    step0 = pack_decode_inputs(out, batch, b, nb)
+    out[step0 : step0 + n] = np.arange(n)
+    out[step0 + n : step0 + b] = 0
+    size = window_size(b, nb, num_steps)
+    later = out[step0 + b : size].reshape(num_steps - 1, 3, b)
+    pack_window_steps(later, out[4 * b : step0].reshape(b, nb), out[b : 2 * b], num_steps, block_size)
+    return size
 
 
 def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) -> int:

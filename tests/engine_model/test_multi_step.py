@@ -177,3 +177,44 @@ def test_delta_stream_concatenates_to_the_same_text(
     assert [t for o in chunks for t in o.outputs[0].token_ids] == reference_text[1].outputs[0].token_ids
     assert [len(o.outputs[0].token_ids) for o in chunks] == [1, 8, 8, 7]  # the prefill's token, windows
     assert final["d"].finished
+
+
+def test_graph_window_packing_equals_each_steps_packing() -> None:
+    """The CUDA-graph window layout (built on the CPU): step 0 as a single replay packs it, every later
+    step's positions, slots and lengths as a single replay of that step would pack them, padding rows
+    repeating row 0, and the gather index sending padding rows row 0's token."""
+    import numpy as np
+    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, pack_decode_window, window_size
+
+    bs, b, nb, num_steps = 4, 4, 6, 5
+    tables = [[9, 2, 14, 3, 7], [5, 11, 0, 8], [1, 12, 6]]
+    positions = [13, 6, 2]  # 13 + 4 = 17: the window's last step is in the fifth block
+    batch = make_batch_from_tables(tables, positions, ids=[101, 102, 103], bs=bs)
+    out = np.full(window_size(b, nb, num_steps) + 3, -1, dtype=np.int64)
+    size = pack_decode_window(out, batch, num_steps, b, nb, bs)
+    assert size == window_size(b, nb, num_steps) and (out[size:] == -1).all()
+    step0 = b * (4 + nb)
+    single = np.zeros(step0, dtype=np.int64)
+    assert pack_decode_inputs(single, batch, b, nb) == step0
+    assert (out[:step0] == single).all()
+    assert out[step0 : step0 + b].tolist() == [0, 1, 2, 0]
+    later = out[step0 + b : size].reshape(num_steps - 1, 3 * b)
+    for k in range(1, num_steps):
+        pack_decode_inputs(single, step_batch(batch, k, bs), b, nb)
+        assert (later[k - 1] == single[b : 4 * b]).all(), k
+
+
+def make_batch_from_tables(tables: list[list[int]], positions: list[int], ids: list[int], bs: int) -> Any:
+    from llmdeploy_engine.forward_batch import ForwardBatch
+
+    n = len(tables)
+    return ForwardBatch(
+        input_ids=ids,
+        positions=positions,
+        slot_mapping=[t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)],
+        query_start=list(range(n)),
+        query_len=[1] * n,
+        context_len=[p + 1 for p in positions],
+        block_tables=tables,
+        sample_indices=list(range(n)),
+    )
