@@ -325,23 +325,37 @@ class LLMEngine:
     def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """After a decode window: per sequence, step k's token is appended (its fed token now counts as
         computed) through the per-token stop checks; a stop drops the later steps' tokens, and their
-        KV, never counted as computed, is never registered in the prefix cache."""
+        KV, never counted as computed, is never registered in the prefix cache. (The per-token path
+        of `_append_token`, inlined; a window never holds a sequence's first token.)"""
         now = time.time()
         bm = self.block_manager
         bs = bm.block_size
+        requests = self.requests
         touched: dict[str, _Request] = {}
         finished_any = False
+        num_appended = 0
         for i, entry in enumerate(out.scheduled):
             seq = entry.seq
-            req = self.requests[seq.request_id]
+            req = requests[seq.request_id]
+            checker = req.checkers[seq.index]
+            num_prompt = seq.num_prompt_tokens
             for step_tokens in sampled:
                 seq.num_computed_tokens += 1
                 if seq.num_computed_tokens % bs == 0:
                     bm.cache_full_blocks(seq)
-                if self._append_token(seq, req, step_tokens[i], None, now):
+                token_id = step_tokens[i]
+                seq.append_token(token_id)
+                num_appended += 1
+                num_tokens = seq.num_tokens
+                status = checker.on_token(token_id, num_tokens - num_prompt, num_tokens)
+                if status is not None:
+                    seq.stop_reason = checker.stop_reason
+                    self.scheduler.finish(seq, status)
                     finished_any = True
                     break
+            req.metrics.last_token_time = now
             touched[req.request_id] = req
+        self._generation_tokens_total += num_appended
         return self._collect_outputs(touched, now, finished_any)
 
     def _process_verified(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
