@@ -218,3 +218,102 @@ def make_batch_from_tables(tables: list[list[int]], positions: list[int], ids: l
         block_tables=tables,
         sample_indices=list(range(n)),
     )
+
+
+# ---- the CUDA-graph runner's window logic, on the CPU ----------------------------------------------
+
+
+class _Replay:
+    """Stands in for a captured CUDA graph: replay() runs the captured forward eagerly on the graph's
+    static buffers (the same tensors a real replay reads and writes)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+class _NoEvent:
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+def cpu_graph_runner(runner: ModelRunner, logits_max_batch: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A CudaGraphRunner over the CPU runner whose graphs replay eagerly (batch sizes 1, 2, 4, 8;
+    context buckets of 8, 16, 32 blocks); everything else is the class's own code."""
+    from llmdeploy_engine import cuda_graph_runner as cgr
+
+    class CpuGraphRunner(cgr.CudaGraphRunner):
+        def _window_buffer(self, size: int) -> Any:  # unpinned: no CUDA here
+            if self._window_host.numel() < size:
+                self._window_host = torch.zeros(size, dtype=torch.long)
+            return self._window_host.numpy()
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    g_runner = object.__new__(CpuGraphRunner)
+    g_runner.runner = runner
+    g_runner.block_size = runner.block_size
+    g_runner.block_buckets = (8, 16, 32)
+    g_runner.batch_sizes = (1, 2, 4, 8)
+    g_runner.logits_max_batch = logits_max_batch
+    g_runner.graphs = {}
+    g_runner.num_replays = 0
+    g_runner._host = torch.zeros(8 * (4 + 32), dtype=torch.long)
+    g_runner._host_np = g_runner._host.numpy()
+    g_runner._copied = _NoEvent()
+    g_runner._window_host = torch.zeros(0, dtype=torch.long)
+    g_runner._window_dev = None
+    g_runner._window_copied = _NoEvent()
+    vocab = runner.model_config.vocab_size
+    g_runner._logits = torch.zeros(min(logits_max_batch, 8), vocab)
+    for b in g_runner.batch_sizes:
+        for nb in g_runner.block_buckets:
+            g = cgr._DecodeGraph(b, nb, runner.block_size, runner.device)
+            g.hidden = torch.zeros(b, runner.model_config.hidden_size)
+            if b <= logits_max_batch:
+                g.logits = g_runner._logits[:b]
+
+            def forward(g: Any = g) -> None:
+                with torch.inference_mode():
+                    g.hidden.copy_(runner.model(g.ids, g.positions, g.meta(), runner.kv_caches))
+                    if g.logits is not None:
+                        g.logits.copy_(runner.model.compute_logits(g.hidden))
+
+            g.graph = _Replay(forward)
+            g_runner.graphs[(b, nb)] = g
+    return g_runner
+
+
+@pytest.mark.parametrize("logits_max_batch", [8, 2])  # logits inside the "graph" / computed after it
+def test_graph_runner_window_logic_on_cpu(
+    runner: ModelRunner, logits_max_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CudaGraphRunner.execute_multi_step with eager stand-in graphs: the window replays one graph
+    picked for its last step's context (here crossing from the 8- to the 16-block bucket), feeds
+    padding rows row 0's token, and gives the tokens of single graph replays and of the eager window;
+    a sequence outside the batch keeps its KV."""
+    graphs = cpu_graph_runner(runner, logits_max_batch, monkeypatch)
+    plan = BlockPlan(runner, per_seq_tokens=160, first_block=0)
+    lengths = [5, 30, 125, 60]  # 125 + 6 steps crosses 128 tokens = 8 blocks of 16
+    prompts = [[(97 * i + 13 * j) % 4000 + 50 for i in range(n)] for j, n in enumerate(lengths)]
+    first = runner.execute(make_batch(plan, [0, 1, 2, 3], prompts, [0] * 4)).argmax(-1).tolist()
+    active = [0, 1, 2]  # three sequences: padded to the 4-row graph
+    num_steps = 6
+    decode = make_batch(plan, active, [[first[i]] for i in active], [lengths[i] for i in active])
+    idle = plan.table(3)
+    before = [(k[idle].clone(), v[idle].clone()) for k, v in runner.kv_caches]
+    window = graphs.execute_multi_step(decode, num_steps)
+    assert graphs.num_replays == num_steps
+    for (k, v), (k0, v0) in zip(runner.kv_caches, before, strict=True):
+        assert torch.equal(k[idle], k0) and torch.equal(v[idle], v0)
+    ids = [first[i] for i in active]
+    single = []
+    for k in range(num_steps):
+        step = make_batch(plan, active, [[t] for t in ids], [lengths[i] + k for i in active])
+        ids = graphs.execute(step).argmax(-1).tolist()
+        single.append(ids)
+    assert graphs.num_replays == 2 * num_steps
+    assert window == single
+    assert runner.execute_multi_step(decode, num_steps) == single
