@@ -50,6 +50,8 @@ import torch
 from llmdeploy_engine.attention import AttentionMetadata
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.multi_step import check_decode_window, last_step_batch, pack_window_steps
+from llmdeploy_engine.sampler import WindowSampler
+from llmdeploy_engine.sampling_params import SamplingParams
 
 from llmdeploy.planner.builtin_rule import (
     CUDA_GRAPH_BATCH_SIZES,
@@ -104,6 +106,8 @@ class _DecodeGraph:
 
 class CudaGraphRunner:
     """Wraps a CUDA ModelRunner; `execute` has the runner's contract. Other attributes pass through."""
+
+    multi_step_sampling = True  # execute_multi_step takes per-sequence params and a seed
 
     def __init__(
         self,
@@ -253,14 +257,21 @@ class CudaGraphRunner:
         return logits
 
     @torch.inference_mode()
-    def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
-        """A decode window (multi_step.py): num_steps greedy steps replayed from one graph, each fed
-        the previous step's argmax on the device; the sampled ids [num_steps][num_seqs] after one sync.
+    def execute_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """A decode window (multi_step.py): num_steps steps replayed from one graph, each fed the
+        tokens the previous step chose on the device (as ModelRunner.execute_multi_step: argmax, or
+        `WindowSampler` draws after the replay); the ids [num_steps][num_seqs] after one sync.
         Batches no graph serves run the wrapped runner's eager window."""
         check_decode_window(batch, num_steps, self.block_size)
         g = self._pick(last_step_batch(batch, num_steps))
         if g is None:
-            result: list[list[int]] = self.runner.execute_multi_step(batch, num_steps)
+            result: list[list[int]] = self.runner.execute_multi_step(batch, num_steps, params, seed)
             return result
         n, b, nb = batch.num_seqs, g.batch_size, g.num_blocks
         step0 = b * (4 + nb)
@@ -276,6 +287,7 @@ class CudaGraphRunner:
         gather = dev[step0 : step0 + b]
         later_dev = dev[step0 + b :].view(max(num_steps - 1, 0), 3 * b)
         sampled = torch.empty(num_steps, n, dtype=torch.long, device=g.packed.device)
+        sampler = WindowSampler(params, self.runner.model_config.vocab_size, g.packed.device, seed)
         g.packed.copy_(dev[:step0])
         for k in range(num_steps):
             if k:
@@ -287,7 +299,7 @@ class CudaGraphRunner:
             else:
                 assert g.hidden is not None
                 logits = self.runner.model.compute_logits(g.hidden[:n])
-            torch.argmax(logits, dim=-1, out=sampled[k])
+            sampler.sample(logits, sampled[k])
         self.num_replays += num_steps
         return sampled.tolist()  # type: ignore[no-any-return]
 

@@ -6,11 +6,14 @@ at finish; no per-step outputs are built, and without stop strings no per-token 
 
 Multi-step decoding (`num_scheduler_steps` = N > 1): when a scheduled step is pure decode, nothing
 waits, speculative decoding is off, the runner has `execute_multi_step` and every sequence's next
-tokens are plain greedy (no logprobs, penalties or unmet min_tokens), the runner runs up to N decode
-steps back to back, feeding each step's argmax to the next on the device, with one host sync at the
-end (the scheduler reserved the slots: `Scheduler.reserve_decode_window`). The tokens then go
-through the same per-token stop checks in order; a sequence that stops at step k drops the later
-ones. Anything else (sampled or seeded requests, logprobs, prefills, a waiting queue) runs one step.
+tokens can be chosen on the device (greedy, or, when the runner has `multi_step_sampling`, unseeded
+sampling with temperature / top-k / top-p / min-p; never logprobs, penalties or unmet min_tokens),
+the runner runs up to N decode steps back to back, feeding each step's tokens to the next on the
+device, with one host sync at the end (the scheduler reserved the slots:
+`Scheduler.reserve_decode_window`). The tokens then go through the same per-token stop checks in
+order; a sequence that stops at step k drops the later ones. Anything else (seeded requests,
+logprobs, penalties, prefills, a waiting queue) runs one step. Sampled tokens in a window are
+drawn from the same distribution as `Sampler.sample` draws them, with the window's own noise.
 Trade-off: a request that arrives during a window waits up to N - 1 steps, and streamed outputs come
 in chunks of up to N tokens.
 
@@ -84,7 +87,8 @@ class _Request:
     # DELTA outputs: per sequence, (characters of text, tokens, logprob entries) already handed out
     sent: list[tuple[int, int, int]] = field(default_factory=list)
     needs_history: bool = False  # the sampler reads the sequences' tokens (penalties, min_tokens)
-    device_greedy: bool = False  # its tokens are the argmax of the logits once min_tokens is met
+    # its tokens can be chosen on the device once min_tokens is met: 1 greedy, 2 unseeded sampling
+    window_kind: int = 0
 
     @property
     def finished(self) -> bool:
@@ -155,6 +159,7 @@ class LLMEngine:
                 logger.warning("num_scheduler_steps is ignored: this runner has no multi-step decoding")
             else:
                 self.num_scheduler_steps = config.num_scheduler_steps
+        self._window_sampling = bool(getattr(runner, "multi_step_sampling", False))
         self.requests: dict[str, _Request] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -256,7 +261,7 @@ class LLMEngine:
             cumulative_logprobs=[0.0 for _ in seqs],
             sent=[(0, 0, 0) for _ in seqs],
             needs_history=params.needs_token_history,
-            device_greedy=_device_greedy(params),
+            window_kind=_window_kind(params),
         )
         self.requests[request_id] = req
         for seq in seqs:
@@ -293,11 +298,17 @@ class LLMEngine:
         if self.speculator is not None:
             out = self.speculator.fill(out, self.scheduler, self.requests)
         elif self.num_scheduler_steps > 1:
-            max_steps = self._window_limit(out)
+            max_steps, sampled_rows = self._window_limit(out)
             if max_steps > 1:
                 out, num_steps = self.scheduler.reserve_decode_window(out, max_steps)
                 if num_steps > 1:
-                    return self._process_window(out, self.runner.execute_multi_step(out.batch, num_steps))
+                    if sampled_rows:
+                        params = [e.seq.params for e in out.scheduled]
+                        seed = self.sampler.window_seed()
+                        ids = self.runner.execute_multi_step(out.batch, num_steps, params, seed)
+                    else:
+                        ids = self.runner.execute_multi_step(out.batch, num_steps)
+                    return self._process_window(out, ids)
         logits = self.runner.execute(out.batch)
         self.scheduler.update_computed(out)
         if out.batch.num_logits is not None:
@@ -308,19 +319,23 @@ class LLMEngine:
         checker = self.requests[seq.request_id].checkers[seq.index]
         return min(checker.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
 
-    def _window_limit(self, out: SchedulerOutput) -> int:
-        """How many decode steps this scheduled step may run back to back: 1 unless every sequence's
-        next tokens are plain greedy, else num_scheduler_steps cut to the longest remaining output
-        (steps past every sequence's max_tokens would be thrown away)."""
+    def _window_limit(self, out: SchedulerOutput) -> tuple[int, bool]:
+        """(how many decode steps this scheduled step may run back to back, whether a row samples):
+        1 unless every sequence's next tokens can be chosen on the device, else num_scheduler_steps
+        cut to the longest remaining output (steps past every max_tokens would be thrown away)."""
         longest = 1
+        sampled_rows = False
         requests = self.requests
+        top_kind = 2 if self._window_sampling else 1
         for entry in out.scheduled:
             seq = entry.seq
             req = requests[seq.request_id]
-            if not req.device_greedy or seq.num_output_tokens < req.params.min_tokens:
-                return 1
+            kind = req.window_kind
+            if not 0 < kind <= top_kind or seq.num_output_tokens < req.params.min_tokens:
+                return 1, False
+            sampled_rows = sampled_rows or kind == 2
             longest = max(longest, req.checkers[seq.index].max_tokens - seq.num_output_tokens)
-        return min(self.num_scheduler_steps, longest)
+        return min(self.num_scheduler_steps, longest), sampled_rows
 
     def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """After a decode window: per sequence, step k's token is appended (its fed token now counts as
@@ -535,13 +550,18 @@ class LLMEngine:
         }
 
 
-def _device_greedy(params: SamplingParams) -> bool:
-    """The request's tokens are the logits' argmax (once min_tokens is met) and nothing else is read
-    from the logits: a multi-step window can pick them on the device."""
-    return (
-        params.greedy
-        and params.logprobs is None
+def _window_kind(params: SamplingParams) -> int:
+    """How a multi-step window can choose the request's tokens on the device (once min_tokens is
+    met; nothing else may be read from the logits): 1 greedy (argmax), 2 unseeded sampling (the
+    runner's `WindowSampler`), 0 not at all (logprobs, penalties, a seed)."""
+    plain = (
+        params.logprobs is None
         and params.repetition_penalty == 1.0
         and params.frequency_penalty == 0.0
         and params.presence_penalty == 0.0
     )
+    if not plain:
+        return 0
+    if params.greedy:
+        return 1
+    return 2 if params.seed is None else 0

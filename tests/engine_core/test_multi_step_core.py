@@ -252,3 +252,56 @@ def test_blocks_filled_inside_a_window_are_registered_for_later_hits() -> None:
         hits.append(eng.stats().prefix_cache_hits_tokens)
     # 6 + 17 tokens, the last one never computed: 22 computed, 5 full blocks of 4
     assert hits == [20, 20]
+
+
+class SamplingFakeRunner(MultiStepFakeRunner):
+    """A runner that declares on-device sampling: records what each window was given (the fake
+    'samples' by argmax, so the tokens stay those of the greedy rule)."""
+
+    multi_step_sampling = True
+
+    def __init__(self, **kw):  # type: ignore[no-untyped-def]
+        super().__init__(**kw)
+        self.given: list[tuple[list[float], int | None]] = []
+
+    def execute_multi_step(self, batch, num_steps, params=None, seed=None):  # type: ignore[no-untyped-def]
+        self.given.append(([p.temperature for p in params] if params else [], seed))
+        return super().execute_multi_step(batch, num_steps)
+
+
+def test_unseeded_sampling_runs_windows_only_on_runners_that_sample() -> None:
+    sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, ignore_eos=True)
+    eng, runner = engine(4)  # argmax-only runner: sampled requests run single steps
+    eng.add_request("s", [1, 2], sampled)
+    run_all(eng)
+    assert runner.windows == []
+
+    fake = SamplingFakeRunner()
+    eng = LLMEngine(
+        EngineConfig(model="fake", num_scheduler_steps=4),
+        runner=fake,
+        tokenizer=FakeTokenizer(),
+        sampler=SeededFakeSampler(),
+    )
+    eng.add_request("s", [1, 2], sampled)
+    eng.add_request("g", [3, 4], greedy(max_tokens=12, ignore_eos=True))
+    eng.add_request("seeded", [5], SamplingParams(temperature=0.7, max_tokens=3, seed=1, ignore_eos=True))
+    run_all(eng)
+    # windows only after the seeded request finished; each got every row's params and a seed
+    assert fake.windows and all(temps == [0.7, 0.0] and seed == 42 for temps, seed in fake.given)
+    # all-greedy windows pass no params or seed
+    fake = SamplingFakeRunner()
+    eng = LLMEngine(
+        EngineConfig(model="fake", num_scheduler_steps=4),
+        runner=fake,
+        tokenizer=FakeTokenizer(),
+        sampler=FakeSampler(),
+    )
+    eng.add_request("g", [3, 4], greedy(max_tokens=12, ignore_eos=True))
+    run_all(eng)
+    assert fake.windows and fake.given == [([], None)] * len(fake.windows)
+
+
+class SeededFakeSampler(FakeSampler):
+    def window_seed(self) -> int:
+        return 42

@@ -102,6 +102,17 @@ def test_graph_windows_match_graph_single_steps(runner: ModelRunner, logits_max_
         torch.testing.assert_close(v1, v0, rtol=1e-4, atol=1e-5)
     # and the eager window (the fallback for batches no graph serves) agrees too
     assert runner.execute_multi_step(decode, num_steps) == single
+    # sampled rows: the graph window and the eager window draw the same tokens from the same seed
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.2, top_k=20, min_p=0.01),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=0),
+    ]
+    drawn = graphs.execute_multi_step(decode, num_steps, params, 1234)
+    assert drawn == runner.execute_multi_step(decode, num_steps, params, 1234)
+    assert [row[1] for row in drawn] == [row[1] for row in single]  # greedy rows: argmax as before
 
 
 def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:

@@ -39,9 +39,9 @@ class Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
 
-    def execute_multi_step(self, batch: Any, num_steps: int) -> list[list[int]]:
+    def execute_multi_step(self, batch: Any, num_steps: int, *sampling: Any) -> list[list[int]]:
         self.windows.append(num_steps)
-        return self.runner.execute_multi_step(batch, num_steps)
+        return self.runner.execute_multi_step(batch, num_steps, *sampling)
 
 
 def make_engine(runner: Any, tokenizer: Tokenizer, gguf: Path, steps: int, **kw: Any) -> LLMEngine:
@@ -317,3 +317,76 @@ def test_graph_runner_window_logic_on_cpu(
     assert graphs.num_replays == 2 * num_steps
     assert window == single
     assert runner.execute_multi_step(decode, num_steps) == single
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.9),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.5),
+    ]
+    drawn = graphs.execute_multi_step(decode, num_steps, params, 99)
+    assert drawn == runner.execute_multi_step(decode, num_steps, params, 99)
+    assert [row[1] for row in drawn] == [row[1] for row in single]
+    assert [row[2] for row in drawn] != [row[2] for row in single]  # temperature 1.5: it sampled
+
+
+# ---- sampling inside a window ----------------------------------------------------------------------
+
+CHI2_DF5_P001 = 20.515  # chi-square critical value, 5 degrees of freedom, significance 0.001
+
+
+def test_window_sampler_draws_from_the_samplers_distribution() -> None:
+    from llmdeploy_engine.sampler import Sampler, WindowSampler
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 6, generator=gen) * 2
+    params = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=4),
+        SamplingParams(temperature=1.0, top_p=0.8, min_p=0.05),
+        SamplingParams(temperature=0),
+    ]
+    want = Sampler(set()).processed_probs(logits, params, [[]] * 4, [[]] * 4).double()
+    sampler = WindowSampler(params, 6, torch.device("cpu"), seed=7)
+    trials = 20_000
+    counts = torch.zeros(4, 6, dtype=torch.float64)
+    out = torch.empty(4, dtype=torch.long)
+    for _ in range(trials):
+        sampler.sample(logits, out)
+        counts[torch.arange(4), out] += 1
+    assert counts[3, int(logits[3].argmax())] == trials  # the greedy row
+    for row in range(3):
+        support = want[row] > 0
+        assert (counts[row][~support] == 0).all(), "drew a filtered token"
+        expected = want[row][support] * trials
+        chi2 = float(((counts[row][support] - expected) ** 2 / expected).sum())
+        assert chi2 < CHI2_DF5_P001, (row, chi2)
+    # the same seed gives the same draws (every tensor-parallel rank gets the window's seed)
+    a, b = WindowSampler(params, 6, torch.device("cpu"), 3), WindowSampler(params, 6, torch.device("cpu"), 3)
+    draws = []
+    for s in (a, b):
+        rows = []
+        for _ in range(20):
+            s.sample(logits, out)
+            rows.append(out.tolist())
+        draws.append(rows)
+    assert draws[0] == draws[1]
+
+
+def test_sampled_and_greedy_requests_share_windows(
+    runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path, reference_text: list[RequestOutput]
+) -> None:
+    sampled = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=24, ignore_eos=True)
+    requests = [("g", PROMPTS[1], greedy(24, ignore_eos=True)), ("s", PROMPTS[0], sampled)]
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(11)
+        recording = Recording(runner)
+        engine = make_engine(recording, tokenizer, gguf_path, 8)
+        final, _ = run(engine, requests)
+        assert recording.windows and max(recording.windows) == 8
+        runs.append(summary(final))
+    # the greedy row is unchanged by sharing windows with a sampled one
+    assert runs[0]["g"][0][0] == reference_text[1].outputs[0].token_ids
+    s = runs[0]["s"][0]
+    assert len(s[0]) == 24 and s[2] == "length"
+    assert s[0] != reference_text[0].outputs[0].token_ids  # it sampled (greedy would repeat the reference)
+    assert runs[1] == runs[0]  # the window seeds come from torch's seeded generator

@@ -46,3 +46,24 @@ def test_tp2_windows_match_tp1_single_steps(checkpoint: Path) -> None:
     got, windows = run(2, 4)
     assert windows and max(windows) == 4
     assert got == ref
+
+
+def test_tp2_sampled_windows_match_tp1(checkpoint: Path) -> None:
+    """Rank 1 draws with the window's seed too: a sampled request's tokens are those of tp=1 windows
+    with the same seeds (float32, so the logits agree far below the draws' resolution)."""
+    prompts = ["Hello, my name is", "tensor parallel"]
+    params = [
+        SamplingParams(temperature=0.9, top_k=50, max_tokens=17, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=17, ignore_eos=True),
+    ]
+
+    def run(tp: int) -> list[list[int]]:
+        engine = LLMEngine(engine_config(checkpoint, tp, num_scheduler_steps=4))
+        try:
+            torch.manual_seed(5)
+            outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
+        finally:
+            engine.close()
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    assert run(2) == run(1)
