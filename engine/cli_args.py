@@ -175,8 +175,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=d.num_scheduler_steps,
         help="decode steps run back to back per scheduler call, with one host sync at the end (pure "
-        "decode batches of greedy requests; new requests wait up to N steps and streams arrive in "
-        "chunks of up to N tokens); 1 = off",
+        "decode batches of greedy or unseeded sampled requests; new requests wait up to N steps and "
+        "streams arrive in chunks of up to N tokens); 1 = off",
     )
     sched.add_argument(
         "--max-queue-len",
