@@ -305,3 +305,15 @@ def test_unseeded_sampling_runs_windows_only_on_runners_that_sample() -> None:
 class SeededFakeSampler(FakeSampler):
     def window_seed(self) -> int:
         return 42
+
+
+def test_num_scheduler_steps_flag() -> None:
+    from llmdeploy_engine.cli_args import build_parser, config_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "8"])
+    assert config_from_args(args, parser).num_scheduler_steps == 8
+    args = parser.parse_args(["serve", "--model", "m.gguf"])
+    assert config_from_args(args, parser).num_scheduler_steps == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "0"])
