@@ -19,6 +19,10 @@ llmdeploy's catalog, no hub):
 The engine runs as `LLM.generate` drives it: requests ask for `RequestOutputKind.FINAL_ONLY`. By
 default LLMEngine builds its own CUDA graphs on CUDA and attention dispatches pure-decode batches to
 the Triton kernel when triton is importable; `--eager` sets `enforce_eager`.
+`--num-scheduler-steps N` sets the engine's multi-step decoding (default 1: one decode step per
+scheduler call); with N > 1 greedy decode runs in windows of up to N steps with one host sync, the
+timers count a window's time under execute, per-step figures are per decode step (forward pass),
+and the throughput profile starts at engine step `--profile-step` // N.
 
 Run from the repository root (GPU machine):
 
@@ -90,13 +94,17 @@ class StepTimers:
         self.totals = {"schedule": 0.0, "execute": 0.0, "sample": 0.0}
         self.execute_split = {"graph": 0.0, "eager": 0.0}  # execute time of replayed / eager steps
         self.steps = 0
+        self.forward_steps = 0  # forward passes run (a multi-step window counts each of its steps)
         self.runner = engine.runner
         self.enabled = True  # off during profiled steps, whose time is left out of the run's figures
-        for name, obj, attr in (
+        wrapped = [
             ("schedule", engine.scheduler, "schedule"),
             ("execute", engine.runner, "execute"),
             ("sample", engine.sampler, "sample"),
-        ):
+        ]
+        if engine.num_scheduler_steps > 1:
+            wrapped.append(("execute", engine.runner, "execute_multi_step"))
+        for name, obj, attr in wrapped:
             setattr(obj, attr, self._wrap(name, getattr(obj, attr), device))
 
     def _wrap(self, name: str, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
@@ -106,6 +114,7 @@ class StepTimers:
             out = fn(*args, **kwargs)
             if name == "execute":
                 sync(device)
+                self.forward_steps += args[1] if len(args) > 1 else 1  # execute_multi_step(batch, n)
             dt = time.perf_counter() - t0
             if not self.enabled:
                 return out
@@ -147,8 +156,12 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def profile_steps(engine: LLMEngine, num_steps: int, device: str) -> tuple[dict[str, float], list[Any]]:
-    """CUDA kernel time per step by kind, and host wall per step, over num_steps profiled steps."""
+def profile_steps(
+    engine: LLMEngine, num_steps: int, device: str, timers: StepTimers | None = None
+) -> tuple[dict[str, float], list[Any]]:
+    """CUDA kernel time per step by kind, and host wall per step, over num_steps profiled engine steps;
+    with timers, "per step" is per forward pass (a multi-step window is several)."""
+    forward_before = timers.forward_steps if timers is not None else 0
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -161,6 +174,8 @@ def profile_steps(engine: LLMEngine, num_steps: int, device: str) -> tuple[dict[
             outputs += engine.step()
         sync(device)
     wall = time.perf_counter() - t0
+    if timers is not None:
+        num_steps = max(1, timers.forward_steps - forward_before)
     kinds = {"matmul": 0.0, "attention": 0.0, "kv_index": 0.0, "other": 0.0}
     launches = 0
     for ev in prof.events():
@@ -174,7 +189,9 @@ def profile_steps(engine: LLMEngine, num_steps: int, device: str) -> tuple[dict[
     return out, outputs
 
 
-def make_engine(model: str, device: str, max_model_len: int, max_batched: int, eager: bool) -> LLMEngine:
+def make_engine(
+    model: str, device: str, max_model_len: int, max_batched: int, eager: bool, num_scheduler_steps: int = 1
+) -> LLMEngine:
     config = EngineConfig(
         model=model,
         device=device,
@@ -185,6 +202,7 @@ def make_engine(model: str, device: str, max_model_len: int, max_batched: int, e
         gpu_memory_utilization=0.9,
         seed=0,
         enforce_eager=eager,
+        num_scheduler_steps=num_scheduler_steps,
     )
     return LLMEngine(config)
 
@@ -214,7 +232,7 @@ def run_requests(
             p0 = time.perf_counter()
             if timers is not None:
                 timers.enabled = False
-            prof, outs = profile_steps(engine, 3, device)
+            prof, outs = profile_steps(engine, 3, device, timers)
             if timers is not None:
                 timers.enabled = True
             t0 += time.perf_counter() - p0
@@ -314,7 +332,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     model = MODELS[key] if not args.quick else "random:HuggingFaceTB/SmolLM2-135M-Instruct"
     res: dict[str, Any] = {"model": model}
     dev = args.device
-    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens, args.eager)
+    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens, args.eager, args.num_scheduler_steps)
     runner: Any = getattr(engine.runner, "runner", engine.runner)  # the ModelRunner under any wrapper
     for line in runner.startup_report.log_lines():
         log("  " + line)
@@ -381,11 +399,17 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     engine.add_request(
         "single-prof",
         prompt,
-        SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0, output_kind=final_only),
+        # 8 engine steps of warm-up, 5 profiled, each up to num_scheduler_steps tokens
+        SamplingParams(
+            max_tokens=13 * args.num_scheduler_steps + 11,
+            ignore_eos=True,
+            temperature=0.0,
+            output_kind=final_only,
+        ),
     )
     for _ in range(8):
         engine.step()
-    res["single"]["profile_ms_per_step"] = profile_steps(engine, 5, dev)[0]
+    res["single"]["profile_ms_per_step"] = profile_steps(engine, 5, dev, timers)[0]
     while engine.has_unfinished_requests():
         engine.step()
     log(f"  single-stream decode step profile: {res['single']['profile_ms_per_step']}")
@@ -403,7 +427,8 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     pg = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (m,), generator=pg).tolist() for m in in_lens]
     timers.reset()
-    elapsed, tokens, prof = run_requests(engine, prompts, out_lens, args.profile_step, dev, timers)
+    profile_at = max(1, args.profile_step // args.num_scheduler_steps)
+    elapsed, tokens, prof = run_requests(engine, prompts, out_lens, profile_at, dev, timers)
     res["throughput"] = {
         "requests": n,
         "seconds": elapsed,
@@ -454,8 +479,11 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     return res
 
 
-def table(bandwidth: float) -> str:
+def table(bandwidth: float, num_scheduler_steps: int = 1) -> str:
     lines = [
+        f"built-in engine, num_scheduler_steps {num_scheduler_steps}"
+        + (" (per-step figures are per decode step)" if num_scheduler_steps > 1 else ""),
+        "",
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read+write)",
         "",
         "| model | workload | figure | value |",
@@ -534,6 +562,12 @@ def main() -> None:
     )
     parser.add_argument("--eager", action="store_true", help="enforce_eager: no CUDA graphs")
     parser.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=1,
+        help="the engine's num_scheduler_steps: decode steps per scheduler call with one host sync (1: off)",
+    )
+    parser.add_argument(
         "--cuda-graphs",
         action="store_true",
         help="the default now (the engine builds its graphs); accepted for older command lines",
@@ -564,9 +598,12 @@ def main() -> None:
         RESULTS[key] = bench_model(key, args, bandwidth)
         if args.out:
             Path(args.out, "gpu_bench.json").write_text(
-                json.dumps({"bandwidth": bandwidth, **RESULTS}, indent=1)
+                json.dumps(
+                    {"bandwidth": bandwidth, "num_scheduler_steps": args.num_scheduler_steps, **RESULTS},
+                    indent=1,
+                )
             )
-    print(table(bandwidth))
+    print(table(bandwidth, args.num_scheduler_steps))
 
 
 if __name__ == "__main__":

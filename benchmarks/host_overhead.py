@@ -12,11 +12,17 @@ like a streaming server (`--output-kind cumulative`, the engine's behaviour befo
 
     python benchmarks/host_overhead.py                               # final_only and cumulative
     python benchmarks/host_overhead.py --num-requests 64 --output-len 64 --output-kind final
+    python benchmarks/host_overhead.py --num-scheduler-steps 1,8     # multi-step decoding off / N = 8
+
+With `--num-scheduler-steps N` > 1 the engine runs decode windows of up to N steps through the
+runner's `execute_multi_step` (the same next-token rule, fed forward in the runner), so scheduling,
+batch building and the output path run once per window instead of once per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from typing import Any
 
@@ -55,15 +61,30 @@ class FastRunner:
         self.seconds += time.perf_counter() - start
         return logits
 
+    def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
+        """A decode window: the same rule as `execute`, each step fed the previous step's tokens."""
+        start = time.perf_counter()
+        ids, sampled = list(batch.input_ids), []
+        for k in range(num_steps):
+            ids = [(t * 31 + p + k) % 200 + 32 for t, p in zip(ids, batch.positions, strict=True)]
+            sampled.append(ids)
+        self.seconds += time.perf_counter() - start
+        return sampled
 
-def run(args: argparse.Namespace, kind: RequestOutputKind) -> dict[str, float]:
+
+def run(args: argparse.Namespace, kind: RequestOutputKind, num_scheduler_steps: int = 1) -> dict[str, float]:
     tokenizer = Tokenizer.byte_level()
     vocab = int(tokenizer.vocab_size)
     max_len = args.prompt_len + args.output_len + 16
     blocks_per_seq = -(-max_len // 16)
     runner = FastRunner(vocab, args.num_requests * blocks_per_seq + 16, 16, max_len)
     engine = LLMEngine(
-        EngineConfig(model="fake", max_num_seqs=args.num_requests, max_num_batched_tokens=8192),
+        EngineConfig(
+            model="fake",
+            max_num_seqs=args.num_requests,
+            max_num_batched_tokens=8192,
+            num_scheduler_steps=num_scheduler_steps,
+        ),
         runner=runner,
         tokenizer=tokenizer,
         sampler=Sampler(set(tokenizer.eos_token_ids)),
@@ -113,7 +134,13 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--output-kind", choices=[*KINDS, "both"], default="both")
+    parser.add_argument(
+        "--num-scheduler-steps",
+        default="1",
+        help="comma-separated values of the engine's num_scheduler_steps to compare, e.g. 1,8",
+    )
     args = parser.parse_args()
+    steps = [int(x) for x in args.num_scheduler_steps.split(",")]
     torch.set_num_threads(1)
     kinds = ["final", "cumulative"] if args.output_kind == "both" else [args.output_kind]
     print(
@@ -121,14 +148,17 @@ def main() -> None:
         "host us per output token (runner time left out)"
     )
     print(
-        f"{'output kind':<12} {'host us/tok':>11} {'schedule':>9} {'sample':>8} {'rest':>8} {'runner s':>9}"
+        f"{'output kind':<12} {'steps':>5} {'host us/tok':>11} {'schedule':>9} {'sample':>8} {'rest':>8} "
+        f"{'runner s':>9}"
     )
     for name in kinds:
-        r = run(args, KINDS[name])
-        print(
-            f"{name:<12} {r['host_us_per_token']:>11.1f} {r['schedule_us']:>9.1f} {r['sample_us']:>8.1f} "
-            f"{r['rest_us']:>8.1f} {r['runner_s']:>9.2f}"
-        )
+        for n in steps:
+            gc.collect()  # the previous run's engine, else its garbage is collected inside this run
+            r = run(args, KINDS[name], n)
+            print(
+                f"{name:<12} {n:>5} {r['host_us_per_token']:>11.1f} {r['schedule_us']:>9.1f} "
+                f"{r['sample_us']:>8.1f} {r['rest_us']:>8.1f} {r['runner_s']:>9.2f}"
+            )
 
 
 if __name__ == "__main__":

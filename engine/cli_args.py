@@ -171,6 +171,14 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="split long prompts across steps",
     )
     sched.add_argument(
+        "--num-scheduler-steps",
+        type=_positive_int,
+        default=d.num_scheduler_steps,
+        help="decode steps run back to back per scheduler call, with one host sync at the end (pure "
+        "decode batches of greedy or unseeded sampled requests; new requests wait up to N steps and "
+        "streams arrive in chunks of up to N tokens); 1 = off",
+    )
+    sched.add_argument(
         "--max-queue-len",
         type=_positive_int,
         default=d.max_queue_len,
@@ -313,5 +321,6 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         max_queue_len=args.max_queue_len,
         enforce_eager=args.enforce_eager,
+        num_scheduler_steps=args.num_scheduler_steps,
         speculative_config=args.speculative_config,
     )

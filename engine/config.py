@@ -35,11 +35,19 @@ class EngineConfig:
     seed: int = 0
     max_queue_len: int = 1024  # waiting requests beyond this are refused (HTTP 503)
     enforce_eager: bool = False
+    # decode steps run back to back per scheduler call, with one host sync (llm_engine.py); 1 = off
+    num_scheduler_steps: int = 1
     # vLLM's speculative_config: a dict (as on vLLM's CLI) becomes a SpeculativeConfig at construction
     speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
+        steps = self.num_scheduler_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                f"num_scheduler_steps must be a whole number >= 1 (1 = one decode step per scheduler "
+                f"call), got {steps!r}"
+            )
 
 
 @dataclass(frozen=True)

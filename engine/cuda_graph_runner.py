@@ -25,6 +25,13 @@ the float cast) into one float32 buffer shared by those graphs, so a single-stre
 nothing but the copy and the replay; the returned logits are a view of that buffer, valid until the
 next `execute`. Larger graphs return hidden states and the logits are computed eagerly (one matmul).
 
+Multi-step decoding (`execute_multi_step`, num_scheduler_steps > 1): a decode window replays one
+graph, picked for the context of the window's LAST step, once per step. Every step's positions,
+slots and context lengths (and the block tables, once) are known on the host, packed into a second
+pinned buffer and sent in one copy; per step, a device copy moves that step's inputs into the graph's
+static buffers, the input ids are the previous step's argmax (gathered so padding rows keep
+repeating row 0's token: they rewrite row 0's slot, which must get row 0's K/V), and the argmax lands in an [N, b] device tensor read back once at the end.
+
 Memory: the planner's builtin rule (`cuda_graph_bytes`) sets the graphs' memory aside before the KV
 cache is sized; after capture the measured figure is added to the start-up report.
 """
@@ -42,6 +49,9 @@ import numpy as np
 import torch
 from llmdeploy_engine.attention import AttentionMetadata
 from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.multi_step import check_decode_window, last_step_batch, pack_window_steps
+from llmdeploy_engine.sampler import WindowSampler
+from llmdeploy_engine.sampling_params import SamplingParams
 
 from llmdeploy.planner.builtin_rule import (
     CUDA_GRAPH_BATCH_SIZES,
@@ -97,6 +107,8 @@ class _DecodeGraph:
 class CudaGraphRunner:
     """Wraps a CUDA ModelRunner; `execute` has the runner's contract. Other attributes pass through."""
 
+    multi_step_sampling = True  # execute_multi_step takes per-sequence params and a seed
+
     def __init__(
         self,
         runner: Any,
@@ -121,6 +133,10 @@ class CudaGraphRunner:
         self._host_np = self._host.numpy()
         self._copied = torch.cuda.Event()
         self._logits: torch.Tensor | None = None  # shared output of the graphs that compute logits
+        # multi-step windows: their own pinned buffer (grown on demand), event and device copy
+        self._window_host = torch.zeros(0, dtype=torch.long)
+        self._window_dev: torch.Tensor | None = None
+        self._window_copied = torch.cuda.Event()
         self.report = self._capture_all()
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
@@ -252,6 +268,83 @@ class CudaGraphRunner:
         )
         logits: torch.Tensor = self.runner.model.compute_logits(hidden)
         return logits
+
+    @torch.inference_mode()
+    def execute_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """A decode window (multi_step.py): num_steps steps replayed from one graph, each fed the
+        tokens the previous step chose on the device (as ModelRunner.execute_multi_step: argmax, or
+        `WindowSampler` draws after the replay); the ids [num_steps][num_seqs] after one sync.
+        Batches no graph serves run the wrapped runner's eager window."""
+        check_decode_window(batch, num_steps, self.block_size)
+        g = self._pick(last_step_batch(batch, num_steps))
+        if g is None:
+            result: list[list[int]] = self.runner.execute_multi_step(batch, num_steps, params, seed)
+            return result
+        n, b, nb = batch.num_seqs, g.batch_size, g.num_blocks
+        step0 = b * (4 + nb)
+        size = window_size(b, nb, num_steps)
+        pack_decode_window(self._window_buffer(size), batch, num_steps, b, nb, self.block_size)
+        if self._window_dev is None or self._window_dev.numel() < size:
+            self._window_dev = torch.empty(
+                self._window_host.numel(), dtype=torch.long, device=g.packed.device
+            )
+        dev = self._window_dev[:size]
+        dev.copy_(self._window_host[:size], non_blocking=True)
+        self._window_copied.record()
+        gather = dev[step0 : step0 + b]
+        later_dev = dev[step0 + b :].view(max(num_steps - 1, 0), 3 * b)
+        sampled = torch.empty(num_steps, n, dtype=torch.long, device=g.packed.device)
+        sampler = WindowSampler(params, self.runner.model_config.vocab_size, g.packed.device, seed)
+        g.packed.copy_(dev[:step0])
+        for k in range(num_steps):
+            if k:
+                g.packed[b : 4 * b].copy_(later_dev[k - 1])
+                torch.index_select(sampled[k - 1], 0, gather, out=g.ids)
+            g.graph.replay()
+            if g.logits is not None:
+                logits = g.logits[:n]
+            else:
+                assert g.hidden is not None
+                logits = self.runner.model.compute_logits(g.hidden[:n])
+            sampler.sample(logits, sampled[k])
+        self.num_replays += num_steps
+        return sampled.tolist()  # type: ignore[no-any-return]
+
+    def _window_buffer(self, size: int) -> np.ndarray:
+        """The window's pinned host buffer as numpy, at least `size` long, once the previous window's
+        copy has left it."""
+        self._window_copied.synchronize()
+        if self._window_host.numel() < size:
+            self._window_host = torch.zeros(size, dtype=torch.long, pin_memory=True)
+        return self._window_host.numpy()
+
+
+def window_size(b: int, nb: int, num_steps: int) -> int:
+    """int64 values `pack_decode_window` writes for a graph of b rows and nb context blocks."""
+    return b * (4 + nb) + b + (num_steps - 1) * 3 * b
+
+
+def pack_decode_window(
+    out: np.ndarray, batch: ForwardBatch, num_steps: int, b: int, nb: int, block_size: int
+) -> int:
+    """Lay a decode window out for a graph of b rows and nb blocks: step 0 exactly as
+    `pack_decode_inputs` packs it (ids, positions, slots, lengths, block tables), then the padding
+    gather index (b: rows past the batch take row 0's sampled token), then per later step its
+    positions, slots and lengths (3 x b). Returns the number of int64 written."""
+    n = batch.num_seqs
+    step0 = pack_decode_inputs(out, batch, b, nb)
+    out[step0 : step0 + n] = np.arange(n)
+    out[step0 + n : step0 + b] = 0
+    size = window_size(b, nb, num_steps)
+    later = out[step0 + b : size].reshape(num_steps - 1, 3, b)
+    pack_window_steps(later, out[4 * b : step0].reshape(b, nb), out[b : 2 * b], num_steps, block_size)
+    return size
 
 
 def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) -> int:

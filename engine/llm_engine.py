@@ -4,6 +4,19 @@ Each request's `SamplingParams.output_kind` says what it gets back: CUMULATIVE (
 far, every step it advanced), DELTA (what is new since its previous output) or FINAL_ONLY (one output
 at finish; no per-step outputs are built, and without stop strings no per-token detokenization).
 
+Multi-step decoding (`num_scheduler_steps` = N > 1): when a scheduled step is pure decode, nothing
+waits, speculative decoding is off, the runner has `execute_multi_step` and every sequence's next
+tokens can be chosen on the device (greedy, or, when the runner has `multi_step_sampling`, unseeded
+sampling with temperature / top-k / top-p / min-p; never logprobs, penalties or unmet min_tokens),
+the runner runs up to N decode steps back to back, feeding each step's tokens to the next on the
+device, with one host sync at the end (the scheduler reserved the slots:
+`Scheduler.reserve_decode_window`). The tokens then go through the same per-token stop checks in
+order; a sequence that stops at step k drops the later ones. Anything else (seeded requests,
+logprobs, penalties, prefills, a waiting queue) runs one step. Sampled tokens in a window are
+drawn from the same distribution as `Sampler.sample` draws them, with the window's own noise.
+Trade-off: a request that arrives during a window waits up to N - 1 steps, and streamed outputs come
+in chunks of up to N tokens.
+
 Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call
 must come from one thread (AsyncLLMEngine runs it on its own loop thread).
 """
@@ -74,6 +87,8 @@ class _Request:
     # DELTA outputs: per sequence, (characters of text, tokens, logprob entries) already handed out
     sent: list[tuple[int, int, int]] = field(default_factory=list)
     needs_history: bool = False  # the sampler reads the sequences' tokens (penalties, min_tokens)
+    # its tokens can be chosen on the device once min_tokens is met: 1 greedy, 2 unseeded sampling
+    window_kind: int = 0
 
     @property
     def finished(self) -> bool:
@@ -144,6 +159,15 @@ class LLMEngine:
             from llmdeploy_engine.spec_decode.speculator import build_speculator
 
             self.speculator = build_speculator(config, runner, self.sampler)
+        self.num_scheduler_steps = 1
+        if config.num_scheduler_steps > 1:
+            if self.speculator is not None:
+                logger.warning("num_scheduler_steps is ignored with speculative decoding: one step per call")
+            elif not callable(getattr(runner, "execute_multi_step", None)):
+                logger.warning("num_scheduler_steps is ignored: this runner has no multi-step decoding")
+            else:
+                self.num_scheduler_steps = config.num_scheduler_steps
+        self._window_sampling = bool(getattr(runner, "multi_step_sampling", False))
         self.requests: dict[str, _Request] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -245,6 +269,7 @@ class LLMEngine:
             cumulative_logprobs=[0.0 for _ in seqs],
             sent=[(0, 0, 0) for _ in seqs],
             needs_history=params.needs_token_history,
+            window_kind=_window_kind(params),
         )
         self.requests[request_id] = req
         for seq in seqs:
@@ -280,6 +305,18 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
         if self.speculator is not None:
             out = self.speculator.fill(out, self.scheduler, self.requests)
+        elif self.num_scheduler_steps > 1:
+            max_steps, sampled_rows = self._window_limit(out)
+            if max_steps > 1:
+                out, num_steps = self.scheduler.reserve_decode_window(out, max_steps)
+                if num_steps > 1:
+                    if sampled_rows:
+                        params = [e.seq.params for e in out.scheduled]
+                        seed = self.sampler.window_seed()
+                        ids = self.runner.execute_multi_step(out.batch, num_steps, params, seed)
+                    else:
+                        ids = self.runner.execute_multi_step(out.batch, num_steps)
+                    return self._process_window(out, ids)
         logits = self.runner.execute(out.batch)
         self.scheduler.update_computed(out)
         if out.batch.num_logits is not None:
@@ -289,6 +326,60 @@ class LLMEngine:
     def _num_tokens_left(self, seq: Sequence) -> int:
         checker = self.requests[seq.request_id].checkers[seq.index]
         return min(checker.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+
+    def _window_limit(self, out: SchedulerOutput) -> tuple[int, bool]:
+        """(how many decode steps this scheduled step may run back to back, whether a row samples):
+        1 unless every sequence's next tokens can be chosen on the device, else num_scheduler_steps
+        cut to the longest remaining output (steps past every max_tokens would be thrown away)."""
+        longest = 1
+        sampled_rows = False
+        requests = self.requests
+        top_kind = 2 if self._window_sampling else 1
+        for entry in out.scheduled:
+            seq = entry.seq
+            req = requests[seq.request_id]
+            kind = req.window_kind
+            if not 0 < kind <= top_kind or seq.num_output_tokens < req.params.min_tokens:
+                return 1, False
+            sampled_rows = sampled_rows or kind == 2
+            longest = max(longest, req.checkers[seq.index].max_tokens - seq.num_output_tokens)
+        return min(self.num_scheduler_steps, longest), sampled_rows
+
+    def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
+        """After a decode window: per sequence, step k's token is appended (its fed token now counts as
+        computed) through the per-token stop checks; a stop drops the later steps' tokens, and their
+        KV, never counted as computed, is never registered in the prefix cache. (The per-token path
+        of `_append_token`, inlined; a window never holds a sequence's first token.)"""
+        now = time.time()
+        bm = self.block_manager
+        bs = bm.block_size
+        requests = self.requests
+        touched: dict[str, _Request] = {}
+        finished_any = False
+        num_appended = 0
+        for i, entry in enumerate(out.scheduled):
+            seq = entry.seq
+            req = requests[seq.request_id]
+            checker = req.checkers[seq.index]
+            num_prompt = seq.num_prompt_tokens
+            for step_tokens in sampled:
+                seq.num_computed_tokens += 1
+                if seq.num_computed_tokens % bs == 0:
+                    bm.cache_full_blocks(seq)
+                token_id = step_tokens[i]
+                seq.append_token(token_id)
+                num_appended += 1
+                num_tokens = seq.num_tokens
+                status = checker.on_token(token_id, num_tokens - num_prompt, num_tokens)
+                if status is not None:
+                    seq.stop_reason = checker.stop_reason
+                    self.scheduler.finish(seq, status)
+                    finished_any = True
+                    break
+            req.metrics.last_token_time = now
+            touched[req.request_id] = req
+        self._generation_tokens_total += num_appended
+        return self._collect_outputs(touched, now, finished_any)
 
     def _process_verified(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
         """Speculative step: append each sequence's verified tokens through the per-token stop checks;
@@ -465,3 +556,20 @@ class LLMEngine:
             "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
             "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos),
         }
+
+
+def _window_kind(params: SamplingParams) -> int:
+    """How a multi-step window can choose the request's tokens on the device (once min_tokens is
+    met; nothing else may be read from the logits): 1 greedy (argmax), 2 unseeded sampling (the
+    runner's `WindowSampler`), 0 not at all (logprobs, penalties, a seed)."""
+    plain = (
+        params.logprobs is None
+        and params.repetition_penalty == 1.0
+        and params.frequency_penalty == 0.0
+        and params.presence_penalty == 0.0
+    )
+    if not plain:
+        return 0
+    if params.greedy:
+        return 1
+    return 2 if params.seed is None else 0

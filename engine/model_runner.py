@@ -29,6 +29,9 @@ from llmdeploy_engine.distributed import (
 )
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model import CausalLM
+from llmdeploy_engine.multi_step import check_decode_window, step_batch
+from llmdeploy_engine.sampler import WindowSampler
+from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.startup_report import StartupReport
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -106,6 +109,9 @@ class ModelRunner:
     starts ranks 1..N-1 (`llmdeploy_engine.tp_worker`), which construct theirs with `rank`/`port`.
     `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
     draft model shares the target's block tables, so it needs the same count)."""
+
+    # execute_multi_step also samples (temperature, top-k/p, min-p) on the device, not only argmax
+    multi_step_sampling = True
 
     def __init__(
         self,
@@ -421,3 +427,29 @@ class ModelRunner:
         if len(rows) == n and rows == list(range(n)):
             return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[packed[2 * n :]])
+
+    @torch.inference_mode()
+    def execute_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """A decode window (multi_step.py): `num_steps` steps back to back, each fed the tokens the
+        previous step chose on the device (argmax, or with `params` per sequence and a `seed`,
+        `WindowSampler`'s draws); returns the ids [num_steps][num_seqs] after one sync. Each step
+        computes what `execute` computes for it, so greedy tokens are those of single steps."""
+        check_decode_window(batch, num_steps, self.block_size)
+        ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        sampled = torch.empty(num_steps, batch.num_seqs, dtype=torch.long, device=self.device)
+        sampler = WindowSampler(params, self.model_config.vocab_size, self.device, seed)
+        for k in range(num_steps):
+            step = step_batch(batch, k, self.block_size)
+            positions = torch.tensor(step.positions, dtype=torch.long).to(self.device, non_blocking=True)
+            meta = build_attention_metadata(step, self.block_size, self.device)
+            hidden = self.model(ids, positions, meta, self.kv_caches)
+            sampler.sample(self.model.compute_logits(hidden), sampled[k])
+            ids = sampled[k]
+        result: list[list[int]] = sampled.tolist()
+        return result

@@ -37,6 +37,10 @@ class Sampler:
         self.eos_token_ids = set(eos_token_ids)
         self.device = torch.device(device)
 
+    def window_seed(self) -> int:
+        """A seed for a multi-step window's sampling noise, from torch's (seeded) CPU generator."""
+        return int(torch.randint(0, 2**62, (1,)).item())
+
     def make_generator(self, seed: int) -> torch.Generator:
         """The per-request generator for a seeded request, on the sampler's device."""
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -178,23 +182,75 @@ def _plain_greedy(p: SamplingParams, output_token_ids: list[int]) -> bool:
 
 def _filter(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """top-k, top-p, min-p over temperature-scaled logits; masked entries become -inf."""
-    vocab = x.shape[1]
+    limits = _filter_limits(params, x.shape[1], x.device)
+    return x if limits is None else _apply_filter(x, limits)
+
+
+def _filter_limits(
+    params: list[SamplingParams], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Per-row top-k, top-p and min-p as device columns [n, 1], or None when no row filters."""
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     # top_p 1.0 is off: never compare against it (cumulative sums can round past 1.0)
     top_p = [p.top_p if p.top_p < 1.0 else 2.0 for p in params]
     min_p = [p.min_p for p in params]
     if all(k == vocab for k in top_k) and all(p > 1.0 for p in top_p) and all(m <= 0 for m in min_p):
-        return x
-    dev = x.device
+        return None
+    return (
+        torch.tensor(top_k, device=device)[:, None],
+        torch.tensor(top_p, device=device)[:, None],
+        torch.tensor(min_p, device=device)[:, None],
+    )
+
+
+def _apply_filter(x: torch.Tensor, limits: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    top_k, top_p, min_p = limits
+    vocab = x.shape[1]
     sorted_x, order = x.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=dev)[None, :]
-    remove = ranks >= torch.tensor(top_k, device=dev)[:, None]
+    ranks = torch.arange(vocab, device=x.device)[None, :]
+    remove = ranks >= top_k
     sorted_x = sorted_x.masked_fill(remove, -float("inf"))
     probs = torch.softmax(sorted_x, dim=-1)
     # drop a token when the tokens ranked above it already reach top_p (the first one always stays)
     before = probs.cumsum(dim=-1) - probs
-    remove = remove | (before >= torch.tensor(top_p, device=dev)[:, None])
-    remove = remove | (probs < torch.tensor(min_p, device=dev)[:, None] * probs[:, :1])
+    remove = remove | (before >= top_p)
+    remove = remove | (probs < min_p * probs[:, :1])
     remove[:, 0] = False
     sorted_x = sorted_x.masked_fill(remove, -float("inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
+class WindowSampler:
+    """Sampling inside a multi-step decode window (llm_engine.py), on the device, without reading
+    anything back: greedy rows take the argmax; the other rows (unseeded; no penalties, logprobs or
+    min_tokens masks, which the engine rules out) are divided by their temperature, filtered by
+    top-k/top-p/min-p and drawn as `Sampler.sample` draws them (argmax of p / Exp(1) noise), the
+    noise coming from one generator seeded per window: tensor-parallel ranks given the same seed
+    draw the same tokens. Every per-row tensor is built once, when the window starts."""
+
+    def __init__(
+        self, params: list[SamplingParams] | None, vocab: int, device: torch.device, seed: int | None
+    ) -> None:
+        self.random = params is not None and not all(p.greedy for p in params)
+        if not self.random:
+            return
+        assert params is not None and seed is not None, "a window with sampled rows needs its seed"
+        self.greedy = torch.tensor([p.greedy for p in params], device=device)
+        self.temperatures = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)[
+            :, None
+        ]
+        self.limits = _filter_limits(params, vocab, device)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, out: torch.Tensor) -> None:
+        """Write one token per row of float32 logits [n, vocab] into out [n] (long, same device)."""
+        if not self.random:
+            torch.argmax(logits, dim=-1, out=out)
+            return
+        chosen = logits.argmax(dim=-1)
+        x = logits / self.temperatures
+        if self.limits is not None:
+            x = _apply_filter(x, self.limits)
+        probs = torch.softmax(x, dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        torch.where(self.greedy, chosen, (probs / noise).argmax(dim=-1), out=out)

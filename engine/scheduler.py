@@ -13,10 +13,20 @@ Speculative decoding: a decoding sequence also feeds the tokens proposed for it
 (`Sequence.spec_token_ids`, cut to the budget, dropped rather than preempting anyone) and gets slots
 for them (lookahead). Only verified tokens are ever counted as computed or registered in the prefix
 cache; `accept_speculative` adds the accepted ones and gives back the rejected lookahead.
+
+Multi-step decoding (`num_scheduler_steps` > 1): after a pure-decode step is scheduled,
+`reserve_decode_window` gives every sequence slots for up to N tokens so the runner can run N decode
+steps without coming back. Rule: a window only runs while the waiting queue is empty, so a request
+never waits for admission because of a window (a request that arrives during one waits at most until
+its end, up to N - 1 steps); the window is cut so no sequence passes max_model_len and so its slots
+fit in the free blocks (never by preempting anyone), else one step runs as usual. The engine counts
+only the tokens it keeps as computed, so slots past a sequence's stop hold KV that is never
+registered in the prefix cache and is freed with the sequence.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
@@ -240,6 +250,39 @@ class Scheduler:
                 )
             scheduled.append(e)
         return SchedulerOutput(scheduled, self._build_batch(scheduled), output.preempted)
+
+    def reserve_decode_window(self, output: SchedulerOutput, max_steps: int) -> tuple[SchedulerOutput, int]:
+        """Multi-step decoding: (the step with slots for `num_steps` tokens per sequence, num_steps).
+
+        num_steps is 1 (output returned unchanged) unless the step is pure decode (every scheduled
+        sequence feeds one already sampled token and samples, no proposals), nothing waits and
+        nothing was preempted; otherwise it is max_steps cut to what max_model_len and the free
+        blocks allow. The returned batch is step 0's, with the longer block tables."""
+        scheduled = output.scheduled
+        if max_steps <= 1 or self.waiting or output.preempted or not scheduled:
+            return output, 1
+        steps = max_steps
+        for e in scheduled:
+            seq = e.seq
+            if e.num_new_tokens != 1 or not e.samples or e.spec_token_ids or seq.num_output_tokens == 0:
+                return output, 1
+            steps = min(steps, self.config.max_model_len - seq.num_tokens)
+        bm = self.block_manager
+        seqs = [e.seq for e in scheduled]
+        while steps > 1:
+            need = sum(
+                max(0, bm.blocks_needed(s.num_computed_tokens + steps) - len(s.block_table)) for s in seqs
+            )
+            if need <= bm.num_free_blocks:
+                break
+            steps -= 1
+        if steps <= 1:
+            return output, 1
+        for seq in seqs:
+            reserved = bm.allocate_slots(seq, steps)
+            assert reserved, "the window's blocks were counted as free"
+        batch = dataclasses.replace(output.batch, block_tables=[list(s.block_table) for s in seqs])
+        return SchedulerOutput(scheduled, batch, output.preempted), steps
 
     # ---- after the forward pass ---------------------------------------------------------------
     def update_computed(self, output: SchedulerOutput) -> None:

@@ -157,6 +157,13 @@ class TensorParallelDriver:
         self.workers.send(("execute", batch))
         return self.runner.execute(batch)
 
+    def execute_multi_step(self, batch: Any, num_steps: int, params: Any = None, seed: Any = None) -> Any:
+        # ("execute_multi", batch, num_steps, params, seed): a decode window (multi_step.py); every
+        # rank's logits are the same after the vocab all-gather and every rank's sampling noise comes
+        # from the same seed, so every rank feeds the same tokens
+        self.workers.send(("execute_multi", batch, num_steps, params, seed))
+        return self.runner.execute_multi_step(batch, num_steps, params, seed)
+
     def close(self) -> None:
         inner = self.runner
         while not hasattr(inner, "close") and hasattr(inner, "runner"):
@@ -206,6 +213,8 @@ def main() -> int:
             break
         if msg[0] == "execute":
             top.execute(msg[1])
+        elif msg[0] == "execute_multi":
+            top.execute_multi_step(*msg[1:])
         elif msg[0] == "capture_graphs":
             from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 

@@ -1,0 +1,319 @@
+"""Multi-step decoding (num_scheduler_steps > 1) over the fake paged runner: the scheduler's window
+reservation and the engine's per-token path after a window give exactly the outputs, metrics and
+block accounting of one step per call. The fake runner checks every KV read through the block tables,
+so a wrong slot, a missing reservation or garbage KV read back fails here."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from core_fakes import FakeRunner, FakeSampler, FakeTokenizer, check_invariants, mixing_rule, successor_rule
+from llmdeploy_engine.block_manager import BlockManager
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.llm_engine import LLMEngine
+from llmdeploy_engine.multi_step import check_decode_window, step_batch
+from llmdeploy_engine.outputs import RequestOutput
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
+from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig
+from llmdeploy_engine.sequence import Sequence
+
+
+class MultiStepFakeRunner(FakeRunner):
+    """FakeRunner plus a decode window: each step through `execute` (checked KV reads), fed the
+    previous step's argmax; records every window's length."""
+
+    def __init__(self, **kw):  # type: ignore[no-untyped-def]
+        super().__init__(**kw)
+        self.windows: list[int] = []
+
+    def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
+        check_decode_window(batch, num_steps, self.block_size)
+        self.windows.append(num_steps)
+        ids = list(batch.input_ids)
+        sampled = []
+        for k in range(num_steps):
+            step = step_batch(batch, k, self.block_size)
+            rows = self.execute(ForwardBatch(**{**vars(step), "input_ids": ids}))
+            ids = [max(range(len(r)), key=r.__getitem__) for r in rows]
+            sampled.append(ids)
+        return sampled
+
+
+def engine(steps: int, rule=mixing_rule, **kw) -> tuple[LLMEngine, MultiStepFakeRunner]:  # type: ignore[no-untyped-def]
+    runner_kw = ("num_kv_blocks", "block_size", "max_model_len")
+    cfg_kw = {k: kw.pop(k) for k in list(kw) if k in EngineConfig.__dataclass_fields__ and k not in runner_kw}
+    runner = MultiStepFakeRunner(rule=rule, **kw)
+    cfg = EngineConfig(model="fake", num_scheduler_steps=steps, **cfg_kw)
+    return LLMEngine(cfg, runner=runner, tokenizer=FakeTokenizer(), sampler=FakeSampler()), runner
+
+
+def run_all(
+    eng: LLMEngine, add_at: dict[int, list[tuple[str, list[int], SamplingParams]]] | None = None
+) -> tuple[dict[str, RequestOutput], dict[str, list[RequestOutput]]]:
+    final: dict[str, RequestOutput] = {}
+    stream: dict[str, list[RequestOutput]] = {}
+    live = lambda: [s for s in (*eng.scheduler.running, *eng.scheduler.waiting)]  # noqa: E731
+    for n_step in range(10_000):
+        for rid, prompt, params in (add_at or {}).get(n_step, []):
+            eng.add_request(rid, prompt, params)
+        if not eng.has_unfinished_requests() and n_step > max(add_at or {0: None}):
+            break
+        for out in eng.step():
+            stream.setdefault(out.request_id, []).append(out)
+            if out.finished:
+                final[out.request_id] = out
+        check_invariants(eng.block_manager, live())
+    assert not eng.has_unfinished_requests()
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    return final, stream
+
+
+def outputs(final: dict[str, RequestOutput]) -> dict[str, list[tuple[list[int], str, str | None]]]:
+    return {
+        rid: [(c.token_ids, c.text, c.finish_reason) for c in out.outputs]
+        for rid, out in sorted(final.items())
+    }
+
+
+def compare(requests: list[tuple[str, list[int], SamplingParams]], steps=(4, 8), **kw) -> list[int]:  # type: ignore[no-untyped-def]
+    """Run the requests with one step per call and with each window size; returns the window lengths
+    the last run used."""
+    ref_eng, _ = engine(1, **kw)
+    ref_final, _ = run_all(ref_eng, {0: requests})
+    ref_stats = ref_eng.stats()
+    windows: list[int] = []
+    for n in steps:
+        eng, runner = engine(n, **kw)
+        final, _ = run_all(eng, {0: requests})
+        assert outputs(final) == outputs(ref_final), f"num_scheduler_steps={n}"
+        stats = eng.stats()
+        assert stats.generation_tokens_total == ref_stats.generation_tokens_total
+        assert stats.prompt_tokens_total == ref_stats.prompt_tokens_total
+        assert stats.num_requests_finished == ref_stats.num_requests_finished
+        windows = runner.windows
+        assert all(1 < w <= n for w in windows)
+    return windows
+
+
+def greedy(**kw) -> SamplingParams:  # type: ignore[no-untyped-def]
+    return SamplingParams(temperature=0, **kw)
+
+
+def test_windows_give_the_tokens_of_single_steps() -> None:
+    prompts = [[(7 * i + j) % 29 + 1 for j in range(3 + 4 * i)] for i in range(8)]
+    reqs = [(str(i), p, greedy(max_tokens=5 + 3 * i, ignore_eos=True)) for i, p in enumerate(prompts)]
+    windows = compare(reqs, max_num_batched_tokens=40, num_kv_blocks=64)
+    assert windows and max(windows) == 8
+
+
+def test_max_tokens_not_a_multiple_of_the_window() -> None:
+    eng, runner = engine(8)
+    eng.add_request("r", [1, 2, 3], greedy(max_tokens=13, ignore_eos=True))
+    final, _ = run_all(eng)
+    assert len(final["r"].outputs[0].token_ids) == 13
+    # the prefill step samples token 1; then windows of 8 and 4 (cut to what is left)
+    assert runner.windows == [8, 4]
+
+
+def test_stops_inside_a_window() -> None:
+    reqs = [
+        ("eos", [24], greedy(max_tokens=20)),  # "x" -> "yz ab\n" then EOS
+        ("ids", [1], greedy(max_tokens=20, stop_token_ids=[7])),
+        ("str", [1], greedy(max_tokens=20, stop=["fgh"])),
+        ("str-in", [1], greedy(max_tokens=20, stop="ij", include_stop_str_in_output=True)),
+        ("len", [3], greedy(max_tokens=11, ignore_eos=True)),
+    ]
+    compare(reqs, rule=successor_rule)
+    eng, _ = engine(8, rule=successor_rule)
+    final, _ = run_all(eng, {0: reqs})
+    assert final["ids"].outputs[0].token_ids == [2, 3, 4, 5, 6, 7]
+    assert final["ids"].outputs[0].stop_reason == 7
+    assert final["str"].outputs[0].text == "bcde"
+    assert final["eos"].outputs[0].finish_reason == "stop"
+
+
+def test_n_outputs_prefix_cache_and_a_request_added_mid_run() -> None:
+    shared = [(5 * j) % 29 + 1 for j in range(13)]
+    first = [("a", [*shared, 3], greedy(max_tokens=17, n=3, ignore_eos=True))]
+    later = [("b", [*shared, 4, 5], greedy(max_tokens=9, ignore_eos=True))]
+    results = []
+    for n in (1, 4, 8):
+        eng, _ = engine(n, num_kv_blocks=64)
+        final, _ = run_all(eng, {0: first, 5: later})
+        results.append((outputs(final), eng.stats()))
+    for got, stats in results[1:]:
+        assert got == results[0][0]
+        assert stats.prefix_cache_hits_tokens == results[0][1].prefix_cache_hits_tokens > 0
+        assert stats.generation_tokens_total == results[0][1].generation_tokens_total == 3 * 17 + 9
+
+
+def test_small_pool_with_preemption() -> None:
+    prompts = [[(3 * i + j) % 29 + 1 for j in range(10)] for i in range(4)]
+    reqs = [(str(i), p, greedy(max_tokens=20, ignore_eos=True)) for i, p in enumerate(prompts)]
+    compare(reqs, num_kv_blocks=16, block_size=4, max_model_len=32)
+
+
+def test_windows_stop_at_max_model_len() -> None:
+    eng, runner = engine(8, max_model_len=20)
+    eng.add_request("r", [1] * 6, greedy(max_tokens=None, ignore_eos=True))
+    final, _ = run_all(eng)
+    assert len(final["r"].outputs[0].token_ids) == 14 and final["r"].outputs[0].finish_reason == "length"
+    assert sum(runner.windows) == 13
+
+
+def test_delta_stream_concatenates_and_final_only_has_one_output() -> None:
+    reqs = [
+        ("d", [1], greedy(max_tokens=20, output_kind=RequestOutputKind.DELTA, stop="pq")),
+        ("f", [2], greedy(max_tokens=20, output_kind=RequestOutputKind.FINAL_ONLY, ignore_eos=True)),
+    ]
+    ref, _ = run_all(engine(1, rule=successor_rule)[0], {0: reqs})
+    ref_stream = run_all(engine(1, rule=successor_rule)[0], {0: reqs})[1]
+    _, stream = run_all(engine(8, rule=successor_rule)[0], {0: reqs})
+    text = "".join(o.outputs[0].text for o in stream["d"])
+    assert text == "".join(o.outputs[0].text for o in ref_stream["d"]) == "bcdefghijklmno"
+    tokens = list(itertools.chain.from_iterable(o.outputs[0].token_ids for o in stream["d"]))
+    assert tokens == ref["d"].outputs[0].token_ids or tokens == list(range(2, 18))
+    assert len(stream["d"]) < len(ref_stream["d"])  # several tokens per output
+    assert len(stream["f"]) == 1 and stream["f"][0].finished
+
+
+def test_sampled_logprob_and_min_tokens_requests_run_single_steps() -> None:
+    for params in (
+        SamplingParams(temperature=0.8, max_tokens=6, seed=3),
+        greedy(max_tokens=6, logprobs=1),
+        greedy(max_tokens=6, repetition_penalty=1.2),
+    ):
+        eng, runner = engine(8)
+        eng.add_request("r", [1, 2], params)
+        run_all(eng)
+        assert runner.windows == []
+    eng, runner = engine(8)
+    eng.add_request("r", [1, 2], greedy(max_tokens=12, min_tokens=5, ignore_eos=True))
+    run_all(eng)
+    assert runner.windows and sum(runner.windows) <= 12 - 5  # windows start once min_tokens is met
+
+
+def test_runner_without_the_method_and_speculation_fall_back() -> None:
+    cfg = EngineConfig(model="fake", num_scheduler_steps=4)
+    eng = LLMEngine(cfg, runner=FakeRunner(), tokenizer=FakeTokenizer(), sampler=FakeSampler())
+    assert eng.num_scheduler_steps == 1
+    eng.add_request("r", [1], greedy(max_tokens=5))
+    assert run_all(eng)[0]["r"].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_num_scheduler_steps_is_validated(bad: object) -> None:
+    with pytest.raises(ValueError, match="num_scheduler_steps must be a whole number >= 1"):
+        EngineConfig(model="fake", num_scheduler_steps=bad)  # type: ignore[arg-type]
+
+
+# ---- scheduler alone ------------------------------------------------------------------------------
+
+
+def _decode_ready(sched: Scheduler, prompt_len: int) -> Sequence:
+    seq = Sequence("r", list(range(1, prompt_len + 1)), greedy(max_tokens=100))
+    sched.add(seq)
+    out = sched.schedule()
+    sched.update_computed(out)
+    seq.append_token(5)
+    return seq
+
+
+def test_window_is_cut_to_the_free_blocks_and_never_preempts() -> None:
+    bm = BlockManager(num_blocks=3, block_size=4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(8, 64, 64), bm)
+    seq = _decode_ready(sched, 7)  # 7 computed, token 8 to feed: 2 blocks held, 1 free
+    out, steps = sched.reserve_decode_window(sched.schedule(), 8)
+    assert steps == 5 and len(seq.block_table) == 3  # slots for positions 7..11 fill the last block
+    assert out.batch.block_tables == [seq.block_table]
+    assert sched.num_preemptions == 0
+
+
+def test_no_window_while_a_request_waits() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    sched = Scheduler(SchedulerConfig(1, 64, 64), bm)  # max_num_seqs 1: the second one waits
+    _decode_ready(sched, 5)
+    sched.add(Sequence("w", [1, 2, 3], greedy()))
+    out = sched.schedule()
+    assert sched.reserve_decode_window(out, 8) == (out, 1)
+
+
+def test_blocks_filled_inside_a_window_are_registered_for_later_hits() -> None:
+    prompt = [(5 * j) % 29 + 1 for j in range(6)]
+    hits = []
+    for n in (1, 8):
+        eng, _ = engine(n, num_kv_blocks=64)
+        eng.add_request("a", prompt, greedy(max_tokens=17, ignore_eos=True))
+        first = run_all(eng)[0]["a"].outputs[0].token_ids
+        eng.add_request("b", prompt + first, greedy(max_tokens=3, ignore_eos=True))
+        run_all(eng)
+        hits.append(eng.stats().prefix_cache_hits_tokens)
+    # 6 + 17 tokens, the last one never computed: 22 computed, 5 full blocks of 4
+    assert hits == [20, 20]
+
+
+class SamplingFakeRunner(MultiStepFakeRunner):
+    """A runner that declares on-device sampling: records what each window was given (the fake
+    'samples' by argmax, so the tokens stay those of the greedy rule)."""
+
+    multi_step_sampling = True
+
+    def __init__(self, **kw):  # type: ignore[no-untyped-def]
+        super().__init__(**kw)
+        self.given: list[tuple[list[float], int | None]] = []
+
+    def execute_multi_step(self, batch, num_steps, params=None, seed=None):  # type: ignore[no-untyped-def]
+        self.given.append(([p.temperature for p in params] if params else [], seed))
+        return super().execute_multi_step(batch, num_steps)
+
+
+def test_unseeded_sampling_runs_windows_only_on_runners_that_sample() -> None:
+    sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12, ignore_eos=True)
+    eng, runner = engine(4)  # argmax-only runner: sampled requests run single steps
+    eng.add_request("s", [1, 2], sampled)
+    run_all(eng)
+    assert runner.windows == []
+
+    fake = SamplingFakeRunner()
+    eng = LLMEngine(
+        EngineConfig(model="fake", num_scheduler_steps=4),
+        runner=fake,
+        tokenizer=FakeTokenizer(),
+        sampler=SeededFakeSampler(),
+    )
+    eng.add_request("s", [1, 2], sampled)
+    eng.add_request("g", [3, 4], greedy(max_tokens=12, ignore_eos=True))
+    eng.add_request("seeded", [5], SamplingParams(temperature=0.7, max_tokens=3, seed=1, ignore_eos=True))
+    run_all(eng)
+    # windows only after the seeded request finished; each got every row's params and a seed
+    assert fake.windows and all(temps == [0.7, 0.0] and seed == 42 for temps, seed in fake.given)
+    # all-greedy windows pass no params or seed
+    fake = SamplingFakeRunner()
+    eng = LLMEngine(
+        EngineConfig(model="fake", num_scheduler_steps=4),
+        runner=fake,
+        tokenizer=FakeTokenizer(),
+        sampler=FakeSampler(),
+    )
+    eng.add_request("g", [3, 4], greedy(max_tokens=12, ignore_eos=True))
+    run_all(eng)
+    assert fake.windows and fake.given == [([], None)] * len(fake.windows)
+
+
+class SeededFakeSampler(FakeSampler):
+    def window_seed(self) -> int:
+        return 42
+
+
+def test_num_scheduler_steps_flag() -> None:
+    from llmdeploy_engine.cli_args import build_parser, config_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "8"])
+    assert config_from_args(args, parser).num_scheduler_steps == 8
+    args = parser.parse_args(["serve", "--model", "m.gguf"])
+    assert config_from_args(args, parser).num_scheduler_steps == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "0"])

@@ -1,0 +1,152 @@
+"""On a CUDA GPU: multi-step decode windows replayed from CUDA graphs give the tokens of single graph
+steps (float32 random Qwen2.5-0.5B), including windows whose last step needs a larger context bucket
+and batches padded to the graph's size, write no other sequence's KV, and through the engine give the
+same greedy outputs as num_scheduler_steps 1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.llm_engine import LLMEngine
+from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.tokenizer import Tokenizer
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+MODEL = "random:Qwen/Qwen2.5-0.5B"
+
+
+def config(steps: int) -> EngineConfig:
+    # float32: graph steps over different context buckets agree to the last bit that decides a token
+    return EngineConfig(
+        model=MODEL, device="cuda", dtype="float32", max_model_len=512, max_num_seqs=8,
+        gpu_memory_utilization=0.3, num_scheduler_steps=steps,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[ModelRunner]:
+    yield ModelRunner(config(1))
+    torch.cuda.empty_cache()
+
+
+def batch_for(tokens: list[list[int]], starts: list[int], tables: list[list[int]], bs: int) -> ForwardBatch:
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    qstart: list[int] = []
+    for toks, start, table in zip(tokens, starts, tables, strict=True):
+        qstart.append(len(ids))
+        ids += toks
+        pos += list(range(start, start + len(toks)))
+        slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(toks))]
+    return ForwardBatch(
+        input_ids=ids,
+        positions=pos,
+        slot_mapping=slots,
+        query_start=qstart,
+        query_len=[len(t) for t in tokens],
+        context_len=[s + len(t) for s, t in zip(starts, tokens, strict=True)],
+        block_tables=tables,
+        sample_indices=list(range(len(tokens))),
+    )
+
+
+@pytest.mark.parametrize("logits_max_batch", [64, 2])  # logits inside the graph / computed after it
+def test_graph_windows_match_graph_single_steps(runner: ModelRunner, logits_max_batch: int) -> None:
+    graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4, 8), logits_max_batch=logits_max_batch)
+    bs = runner.block_size
+    gen = torch.Generator().manual_seed(3)
+    # 125 + 8 crosses the 128-token bucket inside the window; 6 sequences, five decode (padded to 8)
+    lengths = [5, 17, 40, 125, 250, 60]
+    prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in lengths]
+    per_seq = -(-(max(lengths) + 24) // bs)
+    tables = [list(range(i, 6 * per_seq, 6)) for i in range(6)]  # interleaved blocks
+    first = graphs.execute(batch_for(prompts, [0] * 6, tables, bs)).argmax(-1).tolist()  # eager prefill
+    active = [0, 1, 2, 3, 4]
+    idle = [b for b in tables[5]]
+    num_steps = 8
+    decode = batch_for(
+        [[first[i]] for i in active], [lengths[i] for i in active], [tables[i] for i in active], bs
+    )
+    before_idle = [(k[idle].clone(), v[idle].clone()) for k, v in runner.kv_caches]
+    replays = graphs.num_replays
+    window = graphs.execute_multi_step(decode, num_steps)
+    assert graphs.num_replays == replays + num_steps
+    assert len(window) == num_steps and all(len(row) == len(active) for row in window)
+    for (k, v), (k0, v0) in zip(runner.kv_caches, before_idle, strict=True):
+        assert torch.equal(k[idle], k0) and torch.equal(v[idle], v0), "a window wrote outside its batch"
+    after_window = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    # the same steps one graph replay at a time (they rewrite the same slots)
+    ids = [first[i] for i in active]
+    single = []
+    for k in range(num_steps):
+        step = batch_for(
+            [[t] for t in ids], [lengths[i] + k for i in active], [tables[i] for i in active], bs
+        )
+        ids = graphs.execute(step).argmax(-1).tolist()
+        single.append(ids)
+    assert window == single
+    for (k1, v1), (k0, v0) in zip(runner.kv_caches, after_window, strict=True):
+        torch.testing.assert_close(k1, k0, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v1, v0, rtol=1e-4, atol=1e-5)
+    # and the eager window (the fallback for batches no graph serves) agrees too
+    assert runner.execute_multi_step(decode, num_steps) == single
+    # sampled rows: the graph window and the eager window draw the same tokens from the same seed
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.2, top_k=20, min_p=0.01),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=0),
+    ]
+    drawn = graphs.execute_multi_step(decode, num_steps, params, 1234)
+    assert drawn == runner.execute_multi_step(decode, num_steps, params, 1234)
+    assert [row[1] for row in drawn] == [row[1] for row in single]  # greedy rows: argmax as before
+
+
+def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:
+    graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4, 8))
+    tokenizer = Tokenizer.from_model(MODEL)
+    vocab = tokenizer.vocab_size
+    prompts = [[(37 * i + 11 * j) % (vocab - 10) + 5 for i in range(n)] for j, n in enumerate((9, 120, 33))]
+    max_tokens = [37, 50, 21]
+
+    def generate(steps: int) -> tuple[list[list[int]], list[int]]:
+        engine = LLMEngine(config(steps), runner=graphs, tokenizer=tokenizer)
+        windows: list[int] = []
+        inner = graphs.execute_multi_step
+
+        def counting(batch: ForwardBatch, n: int) -> Any:
+            windows.append(n)
+            return inner(batch, n)
+
+        graphs.execute_multi_step = counting  # type: ignore[method-assign]
+        try:
+            for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True)):
+                engine.add_request(f"r{i}", p, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
+            done: dict[str, list[int]] = {}
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        done[out.request_id] = out.outputs[0].token_ids
+        finally:
+            del graphs.execute_multi_step
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+        assert engine.stats().generation_tokens_total == sum(max_tokens)
+        return [done[f"r{i}"] for i in range(len(prompts))], windows
+
+    base, no_windows = generate(1)
+    multi, windows = generate(8)
+    assert not no_windows and windows and max(windows) == 8
+    assert multi == base
