@@ -83,6 +83,7 @@ def single_stream(
         kv_cache_memory_bytes=64 * 2**20 if cpu else None,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.eager,
+        num_scheduler_steps=args.num_scheduler_steps,
         seed=0,
     )
     t0 = time.perf_counter()
@@ -105,7 +106,12 @@ def single_stream(
         kernels: dict[str, Any] = {}
         while engine.has_unfinished_requests():
             steps += 1
-            if steps == 64 and args.profile_steps and args.device == "cuda":
+            # about 64 tokens in (a multi-step window is one engine step)
+            if (
+                steps == max(2, 64 // args.num_scheduler_steps)
+                and args.profile_steps
+                and args.device == "cuda"
+            ):
                 t_prof = time.perf_counter()
                 kernels, outs = profile_decode(engine, args.profile_steps)
                 profiled = time.perf_counter() - t_prof  # left out of the timings
@@ -186,6 +192,9 @@ def main() -> int:
         "--allreduce",
         default="auto",
         help="comma-separated all-reduce paths to time at tp=N: auto, nccl (eager at tp > 1), symm_mem",
+    )
+    parser.add_argument(
+        "--num-scheduler-steps", type=int, default=1, help="decode steps per scheduler call (multi-step)"
     )
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="profile this many decode steps on rank 0 (0: none)"
