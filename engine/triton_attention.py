@@ -403,6 +403,7 @@ def paged_decode(
         and (fp16_dot or q.dtype == torch.float16)
         and q.device.type == "cuda"
         and _has_fp8_cvt(q.device.index or 0)
+        and tile * head_dim >= 4 * 32 * num_warps  # the helper takes 4 bytes a thread at a time
     )
     if fp8_cvt is None:
         fp8_cvt = default_cvt if cvt_ok else "to"
@@ -410,7 +411,8 @@ def paged_decode(
         raise ValueError(f"fp8_cvt must be one of {FP8_CONVERSIONS}, got {fp8_cvt!r}")
     if fp8_cvt != "to" and not cvt_ok:
         raise ValueError(
-            f"not supported: fp8_cvt={fp8_cvt!r} needs an fp8 cache, fp16 dots and a CUDA GPU of sm_89 or later"
+            f"not supported: fp8_cvt={fp8_cvt!r} needs an fp8 cache, fp16 dots, a CUDA GPU of sm_89 or "
+            "later and tile * head_dim >= 128 * num_warps"
         )
     if tile < 16 or tile & (tile - 1):
         raise ValueError(f"tile must be a power of two >= 16, got {tile}")

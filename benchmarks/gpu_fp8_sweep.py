@@ -1,0 +1,284 @@
+"""Sweep of the paged decode kernel's configurations over fp8 and bf16 KV caches (issue 6, item 4).
+
+The target: one layer of Llama-3.1-8B (32 query heads, 8 KV heads, head_dim 128, block_size 16),
+32 sequences x 8,000 cached tokens, one decode token each; kernel only (`paged_decode`, no KV
+write). Every cell is the median of `triton.testing.do_bench` and carries its output's relative
+difference (2-norm) from a float32 reference computed on the GPU from the dequantized cache (the
+same inputs: a wrong cell shows a large "err"). "GB/s" counts the K/V bytes that must be read once.
+
+Rows: fp8 (e4m3) tile / warps / pipeline stages / conversion ("to": Triton's `.to()`; "v": V tiles
+through the cvt helper; "kv": K and V), then split counts for the best cells, e5m2 for the best
+cells, the bf16 cache's configurations, and the defaults at 1 x 8k and 256 x 2k. With
+`--baseline FILE` (a copy of an earlier engine/triton_attention.py) its paged_decode is timed too,
+on the same inputs. The table is printed last; `--max-s` stops the sweep early (the table shows
+what ran).
+
+    PYTHONPATH=<dir holding llmdeploy_engine> python3 benchmarks/gpu_fp8_sweep.py [--baseline F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_path import import_engine
+
+import_engine()
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+from llmdeploy_engine import triton_attention as ta  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, BS = 32, 8, 128, 16
+DEV = torch.device("cuda")
+START = time.perf_counter()
+ROWS: list[tuple[str, str]] = []
+E4M3, E5M2, BF16 = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
+
+# (tile, warps, stages, conversion) timed over the e4m3 cache at 32 x 8k
+FP8_CONFIGS = [
+    (128, 4, 3, "to"),  # the kernel's previous fp8 default, in the new loop
+    (128, 4, 5, "to"),
+    (64, 4, 5, "to"),
+    (128, 4, 5, "v"),
+    (64, 4, 5, "v"),
+    (128, 8, 5, "v"),
+    (128, 4, 5, "kv"),
+    (128, 4, 4, "kv"),
+    (128, 4, 3, "kv"),
+    (128, 8, 5, "kv"),
+    (128, 8, 3, "kv"),
+    (64, 4, 5, "kv"),
+    (64, 4, 3, "kv"),
+    (64, 8, 5, "kv"),
+    (32, 4, 5, "kv"),
+    (256, 8, 5, "kv"),
+    (256, 8, 3, "kv"),
+    (256, 4, 3, "kv"),
+]
+BF16_CONFIGS = [(64, 4, 3), (64, 4, 5), (64, 8, 5), (128, 4, 5), (128, 8, 5), (32, 4, 5)]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - START:6.1f}s] {msg}", flush=True)
+
+
+def bench(fn: Callable[[], Any]) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+class Case:
+    """n sequences of ctx cached tokens in shuffled blocks, a bf16 query, per-tensor fp8 scales."""
+
+    def __init__(self, n: int, ctx: int, dtype: torch.dtype, table_tokens: int | None = None) -> None:
+        gen = torch.Generator(device=DEV).manual_seed(n * 7 + ctx)
+        per_seq = -(-(table_tokens or ctx) // BS)
+        num_blocks = n * per_seq + 1
+        perm = torch.randperm(num_blocks, device=DEV, generator=gen)
+        self.tables = perm[: n * per_seq].view(n, per_seq).to(torch.int32)
+        self.lengths = torch.full((n,), ctx, device=DEV, dtype=torch.int64)
+        shape = (num_blocks, BS, KV_HEADS, HEAD_DIM)
+        k = torch.randn(shape, device=DEV, generator=gen)
+        v = torch.randn(shape, device=DEV, generator=gen)
+        self.q = torch.randn(n, HEADS, HEAD_DIM, device=DEV, generator=gen).to(BF16)
+        if dtype in (E4M3, E5M2):
+            top = torch.finfo(dtype).max
+            # scales that use the format's range: max |x| of a unit normal over ~1e9 values is ~6
+            self.k_scale = torch.tensor([6.0 / top], device=DEV)
+            self.v_scale = torch.tensor([6.0 / top], device=DEV)
+            self.kc = (k / self.k_scale).clamp(-top, top).to(dtype)
+            self.vc = (v / self.v_scale).clamp(-top, top).to(dtype)
+        else:
+            self.k_scale = self.v_scale = None
+            self.kc, self.vc = k.to(dtype), v.to(dtype)
+        del k, v
+        self.n, self.ctx, self.dtype = n, ctx, dtype
+        self.bytes = n * ctx * KV_HEADS * HEAD_DIM * 2 * self.kc.element_size()
+        self.ref = self.reference()
+
+    def reference(self) -> torch.Tensor:
+        """float32 attention over the dequantized cache, one sequence at a time."""
+        out = torch.empty(self.n, HEADS, HEAD_DIM, device=DEV)
+        ks = float(self.k_scale) if self.k_scale is not None else 1.0
+        vs = float(self.v_scale) if self.v_scale is not None else 1.0
+        nb = -(-self.ctx // BS)
+        for i in range(self.n):
+            blocks = self.tables[i, :nb].long()
+            k = self.kc[blocks].float().reshape(-1, KV_HEADS, HEAD_DIM)[: self.ctx] * ks
+            v = self.vc[blocks].float().reshape(-1, KV_HEADS, HEAD_DIM)[: self.ctx] * vs
+            q = self.q[i].float().view(KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
+            s = torch.einsum("hgd,thd->hgt", q, k) * HEAD_DIM**-0.5
+            out[i] = torch.einsum("hgt,thd->hgd", torch.softmax(s, -1), v).reshape(HEADS, HEAD_DIM)
+        return out
+
+    def run(self, module: Any = ta, **kw: Any) -> torch.Tensor:
+        return module.paged_decode(
+            self.q,
+            self.kc,
+            self.vc,
+            self.tables,
+            self.lengths,
+            HEAD_DIM**-0.5,
+            self.k_scale,
+            self.v_scale,
+            **kw,
+        )
+
+    def cell(self, name: str, base_ms: float | None = None, module: Any = ta, **kw: Any) -> tuple[str, float]:
+        try:
+            out = self.run(module, **kw)
+            # poison, then free: the caching allocator hands the same block to the next call's output
+            out.fill_(float("nan"))
+            del out
+            out = self.run(module, **kw)
+            torch.cuda.synchronize()
+            err = float((out.float() - self.ref).norm() / self.ref.norm())
+            ms = bench(lambda: self.run(module, **kw))
+        except Exception as exc:  # one configuration failing leaves the others' cells
+            traceback.print_exc()
+            return f"{name}: FAILED {type(exc).__name__}: {str(exc)[:160]}", float("inf")
+        ratio = f" | x{base_ms / ms:4.2f} of bf16" if base_ms else ""
+        flag = "" if err < 2e-2 else " WRONG"
+        text = f"{name}: {ms * 1e3:7.1f} us {self.bytes / ms / 1e6:6.0f} GB/s err {err:.1e}{flag}{ratio}"
+        log(text)
+        return text, ms
+
+
+def row(name: str, cells: list[str]) -> None:
+    ROWS.append((name, " ; ".join(cells)))
+
+
+def load_baseline(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("baseline_triton_attention", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device=DEV)
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return 2 * 2 * 1024**3 / ms / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--baseline", default=None, help="an earlier triton_attention.py to time as well")
+    parser.add_argument("--max-s", type=float, default=190.0, help="stop starting new rows after this")
+    parser.add_argument("--ctx", type=int, default=8000)
+    parser.add_argument("--table-tokens", type=int, default=8128, help="block-table width in tokens")
+    args = parser.parse_args()
+    log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    log(f"copy bandwidth (read + write): {copy_bandwidth():.0f} GB/s")
+    base = load_baseline(args.baseline) if args.baseline else None
+    n, ctx = 32, args.ctx
+    chosen = ta.choose_num_splits(n, KV_HEADS, args.table_tokens, DEV)
+    log(f"32 x {ctx}: chosen splits {chosen}; DECODE_CONFIG {ta.DECODE_CONFIG}")
+
+    def over() -> bool:
+        return time.perf_counter() - START > args.max_s
+
+    bf = Case(n, ctx, BF16, args.table_tokens)
+    text, bf_ms = bf.cell("bf16 default")
+    cells = [text]
+    if base is not None:
+        cells.append(bf.cell("bf16 baseline kernel", bf_ms, base)[0])
+    row(f"bf16 cache 32 x {ctx}", cells)
+
+    e4 = Case(n, ctx, E4M3, args.table_tokens)
+    cells = [e4.cell("e4m3 default", bf_ms)[0]]
+    if base is not None:
+        cells.append(e4.cell("e4m3 baseline kernel", bf_ms, base)[0])
+    row(f"e4m3 cache 32 x {ctx}: defaults", cells)
+
+    timed: list[tuple[float, tuple[int, int, int, str]]] = []
+    cells = []
+    for tile, warps, stages, cvt in FP8_CONFIGS:
+        if over():
+            cells.append("(time limit: rest skipped)")
+            break
+        kw = {"tile": tile, "num_warps": warps, "num_stages": stages, "fp8_cvt": cvt}
+        text, ms = e4.cell(f"{tile}/{warps}/{stages}/{cvt}", bf_ms, **kw)
+        cells.append(text)
+        timed.append((ms, (tile, warps, stages, cvt)))
+    row(f"e4m3 32 x {ctx}: tile/warps/stages/conversion", cells)
+    best = [cfg for _, cfg in sorted(timed)[:3]]
+
+    cells = []
+    for tile, warps, stages, cvt in best[:2]:
+        for splits in sorted({1, chosen, 2 * chosen, 4 * chosen, 8 * chosen}):
+            if over():
+                break
+            kw = {
+                "tile": tile,
+                "num_warps": warps,
+                "num_stages": stages,
+                "fp8_cvt": cvt,
+                "num_splits": splits,
+            }
+            cells.append(e4.cell(f"{tile}/{warps}/{stages}/{cvt} splits {splits}", bf_ms, **kw)[0])
+    row(f"e4m3 32 x {ctx}: split counts of the best two", cells)
+    del e4
+
+    e5 = Case(n, ctx, E5M2, args.table_tokens)
+    cells = [e5.cell("e5m2 default", bf_ms)[0]]
+    for tile, warps, stages, cvt in best[:2]:
+        if not over():
+            kw = {"tile": tile, "num_warps": warps, "num_stages": stages, "fp8_cvt": cvt}
+            cells.append(e5.cell(f"{tile}/{warps}/{stages}/{cvt}", bf_ms, **kw)[0])
+    row(f"e5m2 cache 32 x {ctx}", cells)
+    del e5
+
+    cells = []
+    for tile, warps, stages in BF16_CONFIGS:
+        if over():
+            break
+        cells.append(
+            bf.cell(f"{tile}/{warps}/{stages}", bf_ms, tile=tile, num_warps=warps, num_stages=stages)[0]
+        )
+    for splits in (chosen * 2, chosen * 4):
+        if not over():
+            cells.append(bf.cell(f"default splits {splits}", bf_ms, num_splits=splits)[0])
+    row(f"bf16 cache 32 x {ctx}: tile/warps/stages", cells)
+    del bf
+
+    for n2, ctx2 in ((1, 8192), (256, 2048)):
+        if over():
+            break
+        b16 = Case(n2, ctx2, BF16)
+        text, b_ms = b16.cell("bf16 default")
+        cells = [text]
+        if base is not None:
+            cells.append(b16.cell("bf16 baseline", b_ms, base)[0])
+        del b16
+        f8 = Case(n2, ctx2, E4M3)
+        cells.append(f8.cell("e4m3 default", b_ms)[0])
+        if base is not None:
+            cells.append(f8.cell("e4m3 baseline", b_ms, base)[0])
+        for tile, warps, stages, cvt in best[:2]:
+            kw = {"tile": tile, "num_warps": warps, "num_stages": stages, "fp8_cvt": cvt}
+            cells.append(f8.cell(f"e4m3 {tile}/{warps}/{stages}/{cvt}", b_ms, **kw)[0])
+        del f8
+        row(f"{n2} x {ctx2}", cells)
+        torch.cuda.empty_cache()
+
+    print("\n| case | cells (time, K/V GB/s, error vs float32 reference, speed vs the bf16 cache) |")
+    print("|---|---|")
+    for name, text in ROWS:
+        print(f"| {name} | {text} |")
+    log(f"best e4m3 configurations at 32 x {ctx}: {best}")
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
