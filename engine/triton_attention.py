@@ -26,6 +26,8 @@ values, so every launch here can be captured in a CUDA graph.
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,13 +39,30 @@ TILE_TOKENS = 64
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 256  # below this a split's partial result costs more than its parallelism gains
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-# paged_decode's (keys per tile, warps, pipeline stages, fp8 conversion), by whether the cache is fp8.
-# Conversion "kv": K and V tiles through `_fp8_to_f16`; "v": V only; "to": Triton's `.to()`.
-# H200, Llama-3.1-8B layer, 32 x 8k, kernel only (benchmarks/gpu_fp8_sweep.py): see
-# benchmarks/results/gpu_fp8_sweep.log. Stages 5 give two K/V buffers (the block-table load takes
-# one stage of its own); below that the next tile's copy waits for this tile's math.
-DECODE_CONFIG = {False: (TILE_TOKENS, 4, 3, "to"), True: (128, 4, 5, "kv")}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """paged_decode's launch configuration for one kind of cache."""
+
+    tile: int  # keys per loop step
+    num_warps: int
+    num_stages: int  # 5: two K/V buffers (the block-table load takes a stage of its own)
+    fp8_cvt: str  # "to": Triton's `.to()`; "v": V tiles through `_fp8_to_f16`; "kv": K and V
+    row_sum_at_end: bool  # softmax denominators summed once after the loop, not per tile
+    programs_per_sm: int  # resident programs an SM holds (registers / shared memory), for the splits
+    max_registers: int | None  # ptxas cap that keeps programs_per_sm (checked: no spills)
+
+
 FP8_CONVERSIONS = ("to", "v", "kv")
+# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), 32 x 8k, kernel only
+# (benchmarks/gpu_fp8_sweep.py; logs in benchmarks/results/gpu_fp8_sweep_run*.log). bf16: 4 programs
+# an SM (128 registers, 39 KB shared; without the cap the one-split variant takes 130-150 registers
+# and only 3 fit). fp8: 2 (108 KB shared: two fp8 K/V buffers + the fp16 V tile).
+DECODE_CONFIG = {
+    False: DecodeConfig(TILE_TOKENS, 4, 3, "to", False, 4, 128),
+    True: DecodeConfig(128, 4, 5, "v", False, 2, None),
+}
 
 
 @triton.jit
@@ -174,9 +193,11 @@ def _fp8_to_f16(x, E5M2: tl.constexpr):
 @triton.jit
 def _decode_tile(q, acc, m_i, l_i, start, hi, k_ptr, v_ptr, table_row, kv_off, qk_scale, stride_kb,
                  stride_kt, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                 MASKED: tl.constexpr, CVT_K: tl.constexpr, CVT_V: tl.constexpr, E5M2: tl.constexpr):  # fmt: skip
+                 MASKED: tl.constexpr, CVT_K: tl.constexpr, CVT_V: tl.constexpr, E5M2: tl.constexpr,
+                 SUM_AT_END: tl.constexpr):  # fmt: skip
     """One K/V tile of the online softmax (scores in the exp2 domain: qk_scale carries log2(e)).
-    MASKED=False: every key start .. start + TILE - 1 is below hi."""
+    MASKED=False: every key start .. start + TILE - 1 is below hi. SUM_AT_END: l_i is [rows, TILE]
+    of per-column partial sums (no cross-warp reduction per tile)."""
     t = tl.arange(0, TILE)
     d = tl.arange(0, HEAD_DIM)
     pos = start + t
@@ -205,7 +226,7 @@ def _decode_tile(q, acc, m_i, l_i, start, hi, k_ptr, v_ptr, table_row, kv_off, q
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha[:, None] + p if SUM_AT_END else l_i * alpha + tl.sum(p, 1)
     if MASKED:
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
     else:
@@ -251,6 +272,7 @@ def _paged_decode_kernel(
     CVT_V: tl.constexpr,
     E5M2: tl.constexpr,
     STAGES: tl.constexpr,
+    SUM_AT_END: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -270,7 +292,7 @@ def _paged_decode_kernel(
         # K, V and P follow q's dtype below: fp16 for the dots
         q, qk_scale = _fp16_query(q, qk_scale)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    l_i = tl.zeros([GROUP_PAD, TILE], tl.float32) if SUM_AT_END else tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     lo = split * split_tokens
     hi = tl.minimum(ctx, lo + split_tokens)
@@ -280,14 +302,16 @@ def _paged_decode_kernel(
     for i in tl.range(0, num_full, num_stages=STAGES):
         acc, m_i, l_i = _decode_tile(
             q, acc, m_i, l_i, lo + i * TILE, hi, k_ptr, v_ptr, table_row, kv_off, qk_scale, stride_kb,
-            stride_kt, HEAD_DIM, BLOCK_SIZE, TILE, False, CVT_K, CVT_V, E5M2,
+            stride_kt, HEAD_DIM, BLOCK_SIZE, TILE, False, CVT_K, CVT_V, E5M2, SUM_AT_END,
         )  # fmt: skip
     tail = lo + num_full * TILE
     if tail < hi:
         acc, m_i, l_i = _decode_tile(
             q, acc, m_i, l_i, tail, hi, k_ptr, v_ptr, table_row, kv_off, qk_scale, stride_kb, stride_kt,
-            HEAD_DIM, BLOCK_SIZE, TILE, True, CVT_K, CVT_V, E5M2,
+            HEAD_DIM, BLOCK_SIZE, TILE, True, CVT_K, CVT_V, E5M2, SUM_AT_END,
         )  # fmt: skip
+    if SUM_AT_END:
+        l_i = tl.sum(l_i, 1)
     if FP8:
         acc = acc * tl.load(v_scale_ptr)
     if NUM_SPLITS == 1:
@@ -335,11 +359,18 @@ def _num_sms(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Context splits per (sequence, KV head): enough programs for ~2 per SM, each split at least
-    MIN_SPLIT_TOKENS long, a power of two (the merge kernel's tile). From shapes only."""
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device, programs_per_sm: int = 4
+) -> int:
+    """Context splits per (sequence, KV head): enough programs to fill the SMs' resident slots once
+    (a first wave that fills >= 90 % of them is not split further: each split adds a pipeline fill
+    and a share of the merge), each split at least MIN_SPLIT_TOKENS long, a power of two (the merge
+    kernel's tile). From shapes only."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
-    want = min(-(-2 * sms // max(1, num_seqs * num_kv_heads)), max_context // MIN_SPLIT_TOKENS, MAX_SPLITS)
+    slots = 0.9 * programs_per_sm * sms
+    want = min(
+        math.ceil(slots / max(1, num_seqs * num_kv_heads)), max_context // MIN_SPLIT_TOKENS, MAX_SPLITS
+    )
     if want <= 1:
         return 1
     return int(triton.next_power_of_2(want))
@@ -381,6 +412,7 @@ def paged_decode(
     num_stages: int | None = None,
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
     fp8_cvt: str | None = None,  # one of FP8_CONVERSIONS; None: DECODE_CONFIG where the GPU has the cvt
+    row_sum_at_end: bool | None = None,  # None: DECODE_CONFIG
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
@@ -389,10 +421,15 @@ def paged_decode(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-    default_tile, default_warps, default_stages, default_cvt = DECODE_CONFIG[fp8]
-    tile = tile or default_tile
-    num_warps = num_warps or default_warps
-    num_stages = num_stages or default_stages
+    config = DECODE_CONFIG[fp8]
+    # the register cap belongs to the default tile and warps
+    max_registers = config.max_registers if (tile or config.tile, num_warps or config.num_warps) == (
+        config.tile, config.num_warps) else None  # fmt: skip
+    tile = tile or config.tile
+    num_warps = num_warps or config.num_warps
+    num_stages = num_stages or config.num_stages
+    if row_sum_at_end is None:
+        row_sum_at_end = config.row_sum_at_end
     if fp16_dot is None:
         fp16_dot = fp8 and q.dtype == torch.bfloat16
     if fp16_dot and q.dtype not in (torch.bfloat16, torch.float16):
@@ -406,7 +443,7 @@ def paged_decode(
         and tile * head_dim >= 4 * 32 * num_warps  # the helper takes 4 bytes a thread at a time
     )
     if fp8_cvt is None:
-        fp8_cvt = default_cvt if cvt_ok else "to"
+        fp8_cvt = config.fp8_cvt if cvt_ok else "to"
     if fp8_cvt not in FP8_CONVERSIONS:
         raise ValueError(f"fp8_cvt must be one of {FP8_CONVERSIONS}, got {fp8_cvt!r}")
     if fp8_cvt != "to" and not cvt_ok:
@@ -422,7 +459,7 @@ def paged_decode(
         return out
     max_context = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(n, num_kv_heads, max_context, q.device)
+        num_splits = choose_num_splits(n, num_kv_heads, max_context, q.device, config.programs_per_sm)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0
     split_tokens = -(-max_context // num_splits)
     split_tokens = -(-split_tokens // tile) * tile
@@ -466,8 +503,10 @@ def paged_decode(
         CVT_V=fp8_cvt in ("v", "kv"),
         E5M2=k_cache.dtype == torch.float8_e5m2,
         STAGES=num_stages,
+        SUM_AT_END=row_sum_at_end,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers and q.device.type == "cuda" else {}),
     )
     if num_splits > 1:
         _merge_splits_kernel[(n, num_heads)](

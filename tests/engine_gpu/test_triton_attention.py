@@ -164,6 +164,10 @@ def test_choose_num_splits_from_shapes() -> None:
     assert choose_num_splits(1, 8, 128, cpu) == 1  # too short to split
     assert choose_num_splits(256, 8, 8192, cpu) == 1  # enough programs already
     assert choose_num_splits(32, 8, 8192, cpu) == 2
+    # fp8's configuration: 2 resident programs an SM; 256 programs fill 97 % of the 264 slots
+    assert choose_num_splits(32, 8, 8192, cpu, 2) == 1
+    assert choose_num_splits(16, 8, 8192, cpu, 2) == 2
+    assert choose_num_splits(1, 8, 8192, cpu, 2) == 32
     for n in (1, 3, 32, 100):
         s = choose_num_splits(n, 8, 4096, cpu)
         assert 1 <= s <= MAX_SPLITS and s & (s - 1) == 0
@@ -248,11 +252,15 @@ def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> N
 
 
 @pytest.mark.parametrize(
-    "tile,num_warps,num_stages,cvt",
-    [(64, 4, 3, "to"), (128, 4, 5, "kv"), (128, 4, 3, "kv"), (128, 8, 5, "kv"), (64, 4, 5, "kv"),
-     (64, 8, 5, "v"), (128, 4, 5, "v"), (256, 8, 5, "kv"), (32, 4, 4, "kv"), (128, 4, 5, "to")],
+    "tile,num_warps,num_stages,cvt,sum_at_end",
+    [(64, 4, 3, "to", False), (128, 4, 5, "kv", False), (128, 4, 3, "kv", False), (128, 8, 5, "kv", False),
+     (64, 4, 5, "kv", False), (64, 8, 5, "v", False), (128, 4, 5, "v", False), (128, 4, 5, "v", True),
+     (128, 4, 4, "v", True), (256, 8, 5, "v", False), (32, 4, 4, "kv", False), (128, 4, 5, "to", False),
+     (32, 4, 3, "to", True)],
 )  # fmt: skip
-def test_paged_decode_fp8_tuning_configs(tile: int, num_warps: int, num_stages: int, cvt: str) -> None:
+def test_paged_decode_fp8_tuning_configs(
+    tile: int, num_warps: int, num_stages: int, cvt: str, sum_at_end: bool
+) -> None:
     """The fp8 decode configurations the sweep times (candidates for DECODE_CONFIG) against the
     float64 reference, bf16 query over e4m3 and e5m2, with and without split-KV."""
     from kernel_cases import make_batch, reference, rel_err
@@ -270,7 +278,7 @@ def test_paged_decode_fp8_tuning_configs(tile: int, num_warps: int, num_stages: 
         for splits in (1, 4):
             out = paged_decode(
                 b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
-                tile=tile, num_warps=num_warps, num_stages=num_stages, fp8_cvt=cvt,
+                tile=tile, num_warps=num_warps, num_stages=num_stages, fp8_cvt=cvt, row_sum_at_end=sum_at_end,
             )  # fmt: skip
             assert rel_err(out, ref) < 2e-2, (cache_dtype, splits)
 
@@ -302,10 +310,12 @@ def test_paged_decode_tile_edges(case: tuple[int, int, list[int]], fp8: bool) ->
     lengths = torch.tensor(ctxs, device=DEVICE)
     tol = 2e-3 if dtype == torch.float32 else 2e-2
     for splits in (1, 2, 8):
-        out = paged_decode(
-            b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits, tile=tile
-        )
-        assert rel_err(out, ref) < tol, (splits, rel_err(out, ref))
+        for sum_at_end in (False, True):
+            out = paged_decode(
+                b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits, tile=tile,
+                row_sum_at_end=sum_at_end,
+            )  # fmt: skip
+            assert rel_err(out, ref) < tol, (splits, sum_at_end, rel_err(out, ref))
 
 
 def test_paged_decode_rejects_bad_options() -> None:
