@@ -6,14 +6,18 @@ write). Every cell is the median of `triton.testing.do_bench` and carries its ou
 difference (2-norm) from a float32 reference computed on the GPU from the dequantized cache (the
 same inputs: a wrong cell shows a large "err"). "GB/s" counts the K/V bytes that must be read once.
 
-Rows: fp8 (e4m3) tile / warps / pipeline stages / conversion ("to": Triton's `.to()`; "v": V tiles
-through the cvt helper; "kv": K and V), then split counts for the best cells, e5m2 for the best
-cells, the bf16 cache's configurations, and the defaults at 1 x 8k and 256 x 2k. With
-`--baseline FILE` (a copy of an earlier engine/triton_attention.py) its paged_decode is timed too,
-on the same inputs. The table is printed last; `--max-s` stops the sweep early (the table shows
-what ran).
+Rows: the bf16 cache's default and a few configurations; fp8 (e4m3) tile / warps / pipeline stages /
+conversion ("to": Triton's `.to()`; "v": V tiles through the cvt helper; "kv": K and V) / softmax
+sums at the end, each at one or more split counts; e5m2 with the default and the best e4m3 cell;
+then the defaults (and half / double the chosen split count) at 16, 8, 4 and 1 x 8k and 256 x 2k.
+With `--baseline FILE` (a copy of an earlier engine/triton_attention.py) its paged_decode is timed
+too, on the same inputs. The table is printed last; `--max-s` stops the sweep early (the table
+shows what ran).
 
     PYTHONPATH=<dir holding llmdeploy_engine> python3 benchmarks/gpu_fp8_sweep.py [--baseline F]
+
+CPU dry run of the script itself (Triton's interpreter, tiny sizes, times meaningless):
+`TRITON_INTERPRET=1 python benchmarks/gpu_fp8_sweep.py --device cpu --quick`.
 """
 
 from __future__ import annotations
@@ -38,33 +42,31 @@ import triton.testing  # noqa: E402
 from llmdeploy_engine import triton_attention as ta  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BS = 32, 8, 128, 16
-DEV = torch.device("cuda")
+DEV = torch.device("cuda")  # --device cpu: the interpreter dry run
 START = time.perf_counter()
 ROWS: list[tuple[str, str]] = []
 E4M3, E5M2, BF16 = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
 
-# (tile, warps, stages, conversion) timed over the e4m3 cache at 32 x 8k
+# (tile, warps, stages, conversion, softmax sums at the end, split counts) timed over the e4m3 cache
+# at 32 x 8k. Run 1 (benchmarks/results/gpu_fp8_sweep_run1.log) timed the first set of candidates;
+# these are the ones it left open: 2 or 3 programs an SM (5 or 4 stages), one- and two-warp
+# programs (no cross-warp softmax reductions, more programs an SM), sums at the end.
 FP8_CONFIGS = [
-    (128, 4, 3, "to"),  # the kernel's previous fp8 default, in the new loop
-    (128, 4, 5, "to"),
-    (64, 4, 5, "to"),
-    (128, 4, 5, "v"),
-    (64, 4, 5, "v"),
-    (128, 8, 5, "v"),
-    (128, 4, 5, "kv"),
-    (128, 4, 4, "kv"),
-    (128, 4, 3, "kv"),
-    (128, 8, 5, "kv"),
-    (128, 8, 3, "kv"),
-    (64, 4, 5, "kv"),
-    (64, 4, 3, "kv"),
-    (64, 8, 5, "kv"),
-    (32, 4, 5, "kv"),
-    (256, 8, 5, "kv"),
-    (256, 8, 3, "kv"),
-    (256, 4, 3, "kv"),
+    (128, 4, 5, "v", False, (1, 2)),
+    (128, 4, 5, "v", True, (1, 2)),
+    (128, 4, 4, "v", False, (1, 2)),
+    (128, 4, 4, "v", True, (1, 2)),
+    (128, 4, 3, "v", True, (1,)),
+    (32, 1, 4, "v", True, (2, 4, 8)),
+    (32, 1, 3, "v", False, (4,)),
+    (64, 2, 4, "v", True, (1, 2, 4)),
+    (64, 2, 5, "v", True, (2,)),
+    (32, 2, 4, "v", True, (2, 4)),
+    (64, 4, 5, "v", True, (1, 2)),
+    (128, 4, 5, "to", True, (1,)),
+    (256, 8, 5, "v", True, (1,)),
 ]
-BF16_CONFIGS = [(64, 4, 3), (64, 4, 5), (64, 8, 5), (128, 4, 5), (128, 8, 5), (32, 4, 5)]
+BF16_CONFIGS = [(64, 4, 3), (64, 4, 5), (32, 4, 5)]
 
 
 def log(msg: str) -> None:
@@ -72,6 +74,10 @@ def log(msg: str) -> None:
 
 
 def bench(fn: Callable[[], Any]) -> float:
+    if DEV.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
@@ -83,7 +89,7 @@ class Case:
         per_seq = -(-(table_tokens or ctx) // BS)
         num_blocks = n * per_seq + 1
         perm = torch.randperm(num_blocks, device=DEV, generator=gen)
-        self.tables = perm[: n * per_seq].view(n, per_seq).to(torch.int32)
+        self.tables = perm[: n * per_seq].view(n, per_seq)  # int64, as the engine passes them
         self.lengths = torch.full((n,), ctx, device=DEV, dtype=torch.int64)
         shape = (num_blocks, BS, KV_HEADS, HEAD_DIM)
         k = torch.randn(shape, device=DEV, generator=gen)
@@ -139,7 +145,8 @@ class Case:
             out.fill_(float("nan"))
             del out
             out = self.run(module, **kw)
-            torch.cuda.synchronize()
+            if DEV.type == "cuda":
+                torch.cuda.synchronize()
             err = float((out.float() - self.ref).norm() / self.ref.norm())
             ms = bench(lambda: self.run(module, **kw))
         except Exception as exc:  # one configuration failing leaves the others' cells
@@ -171,19 +178,35 @@ def copy_bandwidth() -> float:
     return 2 * 2 * 1024**3 / ms / 1e6
 
 
+def fp8_kw(cfg: tuple[int, int, int, str, bool], splits: int | None = None) -> dict[str, Any]:
+    tile, warps, stages, cvt, at_end = cfg
+    kw: dict[str, Any] = {"tile": tile, "num_warps": warps, "num_stages": stages, "fp8_cvt": cvt}
+    kw["row_sum_at_end"] = at_end
+    if splits:
+        kw["num_splits"] = splits
+    return kw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--baseline", default=None, help="an earlier triton_attention.py to time as well")
     parser.add_argument("--max-s", type=float, default=190.0, help="stop starting new rows after this")
     parser.add_argument("--ctx", type=int, default=8000)
     parser.add_argument("--table-tokens", type=int, default=8128, help="block-table width in tokens")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (with --device cpu: a dry run)")
     args = parser.parse_args()
-    log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    log(f"copy bandwidth (read + write): {copy_bandwidth():.0f} GB/s")
+    global DEV
+    DEV = torch.device(args.device)
+    if args.quick:
+        args.ctx, args.table_tokens = 300, 320
+        del FP8_CONFIGS[2:], BF16_CONFIGS[2:]
+    if DEV.type == "cuda":
+        log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+        log(f"copy bandwidth (read + write): {copy_bandwidth():.0f} GB/s")
     base = load_baseline(args.baseline) if args.baseline else None
-    n, ctx = 32, args.ctx
-    chosen = ta.choose_num_splits(n, KV_HEADS, args.table_tokens, DEV)
-    log(f"32 x {ctx}: chosen splits {chosen}; DECODE_CONFIG {ta.DECODE_CONFIG}")
+    n, ctx = (2 if args.quick else 32), args.ctx
+    log(f"DECODE_CONFIG {ta.DECODE_CONFIG}")
 
     def over() -> bool:
         return time.perf_counter() - START > args.max_s
@@ -193,81 +216,68 @@ def main() -> None:
     cells = [text]
     if base is not None:
         cells.append(bf.cell("bf16 baseline kernel", bf_ms, base)[0])
-    row(f"bf16 cache 32 x {ctx}", cells)
+    for tile, warps, stages in BF16_CONFIGS[1:]:
+        cells.append(
+            bf.cell(f"bf16 {tile}/{warps}/{stages}", bf_ms, tile=tile, num_warps=warps, num_stages=stages)[0]
+        )
+    row(f"bf16 cache {n} x {ctx}", cells)
+    del bf
 
     e4 = Case(n, ctx, E4M3, args.table_tokens)
     cells = [e4.cell("e4m3 default", bf_ms)[0]]
     if base is not None:
         cells.append(e4.cell("e4m3 baseline kernel", bf_ms, base)[0])
-    row(f"e4m3 cache 32 x {ctx}: defaults", cells)
+    row(f"e4m3 cache {n} x {ctx}: defaults", cells)
 
-    timed: list[tuple[float, tuple[int, int, int, str]]] = []
+    timed: list[tuple[float, tuple[Any, ...]]] = []
     cells = []
-    for tile, warps, stages, cvt in FP8_CONFIGS:
-        if over():
-            cells.append("(time limit: rest skipped)")
-            break
-        kw = {"tile": tile, "num_warps": warps, "num_stages": stages, "fp8_cvt": cvt}
-        text, ms = e4.cell(f"{tile}/{warps}/{stages}/{cvt}", bf_ms, **kw)
-        cells.append(text)
-        timed.append((ms, (tile, warps, stages, cvt)))
-    row(f"e4m3 32 x {ctx}: tile/warps/stages/conversion", cells)
-    best = [cfg for _, cfg in sorted(timed)[:3]]
-
-    cells = []
-    for tile, warps, stages, cvt in best[:2]:
-        for splits in sorted({1, chosen, 2 * chosen, 4 * chosen, 8 * chosen}):
+    for *cfg, split_counts in FP8_CONFIGS:
+        for splits in split_counts:
             if over():
                 break
-            kw = {
-                "tile": tile,
-                "num_warps": warps,
-                "num_stages": stages,
-                "fp8_cvt": cvt,
-                "num_splits": splits,
-            }
-            cells.append(e4.cell(f"{tile}/{warps}/{stages}/{cvt} splits {splits}", bf_ms, **kw)[0])
-    row(f"e4m3 32 x {ctx}: split counts of the best two", cells)
+            name = (
+                "/".join(str(x) for x in cfg[:4]) + ("/sums-at-end" if cfg[4] else "") + f" splits {splits}"
+            )
+            text, ms = e4.cell(name, bf_ms, **fp8_kw(tuple(cfg), splits))  # type: ignore[arg-type]
+            cells.append(text)
+            timed.append((ms, (*cfg, splits)))
+    row(f"e4m3 {n} x {ctx}: tile/warps/stages/conversion[/sums at end] splits", cells)
     del e4
+    best = [cfg for _, cfg in sorted(timed)[:2]]
+    log(f"best e4m3 configurations at {n} x {ctx}: {best}")
 
-    e5 = Case(n, ctx, E5M2, args.table_tokens)
-    cells = [e5.cell("e5m2 default", bf_ms)[0]]
-    for tile, warps, stages, cvt in best[:2]:
-        if not over():
-            kw = {"tile": tile, "num_warps": warps, "num_stages": stages, "fp8_cvt": cvt}
-            cells.append(e5.cell(f"{tile}/{warps}/{stages}/{cvt}", bf_ms, **kw)[0])
-    row(f"e5m2 cache 32 x {ctx}", cells)
-    del e5
+    if not over():
+        e5 = Case(n, ctx, E5M2, args.table_tokens)
+        cells = [e5.cell("e5m2 default", bf_ms)[0]]
+        for *cfg, splits in best[:1]:
+            cells.append(e5.cell(f"e5m2 best e4m3 config {best[0]}", bf_ms, **fp8_kw(tuple(cfg), splits))[0])
+        row(f"e5m2 cache {n} x {ctx}", cells)
+        del e5
 
-    cells = []
-    for tile, warps, stages in BF16_CONFIGS:
+    # the engine's batch shrinks as sequences finish: the defaults and their split counts by batch size
+    sizes = [(16, args.ctx), (8, args.ctx), (4, args.ctx), (1, args.ctx), (256, 2048)]
+    for n2, ctx2 in [(1, 300), (3, 64)] if args.quick else sizes:
         if over():
             break
-        cells.append(
-            bf.cell(f"{tile}/{warps}/{stages}", bf_ms, tile=tile, num_warps=warps, num_stages=stages)[0]
-        )
-    for splits in (chosen * 2, chosen * 4):
-        if not over():
-            cells.append(bf.cell(f"default splits {splits}", bf_ms, num_splits=splits)[0])
-    row(f"bf16 cache 32 x {ctx}: tile/warps/stages", cells)
-    del bf
-
-    for n2, ctx2 in ((1, 8192), (256, 2048)):
-        if over():
-            break
-        b16 = Case(n2, ctx2, BF16)
+        b16 = Case(n2, ctx2, BF16, args.table_tokens if ctx2 == args.ctx else None)
         text, b_ms = b16.cell("bf16 default")
         cells = [text]
         if base is not None:
             cells.append(b16.cell("bf16 baseline", b_ms, base)[0])
+            cells.append(b16.cell("bf16 default again", b_ms)[0])
         del b16
-        f8 = Case(n2, ctx2, E4M3)
-        cells.append(f8.cell("e4m3 default", b_ms)[0])
+        f8 = Case(n2, ctx2, E4M3, args.table_tokens if ctx2 == args.ctx else None)
+        chosen = ta.choose_num_splits(
+            n2, KV_HEADS, f8.tables.shape[1] * BS, DEV, ta.DECODE_CONFIG[True].programs_per_sm
+        )
+        cells.append(f8.cell(f"e4m3 default ({chosen} splits)", b_ms)[0])
         if base is not None:
             cells.append(f8.cell("e4m3 baseline", b_ms, base)[0])
-        for tile, warps, stages, cvt in best[:2]:
-            kw = {"tile": tile, "num_warps": warps, "num_stages": stages, "fp8_cvt": cvt}
-            cells.append(f8.cell(f"e4m3 {tile}/{warps}/{stages}/{cvt}", b_ms, **kw)[0])
+        for splits in (chosen // 2, chosen * 2):
+            if 1 <= splits <= ta.MAX_SPLITS:
+                cells.append(f8.cell(f"e4m3 default, {splits} splits", b_ms, num_splits=splits)[0])
+        for *cfg, _ in best[:1]:
+            cells.append(f8.cell(f"e4m3 {cfg}", b_ms, **fp8_kw(tuple(cfg)))[0])
         del f8
         row(f"{n2} x {ctx2}", cells)
         torch.cuda.empty_cache()
@@ -276,7 +286,6 @@ def main() -> None:
     print("|---|---|")
     for name, text in ROWS:
         print(f"| {name} | {text} |")
-    log(f"best e4m3 configurations at 32 x {ctx}: {best}")
 
 
 if __name__ == "__main__":
