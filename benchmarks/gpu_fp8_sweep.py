@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import time
 import traceback
@@ -194,6 +195,9 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=8000)
     parser.add_argument("--table-tokens", type=int, default=8128, help="block-table width in tokens")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--best-out", default=None, help="write the best e4m3 cell's DecodeConfig here (JSON)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (with --device cpu: a dry run)")
     args = parser.parse_args()
     global DEV
@@ -245,6 +249,12 @@ def main() -> None:
     del e4
     best = [cfg for _, cfg in sorted(timed)[:2]]
     log(f"best e4m3 configurations at {n} x {ctx}: {best}")
+    if args.best_out and timed and sorted(timed)[0][0] < float("inf"):
+        tile, warps, stages, cvt, at_end, splits = best[0]
+        # programs an SM that make choose_num_splits pick `splits` at 32 sequences x 8 KV heads
+        config = ta.DecodeConfig(tile, warps, stages, cvt, at_end, 2 * splits, None)
+        Path(args.best_out).write_text(json.dumps(vars(config)))
+        log(f"wrote {args.best_out}: {config}")
 
     if not over():
         e5 = Case(n, ctx, E5M2, args.table_tokens)

@@ -256,7 +256,9 @@ def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> N
     [(64, 4, 3, "to", False), (128, 4, 5, "kv", False), (128, 4, 3, "kv", False), (128, 8, 5, "kv", False),
      (64, 4, 5, "kv", False), (64, 8, 5, "v", False), (128, 4, 5, "v", False), (128, 4, 5, "v", True),
      (128, 4, 4, "v", True), (256, 8, 5, "v", False), (32, 4, 4, "kv", False), (128, 4, 5, "to", False),
-     (32, 4, 3, "to", True)],
+     (32, 4, 3, "to", True), (32, 1, 4, "v", True), (32, 1, 3, "v", False), (64, 2, 4, "v", True),
+     (64, 2, 5, "v", True), (32, 2, 4, "v", True), (64, 4, 5, "v", True), (128, 4, 4, "v", False),
+     (128, 4, 3, "v", True), (256, 8, 5, "v", True), (128, 4, 5, "to", True)],
 )  # fmt: skip
 def test_paged_decode_fp8_tuning_configs(
     tile: int, num_warps: int, num_stages: int, cvt: str, sum_at_end: bool
