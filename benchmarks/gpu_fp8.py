@@ -286,13 +286,14 @@ def main() -> None:
             from llmdeploy_engine import triton_attention
 
             config = triton_attention.DecodeConfig(**json.loads(path.read_text()))
-            saved = triton_attention.DECODE_CONFIG[True]
-            triton_attention.DECODE_CONFIG[True] = config
+            saved = triton_attention.DECODE_CONFIG[True], triton_attention.FP8_LARGE_BATCH_CONFIG
+            # the one configuration for every fp8 batch shape
+            triton_attention.DECODE_CONFIG[True] = triton_attention.FP8_LARGE_BATCH_CONFIG = config
             log(f"== kv_cache_dtype fp8_e4m3 with fp8 decode config {config}")
             try:
                 res = bench_dtype(args, "fp8_e4m3", prompts)
             finally:
-                triton_attention.DECODE_CONFIG[True] = saved
+                triton_attention.DECODE_CONFIG[True], triton_attention.FP8_LARGE_BATCH_CONFIG = saved
             res["kv_cache_dtype"] = (
                 f"fp8_e4m3 ({config.tile}/{config.num_warps}/{config.num_stages}/{config.fp8_cvt})"
             )

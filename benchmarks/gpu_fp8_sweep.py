@@ -278,7 +278,7 @@ def main() -> None:
         del b16
         f8 = Case(n2, ctx2, E4M3, args.table_tokens if ctx2 == args.ctx else None)
         chosen = ta.choose_num_splits(
-            n2, KV_HEADS, f8.tables.shape[1] * BS, DEV, ta.DECODE_CONFIG[True].programs_per_sm
+            n2, KV_HEADS, f8.tables.shape[1] * BS, DEV, ta.decode_config(True, n2, KV_HEADS).programs_per_sm
         )
         cells.append(f8.cell(f"e4m3 default ({chosen} splits)", b_ms)[0])
         if base is not None:

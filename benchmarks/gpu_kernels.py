@@ -239,7 +239,9 @@ def fp8_tuning_rows(sizes: list[tuple[int, int, int]]) -> None:
             bf16_t = bench(fn16)
             cells = [f"bf16 default: {fmt(bf16_t, nbytes16)}"]
             fn8, nbytes8 = decode_only(n, ctx, torch.float8_e4m3fn)
-            chosen = ta.choose_num_splits(n, KV_HEADS, ctx, DEV, ta.DECODE_CONFIG[True].programs_per_sm)
+            chosen = ta.choose_num_splits(
+                n, KV_HEADS, ctx, DEV, ta.decode_config(True, n, KV_HEADS).programs_per_sm
+            )
             runs: list[dict[str, Any]] = [dict(kw) for kw in FP8_CONFIGS[:configs]]
             runs += [{}] + [{"num_splits": min(chosen * f, ta.MAX_SPLITS)} for f in (2, 4)]
             ref = fn8(**runs[0]).float()
@@ -256,7 +258,7 @@ def fp8_tuning_rows(sizes: list[tuple[int, int, int]]) -> None:
 
         row(
             f"fp8 decode kernel only n={n} ctx={ctx} (chosen splits "
-            f"{ta.choose_num_splits(n, KV_HEADS, ctx, DEV, ta.DECODE_CONFIG[True].programs_per_sm)})",
+            f"{ta.choose_num_splits(n, KV_HEADS, ctx, DEV, ta.decode_config(True, n, KV_HEADS).programs_per_sm)})",
             measure,
         )
 

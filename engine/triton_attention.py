@@ -55,14 +55,27 @@ class DecodeConfig:
 
 
 FP8_CONVERSIONS = ("to", "v", "kv")
-# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), 32 x 8k, kernel only
-# (benchmarks/gpu_fp8_sweep.py; logs in benchmarks/results/gpu_fp8_sweep_run*.log). bf16: 4 programs
-# an SM (128 registers, 39 KB shared; without the cap the one-split variant takes 130-150 registers
-# and only 3 fit). fp8: 2 (108 KB shared: two fp8 K/V buffers + the fp16 V tile).
+# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), kernel only (benchmarks/gpu_fp8_sweep.py,
+# logs in benchmarks/results/gpu_fp8_sweep_run{1,2}.log). bf16 cache: 4 programs an SM (128 registers,
+# 39 KB shared; without the cap the one-split variant takes 130-150 registers and only 3 fit).
+# fp8 cache: 128-key tiles, 4 warps, 2 programs an SM (108 KB shared: two fp8 K/V buffers and the
+# fp16 V tile) for small batches; from FP8_LARGE_BATCH_PROGRAMS programs (sequences x KV heads) on,
+# 64-key tiles, 2 warps, sums at the end, 4 programs an SM (205 registers, 56 KB shared): 32 x 8k
+# 153 us (128-key tiles: 165) and 256 x 2k 295 us (339) against the bf16 cache's 258 and 506; at
+# 16 and fewer sequences the 128-key tiles measured faster.
 DECODE_CONFIG = {
     False: DecodeConfig(TILE_TOKENS, 4, 3, "to", False, 4, 128),
     True: DecodeConfig(128, 4, 5, "v", False, 2, None),
 }
+FP8_LARGE_BATCH_CONFIG = DecodeConfig(64, 2, 5, "v", True, 4, None)
+FP8_LARGE_BATCH_PROGRAMS = 256
+
+
+def decode_config(fp8: bool, num_seqs: int, num_kv_heads: int) -> DecodeConfig:
+    """paged_decode's default configuration for a cache kind and batch shape."""
+    if fp8 and num_seqs * num_kv_heads >= FP8_LARGE_BATCH_PROGRAMS:
+        return FP8_LARGE_BATCH_CONFIG
+    return DECODE_CONFIG[fp8]
 
 
 @triton.jit
@@ -407,12 +420,12 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,  # None: choose_num_splits
-    tile: int | None = None,  # keys per loop step; None: DECODE_CONFIG (tuning knobs: the benchmark
+    tile: int | None = None,  # keys per loop step; None: decode_config (tuning knobs: the benchmark
     num_warps: int | None = None,  # times others)
     num_stages: int | None = None,
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
-    fp8_cvt: str | None = None,  # one of FP8_CONVERSIONS; None: DECODE_CONFIG where the GPU has the cvt
-    row_sum_at_end: bool | None = None,  # None: DECODE_CONFIG
+    fp8_cvt: str | None = None,  # one of FP8_CONVERSIONS; None: decode_config where the GPU has the cvt
+    row_sum_at_end: bool | None = None,  # None: decode_config
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
@@ -421,7 +434,7 @@ def paged_decode(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-    config = DECODE_CONFIG[fp8]
+    config = decode_config(fp8, n, num_kv_heads)
     # the register cap belongs to the default tile and warps
     max_registers = config.max_registers if (tile or config.tile, num_warps or config.num_warps) == (
         config.tile, config.num_warps) else None  # fmt: skip

@@ -173,6 +173,20 @@ def test_choose_num_splits_from_shapes() -> None:
         assert 1 <= s <= MAX_SPLITS and s & (s - 1) == 0
 
 
+def test_decode_config_by_batch_shape() -> None:
+    """fp8 caches: 128-key tiles below FP8_LARGE_BATCH_PROGRAMS programs (sequences x KV heads), the
+    large-batch configuration from there on; 16-bit caches: one configuration."""
+    from llmdeploy_engine import triton_attention as ta
+
+    assert ta.decode_config(True, 32, 8) is ta.FP8_LARGE_BATCH_CONFIG
+    assert ta.decode_config(True, 256, 8) is ta.FP8_LARGE_BATCH_CONFIG
+    assert ta.decode_config(True, 31, 8) is ta.DECODE_CONFIG[True]
+    assert ta.decode_config(True, 1, 8) is ta.DECODE_CONFIG[True]
+    assert ta.decode_config(False, 256, 8) is ta.DECODE_CONFIG[False]
+    for config in (*ta.DECODE_CONFIG.values(), ta.FP8_LARGE_BATCH_CONFIG):
+        assert config.fp8_cvt in ta.FP8_CONVERSIONS and config.programs_per_sm >= 1
+
+
 @pytest.mark.parametrize(
     "dtype,cache_dtype",
     [
