@@ -410,6 +410,18 @@ def _has_fp8_cvt(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9)
 
 
+def fp8_cvt_available(q: torch.Tensor, fp8: bool, fp16_dot: bool, tile_elements: int, num_warps: int) -> bool:
+    """Whether `_fp8_to_f16` may convert a K/V tile: fp8 tiles feeding fp16 dots, on a GPU that has
+    the instruction, with 4 bytes a thread at least (the helper takes 4 at a time)."""
+    return (
+        fp8
+        and (fp16_dot or q.dtype == torch.float16)
+        and q.device.type == "cuda"
+        and _has_fp8_cvt(q.device.index or 0)
+        and tile_elements >= 4 * 32 * num_warps
+    )
+
+
 def paged_decode(
     q: torch.Tensor,  # [n, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -447,14 +459,7 @@ def paged_decode(
         fp16_dot = fp8 and q.dtype == torch.bfloat16
     if fp16_dot and q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"fp16 dots need a 16-bit query, got {q.dtype}")
-    # the cvt helper makes fp16: only for fp8 tiles feeding fp16 dots, on a GPU that has the instruction
-    cvt_ok = (
-        fp8
-        and (fp16_dot or q.dtype == torch.float16)
-        and q.device.type == "cuda"
-        and _has_fp8_cvt(q.device.index or 0)
-        and tile * head_dim >= 4 * 32 * num_warps  # the helper takes 4 bytes a thread at a time
-    )
+    cvt_ok = fp8_cvt_available(q, fp8, fp16_dot, tile * head_dim, num_warps)
     if fp8_cvt is None:
         fp8_cvt = config.fp8_cvt if cvt_ok else "to"
     if fp8_cvt not in FP8_CONVERSIONS:
