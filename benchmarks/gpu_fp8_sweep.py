@@ -9,7 +9,8 @@ same inputs: a wrong cell shows a large "err"). "GB/s" counts the K/V bytes that
 Rows: the bf16 cache's default and a few configurations; fp8 (e4m3) tile / warps / pipeline stages /
 conversion ("to": Triton's `.to()`; "v": V tiles through the cvt helper; "kv": K and V) / softmax
 sums at the end, each at one or more split counts; e5m2 with the default and the best e4m3 cell;
-then the defaults (and half / double the chosen split count) at 16, 8, 4 and 1 x 8k and 256 x 2k.
+then the defaults (and half / double the chosen split count) at 16, 8, 4 and 1 x 8k and 256 x 2k;
+last, 4-token verification (varlen_attention, 16 rows a program) over bf16 and e4m3 ("v" / "to").
 With `--baseline FILE` (a copy of an earlier engine/triton_attention.py) its paged_decode is timed
 too, on the same inputs. The table is printed last; `--max-s` stops the sweep early (the table
 shows what ran).
@@ -188,6 +189,46 @@ def fp8_kw(cfg: tuple[int, int, int, str, bool], splits: int | None = None) -> d
     return kw
 
 
+def verification_cells(n: int) -> list[str]:
+    """varlen_attention over n sequences x 4 new tokens at 2,048 cached: bf16 cache, then e4m3 with
+    V through the cvt helper ("v", the default up to 32 rows) and with `.to()`."""
+    from llmdeploy_engine.attention import VarlenMetadata
+    from llmdeploy_engine.triton_varlen import varlen_attention
+
+    cells: list[str] = []
+    base_ms = None
+    for dtype, cvt in ((BF16, None), (E4M3, "v"), (E4M3, "to")):
+        c = Case(n, 2048, dtype)
+        q = c.q.repeat_interleave(4, 0)  # 4 query tokens per sequence (same vectors: timing only)
+        meta = VarlenMetadata(
+            query_start=torch.arange(0, 4 * n, 4, device=DEV, dtype=torch.int32),
+            query_len=torch.full((n,), 4, device=DEV, dtype=torch.int32),
+            context_len=torch.full((n,), 2048, device=DEV, dtype=torch.int32),
+            block_tables=c.tables,
+            max_query_len=4,
+        )
+
+        def run(c: Case = c, q: torch.Tensor = q, meta: VarlenMetadata = meta, cvt: str | None = cvt) -> Any:
+            kw = {} if cvt is None else {"fp8_cvt": cvt}
+            return varlen_attention(q, c.kc, c.vc, meta, HEAD_DIM**-0.5, c.k_scale, c.v_scale, **kw)
+
+        try:
+            out = run()
+            # the last of each sequence's 4 rows sees every key: compare it with the decode reference
+            err = float((out[3::4].float() - c.ref).norm() / c.ref.norm())
+            ms = bench(run)
+        except Exception as exc:
+            traceback.print_exc()
+            cells.append(f"{dtype} {cvt}: FAILED {type(exc).__name__}: {str(exc)[:160]}")
+            continue
+        base_ms = base_ms or ms
+        text = f"{str(dtype).removeprefix('torch.')} {cvt or ''}: {ms * 1e3:7.1f} us err {err:.1e} x{base_ms / ms:4.2f}"
+        log(text)
+        cells.append(text)
+        del c
+    return cells
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--baseline", default=None, help="an earlier triton_attention.py to time as well")
@@ -291,6 +332,9 @@ def main() -> None:
         del f8
         row(f"{n2} x {ctx2}", cells)
         torch.cuda.empty_cache()
+
+    if not over():
+        row("4-token verification (varlen, 16 rows a program)", verification_cells(2 if args.quick else 32))
 
     print("\n| case | cells (time, K/V GB/s, error vs float32 reference, speed vs the bf16 cache) |")
     print("|---|---|")

@@ -191,7 +191,7 @@ def _fp8_to_f16(x, E5M2: tl.constexpr):
     dot operand, so the fp8 bytes (not fp16 pairs) get re-laid out, and V (the transposed operand
     of P @ V) is then read from shared memory one byte at a time (LDS.U8, 128 a thread per
     128-key tile). Converted here, the fp16 tile goes through shared memory once and ldmatrix
-    reads it back (SASS of both: benchmarks/gpu_fp8_sweep.py's notes)."""
+    reads it back (SASS of both: benchmarks/decode_sass.py)."""
     if E5M2:
         return tl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e5m2x2 $0, lo; cvt.rn.f16x2.e5m2x2 $1, hi; }",
