@@ -62,7 +62,8 @@ FP8_CONVERSIONS = ("to", "v", "kv")
 # fp16 V tile) for small batches; from FP8_LARGE_BATCH_PROGRAMS programs (sequences x KV heads) on,
 # 64-key tiles, 2 warps, sums at the end, 4 programs an SM (205 registers, 56 KB shared): 32 x 8k
 # 153 us (128-key tiles: 165) and 256 x 2k 295 us (339) against the bf16 cache's 258 and 506; at
-# 16 and fewer sequences the 128-key tiles measured faster.
+# 16 and fewer sequences the 128-key tiles measured faster (those rows ran while the other GPU of the
+# machine ran the engine benchmark, and repeated cells differed by up to 1.7x: a lead, not a figure).
 DECODE_CONFIG = {
     False: DecodeConfig(TILE_TOKENS, 4, 3, "to", False, 4, 128),
     True: DecodeConfig(128, 4, 5, "v", False, 2, None),
