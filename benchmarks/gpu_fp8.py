@@ -249,6 +249,12 @@ def main() -> None:
     parser.add_argument("--no-calculate-kv-scales", action="store_true", help="fp8 scales stay 1.0")
     parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
     parser.add_argument("--out", default=None, help="folder for gpu_fp8.json")
+    parser.add_argument(
+        "--fp8-decode-config",
+        default=None,
+        help="JSON of a triton_attention.DecodeConfig (gpu_fp8_sweep.py --best-out writes one): one more "
+        "fp8_e4m3 run with it as the fp8 decode default; skipped if the file is missing",
+    )
     args = parser.parse_args()
     if args.quick:
         args.model, args.device, args.dtype = QUICK_MODEL, "cpu", "float32"
@@ -272,6 +278,27 @@ def main() -> None:
         if args.out:
             payload = {"args": vars(args), "device": name, "runs": results}
             Path(args.out, "gpu_fp8.json").write_text(json.dumps(payload, indent=1))
+    if args.fp8_decode_config:
+        path = Path(args.fp8_decode_config)
+        if not path.exists():
+            log(f"{path} not found: no run with another fp8 decode config")
+        else:
+            from llmdeploy_engine import triton_attention
+
+            config = triton_attention.DecodeConfig(**json.loads(path.read_text()))
+            saved = triton_attention.DECODE_CONFIG[True], triton_attention.FP8_LARGE_BATCH_CONFIG
+            # the one configuration for every fp8 batch shape
+            triton_attention.DECODE_CONFIG[True] = triton_attention.FP8_LARGE_BATCH_CONFIG = config
+            log(f"== kv_cache_dtype fp8_e4m3 with fp8 decode config {config}")
+            try:
+                res = bench_dtype(args, "fp8_e4m3", prompts)
+            finally:
+                triton_attention.DECODE_CONFIG[True], triton_attention.FP8_LARGE_BATCH_CONFIG = saved
+            res["kv_cache_dtype"] = (
+                f"fp8_e4m3 ({config.tile}/{config.num_warps}/{config.num_stages}/{config.fp8_cvt})"
+            )
+            res["fp8_decode_config"] = vars(config)
+            results.append(res)
     print(table(results))
 
 

@@ -197,23 +197,16 @@ def fp8_rows(sizes: list[tuple[int, int]]) -> None:
             row(f"decode n={n} ctx={ctx} triton, KV {str(dtype).removeprefix('torch.')}", measure)
 
 
-# paged_decode keyword sets timed over an e4m3 cache; the first is the kernel before fp16 dots and
-# prefetch (bf16 dots, tile 64, 4 warps, 3 stages)
+# paged_decode keyword sets timed over an e4m3 cache; the first is the kernel before fp16 dots
+# (bf16 dots, tile 64, 4 warps, 3 stages). benchmarks/gpu_fp8_sweep.py times many more.
 FP8_CONFIGS: list[dict[str, Any]] = [
-    {"fp16_dot": False, "prefetch": False, "tile": 64, "num_warps": 4, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": False, "tile": 64, "num_warps": 4, "num_stages": 3},
-    {"fp16_dot": False, "prefetch": True, "tile": 64, "num_warps": 4, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 4, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 4, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 8, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 8, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": True, "tile": 64, "num_warps": 4, "num_stages": 1},
-    {"fp16_dot": True, "prefetch": True, "tile": 128, "num_warps": 4, "num_stages": 1},
-    {"fp16_dot": True, "prefetch": True, "tile": 32, "num_warps": 4, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": False, "tile": 128, "num_warps": 4, "num_stages": 3},
-    {"fp16_dot": True, "prefetch": False, "tile": 128, "num_warps": 8, "num_stages": 4},
-    {"fp16_dot": True, "prefetch": False, "tile": 64, "num_warps": 4, "num_stages": 4},
-    {"fp16_dot": True, "prefetch": False, "tile": 32, "num_warps": 4, "num_stages": 4},
+    {"fp16_dot": False, "fp8_cvt": "to", "tile": 64, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "fp8_cvt": "to", "tile": 128, "num_warps": 4, "num_stages": 3},
+    {"fp16_dot": True, "fp8_cvt": "to", "tile": 128, "num_warps": 4, "num_stages": 5},
+    {"fp16_dot": True, "fp8_cvt": "v", "tile": 128, "num_warps": 4, "num_stages": 5},
+    {"fp16_dot": True, "fp8_cvt": "v", "tile": 128, "num_warps": 4, "num_stages": 4},
+    {"fp16_dot": True, "fp8_cvt": "kv", "tile": 128, "num_warps": 4, "num_stages": 5},
+    {"fp16_dot": True, "fp8_cvt": "v", "tile": 64, "num_warps": 4, "num_stages": 5},
 ]
 
 
@@ -234,7 +227,7 @@ def decode_only(n: int, ctx: int, dtype: torch.dtype) -> tuple[Callable[..., tor
 
 
 def fp8_tuning_rows(sizes: list[tuple[int, int, int]]) -> None:
-    """paged_decode alone over e4m3 vs bf16 caches: the kernel before fp16 dots and prefetch, then
+    """paged_decode alone over e4m3 vs bf16 caches: the kernel before fp16 dots, then
     the first `configs` FP8_CONFIGS, the default, and split counts 2x/4x the chosen one; each fp8
     cell shows its output's relative difference from the old kernel's as a check."""
     import llmdeploy_engine.triton_attention as ta
@@ -246,12 +239,14 @@ def fp8_tuning_rows(sizes: list[tuple[int, int, int]]) -> None:
             bf16_t = bench(fn16)
             cells = [f"bf16 default: {fmt(bf16_t, nbytes16)}"]
             fn8, nbytes8 = decode_only(n, ctx, torch.float8_e4m3fn)
-            chosen = ta.choose_num_splits(n, KV_HEADS, ctx, DEV)
+            chosen = ta.choose_num_splits(
+                n, KV_HEADS, ctx, DEV, ta.decode_config(True, n, KV_HEADS).programs_per_sm
+            )
             runs: list[dict[str, Any]] = [dict(kw) for kw in FP8_CONFIGS[:configs]]
             runs += [{}] + [{"num_splits": min(chosen * f, ta.MAX_SPLITS)} for f in (2, 4)]
             ref = fn8(**runs[0]).float()
             for kw in runs:
-                name = ",".join(f"{k}={int(v)}" for k, v in kw.items()) or "default"
+                name = ",".join(f"{k}={v}" for k, v in kw.items()) or "default"
                 try:
                     diff = float((fn8(**kw).float() - ref).norm() / ref.norm())
                     t = bench(functools.partial(fn8, **kw))
@@ -262,7 +257,8 @@ def fp8_tuning_rows(sizes: list[tuple[int, int, int]]) -> None:
             return " | ".join(cells)
 
         row(
-            f"fp8 decode kernel only n={n} ctx={ctx} (chosen splits {ta.choose_num_splits(n, KV_HEADS, ctx, DEV)})",
+            f"fp8 decode kernel only n={n} ctx={ctx} (chosen splits "
+            f"{ta.choose_num_splits(n, KV_HEADS, ctx, DEV, ta.decode_config(True, n, KV_HEADS).programs_per_sm)})",
             measure,
         )
 

@@ -17,14 +17,17 @@ are folded in once (k_scale into the softmax scale, v_scale into the output), so
 read = stored.float() * scale holds. A bf16 query over an fp8 cache runs its dots in fp16 (q, K, V
 and P): Hopper converts e4m3/e5m2 to fp16 in one instruction but has no fp8 -> bf16 conversion, and
 fp16 holds every fp8 value and (with the power-of-two rescale in `_fp16_query`) every bf16 query.
-paged_decode over fp8 takes 128-key tiles (half the bytes of a bf16 tile of 64); `PREFETCH` (the
-next tile loaded before the current one's math) is a measured alternative, off by default. Grid sizes come only from tensor shapes and host ints carried by
-the metadata, never from tensor values, so every launch here can be captured in a CUDA graph.
+paged_decode converts fp8 tiles through `_fp8_to_f16` (see there why not `.to()`) after they land
+in shared memory, and streams whole tiles without masks, a masked tile only at the end of a split.
+Grid sizes come only from tensor shapes and host ints carried by the metadata, never from tensor
+values, so every launch here can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,11 +39,44 @@ TILE_TOKENS = 64
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 256  # below this a split's partial result costs more than its parallelism gains
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-# paged_decode's (keys per tile, warps, pipeline stages, prefetch), by whether the cache is fp8.
-# H200, Llama-3.1-8B layer, 32 x 8k, kernel only, e4m3 (benchmarks/gpu_kernels.py --fp8-only):
-# bf16 dots tile 64 365 us; fp16 dots 334; + prefetch 291; fp16 dots tile 128 no prefetch 260 (the
-# bf16 cache: 263). Prefetch with 128-key tiles spills (890 us), so it stays off there.
-DECODE_CONFIG = {False: (TILE_TOKENS, 4, 3, False), True: (128, 4, 3, False)}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """paged_decode's launch configuration for one kind of cache."""
+
+    tile: int  # keys per loop step
+    num_warps: int
+    num_stages: int  # 5: two K/V buffers (the block-table load takes a stage of its own)
+    fp8_cvt: str  # "to": Triton's `.to()`; "v": V tiles through `_fp8_to_f16`; "kv": K and V
+    row_sum_at_end: bool  # softmax denominators summed once after the loop, not per tile
+    programs_per_sm: int  # resident programs an SM holds (registers / shared memory), for the splits
+    max_registers: int | None  # ptxas cap that keeps programs_per_sm (checked: no spills)
+
+
+FP8_CONVERSIONS = ("to", "v", "kv")
+# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), kernel only (benchmarks/gpu_fp8_sweep.py,
+# logs in benchmarks/results/gpu_fp8_sweep_run{1,2}.log). bf16 cache: 4 programs an SM (128 registers,
+# 39 KB shared; without the cap the one-split variant takes 130-150 registers and only 3 fit).
+# fp8 cache: 128-key tiles, 4 warps, 2 programs an SM (108 KB shared: two fp8 K/V buffers and the
+# fp16 V tile) for small batches; from FP8_LARGE_BATCH_PROGRAMS programs (sequences x KV heads) on,
+# 64-key tiles, 2 warps, sums at the end, 4 programs an SM (205 registers, 56 KB shared): 32 x 8k
+# 153 us (128-key tiles: 165) and 256 x 2k 295 us (339) against the bf16 cache's 258 and 506; at
+# 16 and fewer sequences the 128-key tiles measured faster (those rows ran while the other GPU of the
+# machine ran the engine benchmark, and repeated cells differed by up to 1.7x: a lead, not a figure).
+DECODE_CONFIG = {
+    False: DecodeConfig(TILE_TOKENS, 4, 3, "to", False, 4, 128),
+    True: DecodeConfig(128, 4, 5, "v", False, 2, None),
+}
+FP8_LARGE_BATCH_CONFIG = DecodeConfig(64, 2, 5, "v", True, 4, None)
+FP8_LARGE_BATCH_PROGRAMS = 256
+
+
+def decode_config(fp8: bool, num_seqs: int, num_kv_heads: int) -> DecodeConfig:
+    """paged_decode's default configuration for a cache kind and batch shape."""
+    if fp8 and num_seqs * num_kv_heads >= FP8_LARGE_BATCH_PROGRAMS:
+        return FP8_LARGE_BATCH_CONFIG
+    return DECODE_CONFIG[fp8]
 
 
 @triton.jit
@@ -150,16 +186,69 @@ def _fp16_query(q, qk_scale):
 
 
 @triton.jit
-def _load_kv_tile(k_ptr, v_ptr, table_row, pos, hi, kv_head, stride_kb, stride_kt, stride_kh,
-                  HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):  # fmt: skip
-    """K and V rows at positions pos (< hi; others read as 0 without touching memory), as stored."""
-    valid = pos < hi
+def _fp8_to_f16(x, E5M2: tl.constexpr):
+    """fp8 -> fp16 with cvt.rn.f16x2.{e4m3,e5m2}x2 (sm_89+), four bytes a call. Declared impure so
+    that Triton cannot move it: an elementwise `.to()` is hoisted past the layout change into the
+    dot operand, so the fp8 bytes (not fp16 pairs) get re-laid out, and V (the transposed operand
+    of P @ V) is then read from shared memory one byte at a time (LDS.U8, 128 a thread per
+    128-key tile). Converted here, the fp16 tile goes through shared memory once and ldmatrix
+    reads it back (SASS of both: benchmarks/decode_sass.py)."""
+    if E5M2:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e5m2x2 $0, lo; cvt.rn.f16x2.e5m2x2 $1, hi; }",
+            "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4,
+        )  # fmt: skip
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4,
+    )  # fmt: skip
+
+
+@triton.jit
+def _decode_tile(q, acc, m_i, l_i, start, hi, k_ptr, v_ptr, table_row, kv_off, qk_scale, stride_kb,
+                 stride_kt, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                 MASKED: tl.constexpr, CVT_K: tl.constexpr, CVT_V: tl.constexpr, E5M2: tl.constexpr,
+                 SUM_AT_END: tl.constexpr):  # fmt: skip
+    """One K/V tile of the online softmax (scores in the exp2 domain: qk_scale carries log2(e)).
+    MASKED=False: every key start .. start + TILE - 1 is below hi. SUM_AT_END: l_i is [rows, TILE]
+    of per-column partial sums (no cross-warp reduction per tile)."""
+    t = tl.arange(0, TILE)
     d = tl.arange(0, HEAD_DIM)
-    block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
-    off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-    k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    return k, v
+    pos = start + t
+    if TILE % BLOCK_SIZE == 0:
+        # start is a multiple of TILE, so of BLOCK_SIZE: the divisions fold into constants
+        block_idx = start // BLOCK_SIZE + t // BLOCK_SIZE
+        in_block = t % BLOCK_SIZE
+    else:
+        block_idx = pos // BLOCK_SIZE
+        in_block = pos % BLOCK_SIZE
+    if MASKED:
+        valid = pos < hi
+        block = tl.load(table_row + block_idx, mask=valid, other=0)
+    else:
+        block = tl.load(table_row + block_idx)
+    off = block.to(tl.int64) * stride_kb + (in_block * stride_kt + kv_off)
+    if MASKED:
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr + off[:, None] + d[None, :])
+    if CVT_K:
+        k = _fp8_to_f16(k, E5M2)
+    s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+    if MASKED:
+        s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha[:, None] + p if SUM_AT_END else l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptr + off[:, None] + d[None, :])
+    if CVT_V:
+        v = _fp8_to_f16(v, E5M2)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -193,12 +282,16 @@ def _paged_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    CVT_K: tl.constexpr,
+    CVT_V: tl.constexpr,
+    E5M2: tl.constexpr,
+    STAGES: tl.constexpr,
+    SUM_AT_END: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(lengths_ptr + seq)
+    ctx = tl.load(lengths_ptr + seq).to(tl.int32)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g
@@ -206,54 +299,33 @@ def _paged_decode_kernel(
     q = tl.load(
         q_ptr + seq * stride_qn + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0
     )
-    qk_scale = scale
+    qk_scale = scale * 1.4426950408889634  # log2(e): the softmax runs on exp2
     if FP8:
-        qk_scale = scale * tl.load(k_scale_ptr)
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     if F16_DOT:
         # K, V and P follow q's dtype below: fp16 for the dots
         q, qk_scale = _fp16_query(q, qk_scale)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    l_i = tl.zeros([GROUP_PAD, TILE], tl.float32) if SUM_AT_END else tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    t = tl.arange(0, TILE)
     lo = split * split_tokens
     hi = tl.minimum(ctx, lo + split_tokens)
-    table_row = tables_ptr + seq * stride_tn
-    if PREFETCH:
-        # the next tile's K/V are loaded (as stored) before this tile's math: two tiles in flight
-        # per program whatever the compiler's pipelining does with converted loads
-        k_raw, v_raw = _load_kv_tile(k_ptr, v_ptr, table_row, lo + t, hi, kv_head, stride_kb, stride_kt,
-                                     stride_kh, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
-        for start in range(lo, hi, TILE):
-            k = k_raw.to(q.dtype)
-            v = v_raw.to(q.dtype)
-            k_raw, v_raw = _load_kv_tile(k_ptr, v_ptr, table_row, start + TILE + t, hi, kv_head,
-                                         stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
-            valid = start + t < hi
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-            m_i = m_new
-    else:
-        for start in range(lo, hi, TILE):
-            pos = start + t
-            valid = pos < hi
-            block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
-            off = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-            m_i = m_new
+    table_row = tables_ptr + seq.to(tl.int64) * stride_tn
+    kv_off = kv_head * stride_kh
+    num_full = tl.maximum(hi - lo, 0) // TILE
+    for i in tl.range(0, num_full, num_stages=STAGES):
+        acc, m_i, l_i = _decode_tile(
+            q, acc, m_i, l_i, lo + i * TILE, hi, k_ptr, v_ptr, table_row, kv_off, qk_scale, stride_kb,
+            stride_kt, HEAD_DIM, BLOCK_SIZE, TILE, False, CVT_K, CVT_V, E5M2, SUM_AT_END,
+        )  # fmt: skip
+    tail = lo + num_full * TILE
+    if tail < hi:
+        acc, m_i, l_i = _decode_tile(
+            q, acc, m_i, l_i, tail, hi, k_ptr, v_ptr, table_row, kv_off, qk_scale, stride_kb, stride_kt,
+            HEAD_DIM, BLOCK_SIZE, TILE, True, CVT_K, CVT_V, E5M2, SUM_AT_END,
+        )  # fmt: skip
+    if SUM_AT_END:
+        l_i = tl.sum(l_i, 1)
     if FP8:
         acc = acc * tl.load(v_scale_ptr)
     if NUM_SPLITS == 1:
@@ -264,7 +336,10 @@ def _paged_decode_kernel(
         # an empty split (lo >= ctx) leaves l_i == 0: its weight in the merge is exp(-inf) == 0
         nonempty = l_i > 0
         out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
-        lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+        # the merge works in natural logs; m_i is in log2 units
+        lse = tl.where(
+            nonempty, m_i * 0.6931471805599453 + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf")
+        )
         row = (seq * num_heads + heads) * NUM_SPLITS + split  # [n, num_heads, NUM_SPLITS]
         tl.store(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :], out, mask=gmask[:, None])
         tl.store(part_lse_ptr + row, lse, mask=gmask)
@@ -298,11 +373,18 @@ def _num_sms(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Context splits per (sequence, KV head): enough programs for ~2 per SM, each split at least
-    MIN_SPLIT_TOKENS long, a power of two (the merge kernel's tile). From shapes only."""
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device, programs_per_sm: int = 4
+) -> int:
+    """Context splits per (sequence, KV head): enough programs to fill the SMs' resident slots once
+    (a first wave that fills >= 90 % of them is not split further: each split adds a pipeline fill
+    and a share of the merge), each split at least MIN_SPLIT_TOKENS long, a power of two (the merge
+    kernel's tile). From shapes only."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
-    want = min(-(-2 * sms // max(1, num_seqs * num_kv_heads)), max_context // MIN_SPLIT_TOKENS, MAX_SPLITS)
+    slots = 0.9 * programs_per_sm * sms
+    want = min(
+        math.ceil(slots / max(1, num_seqs * num_kv_heads)), max_context // MIN_SPLIT_TOKENS, MAX_SPLITS
+    )
     if want <= 1:
         return 1
     return int(triton.next_power_of_2(want))
@@ -323,6 +405,24 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
     return fp8
 
 
+@functools.cache
+def _has_fp8_cvt(device_index: int) -> bool:
+    """cvt.rn.f16x2.e4m3x2 / e5m2x2 exist from sm_89 (Ada, Hopper) on."""
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def fp8_cvt_available(q: torch.Tensor, fp8: bool, fp16_dot: bool, tile_elements: int, num_warps: int) -> bool:
+    """Whether `_fp8_to_f16` may convert a K/V tile: fp8 tiles feeding fp16 dots, on a GPU that has
+    the instruction, with 4 bytes a thread at least (the helper takes 4 at a time)."""
+    return (
+        fp8
+        and (fp16_dot or q.dtype == torch.float16)
+        and q.device.type == "cuda"
+        and _has_fp8_cvt(q.device.index or 0)
+        and tile_elements >= 4 * 32 * num_warps
+    )
+
+
 def paged_decode(
     q: torch.Tensor,  # [n, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -333,11 +433,12 @@ def paged_decode(
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,  # None: choose_num_splits
-    tile: int | None = None,  # keys per loop step; None: DECODE_CONFIG (tuning knobs: the benchmark
+    tile: int | None = None,  # keys per loop step; None: decode_config (tuning knobs: the benchmark
     num_warps: int | None = None,  # times others)
     num_stages: int | None = None,
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
-    prefetch: bool | None = None,  # load the next K/V tile before this one's math; None: DECODE_CONFIG
+    fp8_cvt: str | None = None,  # one of FP8_CONVERSIONS; None: decode_config where the GPU has the cvt
+    row_sum_at_end: bool | None = None,  # None: decode_config
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
     n, num_heads, head_dim = q.shape
@@ -346,22 +447,38 @@ def paged_decode(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-    default_tile, default_warps, default_stages, default_prefetch = DECODE_CONFIG[fp8]
-    prefetch = default_prefetch if prefetch is None else prefetch
-    tile = tile or default_tile
-    num_warps = num_warps or default_warps
-    num_stages = num_stages or default_stages
+    config = decode_config(fp8, n, num_kv_heads)
+    # the register cap belongs to the default tile and warps
+    max_registers = config.max_registers if (tile or config.tile, num_warps or config.num_warps) == (
+        config.tile, config.num_warps) else None  # fmt: skip
+    tile = tile or config.tile
+    num_warps = num_warps or config.num_warps
+    num_stages = num_stages or config.num_stages
+    if row_sum_at_end is None:
+        row_sum_at_end = config.row_sum_at_end
     if fp16_dot is None:
         fp16_dot = fp8 and q.dtype == torch.bfloat16
     if fp16_dot and q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"fp16 dots need a 16-bit query, got {q.dtype}")
+    cvt_ok = fp8_cvt_available(q, fp8, fp16_dot, tile * head_dim, num_warps)
+    if fp8_cvt is None:
+        fp8_cvt = config.fp8_cvt if cvt_ok else "to"
+    if fp8_cvt not in FP8_CONVERSIONS:
+        raise ValueError(f"fp8_cvt must be one of {FP8_CONVERSIONS}, got {fp8_cvt!r}")
+    if fp8_cvt != "to" and not cvt_ok:
+        raise ValueError(
+            f"not supported: fp8_cvt={fp8_cvt!r} needs an fp8 cache, fp16 dots, a CUDA GPU of sm_89 or "
+            "later and tile * head_dim >= 128 * num_warps"
+        )
+    if tile < 16 or tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two >= 16, got {tile}")
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     if n == 0:
         return out
     max_context = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(n, num_kv_heads, max_context, q.device)
+        num_splits = choose_num_splits(n, num_kv_heads, max_context, q.device, config.programs_per_sm)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0
     split_tokens = -(-max_context // num_splits)
     split_tokens = -(-split_tokens // tile) * tile
@@ -401,9 +518,14 @@ def paged_decode(
         NUM_SPLITS=num_splits,
         FP8=fp8,
         F16_DOT=fp16_dot,
-        PREFETCH=prefetch,
+        CVT_K=fp8_cvt == "kv",
+        CVT_V=fp8_cvt in ("v", "kv"),
+        E5M2=k_cache.dtype == torch.float8_e5m2,
+        STAGES=num_stages,
+        SUM_AT_END=row_sum_at_end,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers and q.device.type == "cuda" else {}),
     )
     if num_splits > 1:
         _merge_splits_kernel[(n, num_heads)](

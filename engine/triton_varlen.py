@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 from llmdeploy_engine.attention import VarlenMetadata
-from llmdeploy_engine.triton_attention import _fp16_query, check_cache
+from llmdeploy_engine.triton_attention import _fp8_to_f16, _fp16_query, check_cache, fp8_cvt_available
 
 BLOCK_N = 64
 
@@ -46,6 +46,8 @@ def _attend_tile(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    CVT_V: tl.constexpr,
+    E5M2: tl.constexpr,
 ):
     """One K/V tile of the online softmax. MASKED=False: every key of the tile is at or before every
     row's position (no bounds or causal checks needed)."""
@@ -70,10 +72,13 @@ def _attend_tile(
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
     else:
-        v = tl.load(v_ptr + off[:, None] + d[None, :]).to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        v = tl.load(v_ptr + off[:, None] + d[None, :])
+    if CVT_V:
+        # see _fp8_to_f16: without it the 16-row (mma.sync) path reads V byte by byte
+        v = _fp8_to_f16(v, E5M2)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return acc, m_new, l_i
 
 
@@ -105,6 +110,8 @@ def _varlen_kernel(
     BLOCK_N: tl.constexpr,
     FP8: tl.constexpr,
     F16_DOT: tl.constexpr,
+    CVT_V: tl.constexpr,
+    E5M2: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -140,12 +147,12 @@ def _varlen_kernel(
     for start in range(0, free, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, start, k_ptr, v_ptr, table_row, qpos, hi, qk_scale, kv_head,
-            stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
+            stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, CVT_V, E5M2,
         )  # fmt: skip
     for start in range(free, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, start, k_ptr, v_ptr, table_row, qpos, hi, qk_scale, kv_head,
-            stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
+            stride_kb, stride_kt, stride_kh, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, CVT_V, E5M2,
         )  # fmt: skip
     out = acc / l_i[:, None]
     if FP8:
@@ -164,6 +171,7 @@ def varlen_attention(
     v_scale: torch.Tensor | None = None,
     block_m: int | None = None,  # rows per program; None: from max_query_len * group (16 to 128)
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
+    fp8_cvt: str | None = None,  # "to" or "v" (triton_attention.FP8_CONVERSIONS); None: "v" up to 32 rows
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context (see the module doc).
     Rows of q that belong to no sequence are left uninitialised."""
@@ -187,6 +195,18 @@ def varlen_attention(
         # H200, bf16, 8 x 1024-token prefill: 128 rows ran 1.5x faster than 64; 4-token
         # verification (16 rows with GQA 4) ran 2x faster at 16 than at 128
         block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 256 else 128
+    num_warps = 4 if block_m <= 32 else 8
+    cvt_ok = fp8_cvt_available(q, fp8, fp16_dot, BLOCK_N * head_dim, num_warps)
+    if fp8_cvt is None:
+        # up to 32 rows the dots are mma.sync and V's fp8 bytes would be re-laid out one at a time
+        # (as in paged_decode); from 64 rows on Hopper's wgmma path reads the fp8 tiles without that
+        fp8_cvt = "v" if cvt_ok and block_m <= 32 else "to"
+    if fp8_cvt not in ("to", "v"):
+        raise ValueError(f"fp8_cvt must be 'to' or 'v', got {fp8_cvt!r}")
+    if fp8_cvt == "v" and not cvt_ok:
+        raise ValueError(
+            "not supported: fp8_cvt='v' needs an fp8 cache, fp16 dots and a CUDA GPU of sm_89 or later"
+        )
     dummy = meta.query_len
     _varlen_kernel[(num_seqs, num_kv_heads, triton.cdiv(rows, block_m))](
         q,
@@ -215,7 +235,9 @@ def varlen_attention(
         BLOCK_N=BLOCK_N,
         FP8=fp8,
         F16_DOT=fp16_dot,
-        num_warps=4 if block_m <= 32 else 8,
+        CVT_V=fp8_cvt == "v",
+        E5M2=k_cache.dtype == torch.float8_e5m2,
+        num_warps=num_warps,
         num_stages=2,
     )
     return out

@@ -164,9 +164,27 @@ def test_choose_num_splits_from_shapes() -> None:
     assert choose_num_splits(1, 8, 128, cpu) == 1  # too short to split
     assert choose_num_splits(256, 8, 8192, cpu) == 1  # enough programs already
     assert choose_num_splits(32, 8, 8192, cpu) == 2
+    # fp8's configuration: 2 resident programs an SM; 256 programs fill 97 % of the 264 slots
+    assert choose_num_splits(32, 8, 8192, cpu, 2) == 1
+    assert choose_num_splits(16, 8, 8192, cpu, 2) == 2
+    assert choose_num_splits(1, 8, 8192, cpu, 2) == 32
     for n in (1, 3, 32, 100):
         s = choose_num_splits(n, 8, 4096, cpu)
         assert 1 <= s <= MAX_SPLITS and s & (s - 1) == 0
+
+
+def test_decode_config_by_batch_shape() -> None:
+    """fp8 caches: 128-key tiles below FP8_LARGE_BATCH_PROGRAMS programs (sequences x KV heads), the
+    large-batch configuration from there on; 16-bit caches: one configuration."""
+    from llmdeploy_engine import triton_attention as ta
+
+    assert ta.decode_config(True, 32, 8) is ta.FP8_LARGE_BATCH_CONFIG
+    assert ta.decode_config(True, 256, 8) is ta.FP8_LARGE_BATCH_CONFIG
+    assert ta.decode_config(True, 31, 8) is ta.DECODE_CONFIG[True]
+    assert ta.decode_config(True, 1, 8) is ta.DECODE_CONFIG[True]
+    assert ta.decode_config(False, 256, 8) is ta.DECODE_CONFIG[False]
+    for config in (*ta.DECODE_CONFIG.values(), ta.FP8_LARGE_BATCH_CONFIG):
+        assert config.fp8_cvt in ta.FP8_CONVERSIONS and config.programs_per_sm >= 1
 
 
 @pytest.mark.parametrize(
@@ -213,12 +231,15 @@ def test_write_kv_matches_the_contract(dtype: torch.dtype, cache_dtype: torch.dt
             write_kv(k, v, (caches[0], caches[1]), slots)
 
 
+FP8_CVTS = ["to"] if INTERPRET else ["to", "v", "kv"]  # the cvt helper is inline PTX: GPU only
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("q_mul", [1.0, 1e5])
 def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> None:
-    """bf16 query over an fp8 cache: the fp16-dot path (the default) and the bf16-dot path, with and
-    without the next-tile prefetch, against the float64 reference, including |q| far past fp16's 65504
-    (the kernel rescales q by a power of two)."""
+    """bf16 query over an fp8 cache: the fp16-dot path (the default) with each fp8 conversion and the
+    bf16-dot path, against the float64 reference, including |q| far past fp16's 65504 (the kernel
+    rescales q by a power of two)."""
     from kernel_cases import make_batch, reference, rel_err
     from llmdeploy_engine.triton_attention import paged_decode
 
@@ -233,38 +254,96 @@ def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> N
     ref = reference(b, scale)
     lengths = torch.tensor(ctxs, device=DEVICE)
     # the interpreter computes bf16 tl.dot wrongly, fp16 correctly
-    for fp16_dot in (None, True) if INTERPRET else (None, True, False):
-        for splits, prefetch in ((1, True), (4, True), (1, False), (4, False)):
+    runs = [(None, None)] + [(True, c) for c in FP8_CVTS] + ([] if INTERPRET else [(False, "to")])
+    for fp16_dot, cvt in runs:
+        for splits in (1, 4):
             out = paged_decode(
                 b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
-                fp16_dot=fp16_dot, prefetch=prefetch,
+                fp16_dot=fp16_dot, fp8_cvt=cvt,
             )  # fmt: skip
             err = rel_err(out, ref)
-            assert err < 2e-2, (fp16_dot, splits, prefetch, err)
+            assert err < 2e-2, (fp16_dot, cvt, splits, err)
 
 
 @pytest.mark.parametrize(
-    "tile,num_warps,num_stages,prefetch",
-    [(32, 4, 3, True), (64, 8, 3, True), (128, 4, 3, True), (128, 8, 3, True), (64, 4, 1, True),
-     (128, 4, 1, True), (128, 4, 3, False), (128, 8, 4, False), (64, 4, 4, False)],
+    "tile,num_warps,num_stages,cvt,sum_at_end",
+    [(64, 4, 3, "to", False), (128, 4, 5, "kv", False), (128, 4, 3, "kv", False), (128, 8, 5, "kv", False),
+     (64, 4, 5, "kv", False), (64, 8, 5, "v", False), (128, 4, 5, "v", False), (128, 4, 5, "v", True),
+     (128, 4, 4, "v", True), (256, 8, 5, "v", False), (32, 4, 4, "kv", False), (128, 4, 5, "to", False),
+     (32, 4, 3, "to", True), (32, 1, 4, "v", True), (32, 1, 3, "v", False), (64, 2, 4, "v", True),
+     (64, 2, 5, "v", True), (32, 2, 4, "v", True), (64, 4, 5, "v", True), (128, 4, 4, "v", False),
+     (128, 4, 3, "v", True), (256, 8, 5, "v", True), (128, 4, 5, "to", True)],
 )  # fmt: skip
-def test_paged_decode_fp8_tuning_configs(tile: int, num_warps: int, num_stages: int, prefetch: bool) -> None:
-    """The fp8 decode configurations the benchmark times (candidates for DECODE_CONFIG) against the
-    float64 reference, bf16 query over e4m3, with and without split-KV."""
+def test_paged_decode_fp8_tuning_configs(
+    tile: int, num_warps: int, num_stages: int, cvt: str, sum_at_end: bool
+) -> None:
+    """The fp8 decode configurations the sweep times (candidates for DECODE_CONFIG) against the
+    float64 reference, bf16 query over e4m3 and e5m2, with and without split-KV."""
     from kernel_cases import make_batch, reference, rel_err
     from llmdeploy_engine.triton_attention import paged_decode
 
-    if INTERPRET and tile > 32:
-        pytest.skip("large tiles: checked on the GPU only (interpreter time)")
+    if INTERPRET and (tile > 32 or cvt != "to"):
+        pytest.skip("large tiles and the cvt helper: checked on the GPU only")
     shape = (8, 2, 32, 16) if INTERPRET else (32, 8, 128, 16)
-    ctxs = [150, 40] if INTERPRET else [1000, 333, 17]
-    b = make_batch([1] * len(ctxs), ctxs, *shape, torch.bfloat16, torch.float8_e4m3fn, DEVICE, 6)
-    scale = shape[2] ** -0.5
+    ctxs = [150, 40] if INTERPRET else [1000, 333, 17, 256]
+    for cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        b = make_batch([1] * len(ctxs), ctxs, *shape, torch.bfloat16, cache_dtype, DEVICE, 6)
+        scale = shape[2] ** -0.5
+        ref = reference(b, scale)
+        lengths = torch.tensor(ctxs, device=DEVICE)
+        for splits in (1, 4):
+            out = paged_decode(
+                b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
+                tile=tile, num_warps=num_warps, num_stages=num_stages, fp8_cvt=cvt, row_sum_at_end=sum_at_end,
+            )  # fmt: skip
+            assert rel_err(out, ref) < 2e-2, (cache_dtype, splits)
+
+
+TILE_EDGE_CASES = [
+    # (block_size, tile, context lengths): whole tiles only, one key past a tile, a tail only, one
+    # token; tiles smaller than a block and block sizes that do not divide the tile
+    (16, 32, [32, 64, 33, 31, 1]),
+    (32, 16, [48, 16, 17, 5]),
+    (24, 32, [96, 50, 23, 1]),
+]
+
+
+@pytest.mark.parametrize("case", TILE_EDGE_CASES)
+@pytest.mark.parametrize("fp8", [False, True], ids=["same-dtype-cache", "e4m3-cache"])
+def test_paged_decode_tile_edges(case: tuple[int, int, list[int]], fp8: bool) -> None:
+    """Unmasked whole tiles plus one masked tail per split: context lengths at, just past and just
+    before tile and block edges, with 1, 2 and 8 splits (some empty), against float64."""
+    from kernel_cases import make_batch, reference, rel_err
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    bs, tile, ctxs = case
+    # float32 under the interpreter; on the GPU float32 dots run in tf32, so bf16 there
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    cache_dtype = torch.float8_e4m3fn if fp8 else dtype
+    b = make_batch([1] * len(ctxs), ctxs, 8, 2, 32, bs, dtype, cache_dtype, DEVICE, 11)
+    scale = 32**-0.5
     ref = reference(b, scale)
     lengths = torch.tensor(ctxs, device=DEVICE)
-    for splits in (1, 4):
-        out = paged_decode(
-            b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits,
-            tile=tile, num_warps=num_warps, num_stages=num_stages, prefetch=prefetch,
-        )  # fmt: skip
-        assert rel_err(out, ref) < 2e-2, splits
+    tol = 2e-3 if dtype == torch.float32 else 2e-2
+    for splits in (1, 2, 8):
+        for sum_at_end in (False, True):
+            out = paged_decode(
+                b.q, b.k_cache, b.v_cache, b.tables, lengths, scale, b.k_scale, b.v_scale, splits, tile=tile,
+                row_sum_at_end=sum_at_end,
+            )  # fmt: skip
+            assert rel_err(out, ref) < tol, (splits, sum_at_end, rel_err(out, ref))
+
+
+def test_paged_decode_rejects_bad_options() -> None:
+    from kernel_cases import make_batch
+    from llmdeploy_engine.triton_attention import paged_decode
+
+    b = make_batch([1], [20], 8, 2, 32, 16, torch.float32, torch.float8_e4m3fn, DEVICE, 2)
+    lengths = torch.tensor([20], device=DEVICE)
+    args = (b.q, b.k_cache, b.v_cache, b.tables, lengths, 1.0, b.k_scale, b.v_scale)
+    with pytest.raises(ValueError, match="fp8_cvt must be one of"):
+        paged_decode(*args, fp8_cvt="bits")
+    with pytest.raises(ValueError, match="not supported: fp8_cvt"):
+        paged_decode(*args, fp8_cvt="kv")  # a float32 query: the dots are not fp16
+    with pytest.raises(ValueError, match="tile must be"):
+        paged_decode(*args, tile=48)

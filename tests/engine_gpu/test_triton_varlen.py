@@ -187,9 +187,13 @@ def test_varlen_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> None:
     assert q_mul == 1.0 or float(b.q.abs().max()) > 65504
     scale = shape[2] ** -0.5 / q_mul
     ref = reference(b, scale)
-    for fp16_dot in (None, True) if INTERPRET else (None, True, False):
+    runs = [(None, None, None), (True, None, None)] + ([] if INTERPRET else [(False, None, None)])
+    # 16 and 32 rows take V through the cvt helper on the GPU ("v"); "to" there for comparison
+    runs += [] if INTERPRET else [(None, 16, "v"), (None, 32, "v"), (None, 16, "to"), (None, 64, None)]
+    for fp16_dot, block_m, cvt in runs:
         out = varlen_attention(
-            b.q, b.k_cache, b.v_cache, meta_of(b, DEVICE), scale, b.k_scale, b.v_scale, fp16_dot=fp16_dot
-        )
+            b.q, b.k_cache, b.v_cache, meta_of(b, DEVICE), scale, b.k_scale, b.v_scale, block_m=block_m,
+            fp16_dot=fp16_dot, fp8_cvt=cvt,
+        )  # fmt: skip
         err = rel_err(out, ref)
-        assert err < 2e-2, (fp16_dot, err)
+        assert err < 2e-2, (fp16_dot, block_m, cvt, err)
