@@ -123,6 +123,7 @@ def make_engine(args: argparse.Namespace, kv_cache_dtype: str) -> LLMEngine:
         enable_prefix_caching=False,  # random prompts share nothing; keep the block manager out of it
         seed=0,
         enforce_eager=args.enforce_eager,
+        num_scheduler_steps=args.num_scheduler_steps,
     )
     return LLMEngine(config)
 
@@ -246,6 +247,12 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=1,
+        help="decode steps per scheduler call (multi-step; ms_per_step is then per window)",
+    )
     parser.add_argument("--no-calculate-kv-scales", action="store_true", help="fp8 scales stay 1.0")
     parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
     parser.add_argument("--out", default=None, help="folder for gpu_fp8.json")
