@@ -458,14 +458,14 @@ def paged_attention_triton(
     if not meta.prefills:
         n = meta.num_decodes
         tables = meta.decode_blocks.view(n, -1)
-        lengths = meta.decode_mask.view(n, -1).sum(-1)
-        out = torch.empty_like(q)
-        decode_out = paged_decode(
-            q[meta.decode_token_index], kv_cache[0], kv_cache[1], tables, lengths, scale, k_scale, v_scale
-        )
-        if n == q.shape[0]:
-            # a graph's batch: decode_token_index is arange(n); skip the scatter
+        lengths = meta.decode_context_lens()  # per step in the metadata: no reduction per layer
+        # every token a decode, in order (decode_token_index is arange(n)): no gather, no scatter
+        in_order = meta.decodes_in_order and n == q.shape[0]
+        qd = q if in_order else q[meta.decode_token_index]
+        decode_out = paged_decode(qd, kv_cache[0], kv_cache[1], tables, lengths, scale, k_scale, v_scale)
+        if in_order:
             return decode_out
+        out = torch.empty_like(q)
         out[meta.decode_token_index] = decode_out
         return out
     from llmdeploy_engine.triton_varlen import varlen_attention
