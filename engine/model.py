@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from llmdeploy_engine import ops
 from llmdeploy_engine.attention import AttentionMetadata, paged_attention
 from llmdeploy_engine.config import ModelConfig, RopeScaling
@@ -121,8 +120,8 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj(x)  # views of one GEMM output, read in place by silu_mul
+        return self.down_proj(ops.silu_mul(gate, up))
 
 
 class DecoderLayer(nn.Module):

@@ -1,6 +1,6 @@
 """Elementwise operations of the decoder, one function each, so a device can swap in fused kernels.
 
-`model.py` calls only these for normalisation, the residual add and RoPE. The versions here are pure
+`model.py` calls only these for normalisation, the residual add, RoPE and the MLP's SiLU gate. The versions here are pure
 torch and follow transformers' order of operations (float32 normalisation, then cast; RoPE with
 rotate_half), so CPU float32 logits match transformers closely. GPU kernels (Triton) that replace
 them must keep the same contract and stay within bf16 rounding of these.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
@@ -73,3 +74,12 @@ def apply_rope(
         pair: tuple[torch.Tensor, torch.Tensor] = fused.apply_rope(q, k, cos, sin)
         return pair
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up (the gated MLP's activation); gate and up may be views of one merged GEMM output."""
+    fused = _fused(gate)
+    if fused is not None and up.dtype == gate.dtype and up.shape == gate.shape:
+        result: torch.Tensor = fused.silu_mul(gate, up)
+        return result
+    return F.silu(gate) * up

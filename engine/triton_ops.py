@@ -1,4 +1,5 @@
-"""Fused elementwise kernels of the decoder (Triton): RMSNorm with the residual add, RoPE on q and k.
+"""Fused elementwise kernels of the decoder (Triton): RMSNorm with the residual add, RoPE on q and k,
+SiLU(gate) * up.
 
 `ops.py` sends 16-bit CUDA tensors here. Each function keeps the contract of its pure-torch twin in
 ops.py and computes in float32, rounding once at the end, so it stays within bf16 rounding of the
@@ -185,3 +186,56 @@ def apply_rope(
             num_warps=4,
         )
     return q_out, k_out
+
+
+@triton.jit
+def _silu_mul_kernel(
+    gate_ptr,
+    up_ptr,
+    out_ptr,
+    cols,
+    stride_g,
+    stride_u,
+    stride_o,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < cols
+    g = tl.load(gate_ptr + row * stride_g + c, mask=mask, other=0.0)
+    u = tl.load(up_ptr + row * stride_u + c, mask=mask, other=0.0)
+    g32 = g.to(tl.float32)
+    # torch rounds F.silu's result to the input dtype before the product: the same two roundings
+    act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
+    out = act.to(tl.float32) * u.to(tl.float32)
+    tl.store(out_ptr + row * stride_o + c, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """ops.silu_mul in one launch. gate and up [..., cols] may be strided views (the two halves of
+    the merged gate_up GEMM output): rows are read in place, the result is contiguous."""
+    assert gate.shape == up.shape and gate.dtype == up.dtype
+    shape = gate.shape
+    cols = shape[-1]
+    g2 = gate.reshape(-1, cols)  # a view for the merged GEMM's halves (unit column stride)
+    u2 = up.reshape(-1, cols)
+    if g2.stride(-1) != 1:
+        g2 = g2.contiguous()
+    if u2.stride(-1) != 1:
+        u2 = u2.contiguous()
+    rows = g2.shape[0]
+    out = torch.empty((rows, cols), dtype=gate.dtype, device=gate.device)
+    if rows and cols:
+        block = min(1024, triton.next_power_of_2(cols))
+        _silu_mul_kernel[(rows, triton.cdiv(cols, block))](
+            g2,
+            u2,
+            out,
+            cols,
+            g2.stride(0),
+            u2.stride(0),
+            out.stride(0),
+            BLOCK=block,
+            num_warps=4,
+        )
+    return out.view(shape)
