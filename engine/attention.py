@@ -157,18 +157,22 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     """Write k/v to their slots, then attend. k_scale/v_scale (float32, one element) are the per-tensor
     scales of an fp8 KV cache: stored = (x / scale) cast to fp8, read = stored.float() * scale; None
-    for a 16/32-bit cache. Every kernel behind this function follows that rule."""
+    for a 16/32-bit cache. Every kernel behind this function follows that rule. kv_written: k/v are
+    already in their slots (ops.rope_and_cache stored them with RoPE); only attend."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         # Triton kernels for 16-bit q (float32 products would run in tf32, looser than the float32
         # checks of the torch path), 16-bit or fp8 caches; they write the cache and read it in place
         triton_path = _triton_attention()
         if triton_path is not None and triton_path.supports(q, kv_cache, meta):
-            return triton_path.paged_attention_triton(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
+            return triton_path.paged_attention_triton(
+                q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written=kv_written
+            )
     with sdpa_kernel(_SDPA_BACKENDS):
-        return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
+        return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written)
 
 
 def _triton_attention() -> Any:
@@ -189,11 +193,12 @@ def _paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
-    if kv_cache is not None:
+    if kv_cache is not None and not kv_written:
         assert meta.slot_mapping is not None
         write_kv(kv_cache[0], meta.slot_mapping, k, k_scale)
         write_kv(kv_cache[1], meta.slot_mapping, v, v_scale)

@@ -105,10 +105,26 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = ops.apply_rope(q, k, cos, sin)
+        slots = meta.slot_mapping
+        written = kv_cache is not None and slots is not None
+        if kv_cache is not None and slots is not None:
+            # RoPE and the KV-cache write in one step (one kernel on the GPU); attention only reads
+            q, k = ops.rope_and_cache(q, k, v, cos, sin, kv_cache, slots, self.k_scale, self.v_scale)
+        else:
+            q, k = ops.apply_rope(q, k, cos, sin)
         if self.kv_observer is not None:
             self.kv_observer.update(k, v)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
+        out = paged_attention(
+            q,
+            k,
+            v,
+            kv_cache,
+            meta,
+            self.scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            kv_written=written,
+        )
         return self.o_proj(out.reshape(n, self.num_heads * c.head_dim))
 
 

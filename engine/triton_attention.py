@@ -446,15 +446,18 @@ def paged_attention_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_written: bool = False,
 ) -> Any:
     """attention.paged_attention's contract, for the calls `supports` accepts: write k/v into the
-    cache, then decode-only batches run paged_decode and everything else one varlen launch."""
+    cache (unless kv_written: ops.rope_and_cache did), then decode-only batches run paged_decode and
+    everything else one varlen launch."""
     if not supports(q, kv_cache, meta):
         raise NotImplementedError(
             "not supported by the Triton attention path (see triton_attention.supports)"
         )
     assert kv_cache is not None and meta.slot_mapping is not None
-    write_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
+    if not kv_written:
+        write_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
     if not meta.prefills:
         n = meta.num_decodes
         tables = meta.decode_blocks.view(n, -1)
