@@ -23,7 +23,9 @@ def _add_rms_norm_kernel(
     sum_ptr,
     eps,
     hidden,
+    heads,
     stride_x,
+    stride_xh,
     stride_r,
     stride_o,
     stride_s,
@@ -33,7 +35,8 @@ def _add_rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    # x's rows may be the heads of a strided [n, heads, hidden] view (heads == 1: plain rows)
+    x = tl.load(x_ptr + (row // heads) * stride_x + (row % heads) * stride_xh + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # torch's add: float32, one rounding
@@ -52,13 +55,20 @@ def add_rms_norm(
     """(rms_norm(x + residual), x + residual) over the last axis; residual None: x is the residual."""
     shape = x.shape
     hidden = shape[-1]
-    x2 = x.reshape(-1, hidden)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    rows = x2.shape[0]
+    if residual is None and x.dim() == 3 and x.stride(-1) == 1:
+        # [n, heads, head_dim] views of the fused QKV output (Qwen3's q/k norms): read in place,
+        # where reshape would copy
+        x2, heads, stride_x, stride_xh = x, shape[1], x.stride(0), x.stride(1)
+        rows = shape[0] * shape[1]
+    else:
+        x2 = x.reshape(-1, hidden)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        heads, stride_x, stride_xh = 1, x2.stride(0), 0
+        rows = x2.shape[0]
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     if residual is None:
-        res2, summed = x2, x2
+        res2 = summed = out  # not read or written
     else:
         assert residual.shape == shape and residual.dtype == x.dtype
         res2 = residual.reshape(-1, hidden)
@@ -75,7 +85,9 @@ def add_rms_norm(
             summed,
             eps,
             hidden,
-            x2.stride(0),
+            heads,
+            stride_x,
+            stride_xh,
             res2.stride(0),
             out.stride(0),
             summed.stride(0),

@@ -185,3 +185,29 @@ def test_decode_path_with_step_lengths_and_no_gather(dtype: torch.dtype) -> None
     old = paged_attention_triton(q, k, v, caches, old_style, scale)
     assert torch.equal(new, old) and torch.equal(new, again)
     assert float((new.float() - ref).norm() / ref.norm()) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(16, 8, 128), (14, 2, 64)])
+def test_rms_norm_reads_head_views_in_place(dtype: torch.dtype, heads: tuple[int, int, int]) -> None:
+    """Qwen3's per-head q/k norms take [n, heads, head_dim] views of the fused QKV output: the
+    kernel reads them through their strides (no copy) and matches the torch twin and float64."""
+    from llmdeploy_engine import triton_ops
+
+    num_heads, num_kv_heads, head_dim = heads
+    n = 5
+    gen = torch.Generator().manual_seed(head_dim)
+    qkv = (torch.randn(n, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen) * 2).to(DEVICE, dtype)
+    w = (1 + 0.1 * torch.randn(head_dim, generator=gen)).to(DEVICE, dtype)
+    q = qkv[:, : num_heads * head_dim].view(n, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(n, num_kv_heads, head_dim)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    tol = 4 * ulp(dtype) if dtype != torch.float32 else 1e-5
+    for x in (q, k):
+        got = triton_ops.rms_norm(x, w, 1e-6)
+        want = ops.rms_norm(x.cpu(), w.cpu(), 1e-6)
+        x64 = x.cpu().double()
+        ref = w.cpu().double() * x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+        assert got.shape == x.shape and got.dtype == dtype
+        assert float((got.cpu().double() - ref).abs().max() / ref.abs().max()) < tol
+        assert float((got.cpu().double() - want.double()).abs().max() / ref.abs().max()) < tol
