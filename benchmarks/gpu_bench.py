@@ -157,10 +157,15 @@ def kernel_kind(name: str) -> str:
 
 
 def profile_steps(
-    engine: LLMEngine, num_steps: int, device: str, timers: StepTimers | None = None
+    engine: LLMEngine,
+    num_steps: int,
+    device: str,
+    timers: StepTimers | None = None,
+    top_kernels: int = 0,
 ) -> tuple[dict[str, float], list[Any]]:
     """CUDA kernel time per step by kind, and host wall per step, over num_steps profiled engine steps;
-    with timers, "per step" is per forward pass (a multi-step window is several)."""
+    with timers, "per step" is per forward pass (a multi-step window is several). top_kernels > 0 also
+    logs that many kernel names by time, with their count and us per step."""
     forward_before = timers.forward_steps if timers is not None else 0
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -178,10 +183,16 @@ def profile_steps(
         num_steps = max(1, timers.forward_steps - forward_before)
     kinds = {"matmul": 0.0, "attention": 0.0, "kv_index": 0.0, "other": 0.0}
     launches = 0
+    by_name: dict[str, list[float]] = {}  # kernel name -> [count, us]
     for ev in prof.events():
         if ev.device_type == DeviceType.CUDA:
             kinds[kernel_kind(ev.name)] += ev.time_range.elapsed_us() * 1e-6
             launches += 1
+            entry = by_name.setdefault(ev.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += ev.time_range.elapsed_us()
+    for name, (count, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top_kernels]:
+        log(f"    {count / num_steps:7.1f}/step {us / num_steps:9.1f} us/step  {name[:110]}")
     out = {f"{k}_ms": v / num_steps * 1e3 for k, v in kinds.items()}
     out["kernels_total_ms"] = sum(kinds.values()) / num_steps * 1e3
     out["wall_profiled_ms"] = wall / num_steps * 1e3
@@ -409,7 +420,8 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     )
     for _ in range(8):
         engine.step()
-    res["single"]["profile_ms_per_step"] = profile_steps(engine, 5, dev, timers)[0]
+    log("  single-stream decode step, top kernels by time (count/step, us/step, name):")
+    res["single"]["profile_ms_per_step"] = profile_steps(engine, 5, dev, timers, top_kernels=25)[0]
     while engine.has_unfinished_requests():
         engine.step()
     log(f"  single-stream decode step profile: {res['single']['profile_ms_per_step']}")

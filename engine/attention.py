@@ -78,10 +78,21 @@ class AttentionMetadata:
     decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] True where the key is real
     prefills: tuple[PrefillChunk, ...]
     varlen: VarlenMetadata | None = None  # CUDA batches with prefills: the one-launch Triton kernel
+    # [num_decodes] int32 context length of each decode, built once per step so kernels need not
+    # reduce decode_mask in every layer; None: derived from decode_mask (decode_context_lens())
+    decode_lengths: torch.Tensor | None = None
+    # host fact: decode_token_index is arange(num_decodes), so the decodes' queries are q[:num_decodes]
+    decodes_in_order: bool = False
 
     @property
     def num_decodes(self) -> int:
         return int(self.decode_token_index.numel())
+
+    def decode_context_lens(self) -> torch.Tensor:
+        """[num_decodes] context lengths (int32 when built per step; else a reduction of decode_mask)."""
+        if self.decode_lengths is not None:
+            return self.decode_lengths
+        return self.decode_mask.view(self.num_decodes, -1).sum(-1)
 
 
 def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch.device) -> AttentionMetadata:
@@ -104,16 +115,17 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
     for i in decode_rows:
         table = batch.block_tables[i][:max_blocks]
         padded += table + [0] * (max_blocks - len(table))
-    lengths = torch.tensor(contexts, dtype=torch.long, device=device)
+    lengths = torch.tensor(contexts, dtype=torch.int32, device=device)
     mask = torch.arange(max_blocks * block_size, device=device)[None, :] < lengths[:, None]
+    decode_tokens = [batch.query_start[i] for i in decode_rows]
     return AttentionMetadata(
         slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=device),
-        decode_token_index=torch.tensor(
-            [batch.query_start[i] for i in decode_rows], dtype=torch.long, device=device
-        ),
+        decode_token_index=torch.tensor(decode_tokens, dtype=torch.long, device=device),
         decode_blocks=torch.tensor(padded, dtype=torch.long, device=device),
         decode_mask=mask[:, None, None, :],
         prefills=tuple(prefills),
+        decode_lengths=lengths,
+        decodes_in_order=decode_tokens == list(range(len(decode_tokens))),
         varlen=build_varlen_metadata(batch, block_size, device)
         if device.type == "cuda" and prefills
         else None,
@@ -145,18 +157,22 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     """Write k/v to their slots, then attend. k_scale/v_scale (float32, one element) are the per-tensor
     scales of an fp8 KV cache: stored = (x / scale) cast to fp8, read = stored.float() * scale; None
-    for a 16/32-bit cache. Every kernel behind this function follows that rule."""
+    for a 16/32-bit cache. Every kernel behind this function follows that rule. kv_written: k/v are
+    already in their slots (ops.rope_and_cache stored them with RoPE); only attend."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         # Triton kernels for 16-bit q (float32 products would run in tf32, looser than the float32
         # checks of the torch path), 16-bit or fp8 caches; they write the cache and read it in place
         triton_path = _triton_attention()
         if triton_path is not None and triton_path.supports(q, kv_cache, meta):
-            return triton_path.paged_attention_triton(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
+            return triton_path.paged_attention_triton(
+                q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written=kv_written
+            )
     with sdpa_kernel(_SDPA_BACKENDS):
-        return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale)
+        return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written)
 
 
 def _triton_attention() -> Any:
@@ -177,11 +193,12 @@ def _paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
-    if kv_cache is not None:
+    if kv_cache is not None and not kv_written:
         assert meta.slot_mapping is not None
         write_kv(kv_cache[0], meta.slot_mapping, k, k_scale)
         write_kv(kv_cache[1], meta.slot_mapping, v, v_scale)

@@ -101,6 +101,8 @@ class _DecodeGraph:
             decode_blocks=self.blocks,
             decode_mask=mask[:, None, None, :],
             prefills=(),
+            decode_lengths=self.lengths.to(torch.int32),  # inside the capture: once per replay
+            decodes_in_order=True,  # token_index is arange(batch_size)
         )
 
 

@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from llmdeploy_engine import ops
 from llmdeploy_engine.attention import AttentionMetadata, paged_attention
 from llmdeploy_engine.config import ModelConfig, RopeScaling
@@ -106,10 +105,26 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = ops.apply_rope(q, k, cos, sin)
+        slots = meta.slot_mapping
+        written = kv_cache is not None and slots is not None
+        if kv_cache is not None and slots is not None:
+            # RoPE and the KV-cache write in one step (one kernel on the GPU); attention only reads
+            q, k = ops.rope_and_cache(q, k, v, cos, sin, kv_cache, slots, self.k_scale, self.v_scale)
+        else:
+            q, k = ops.apply_rope(q, k, cos, sin)
         if self.kv_observer is not None:
             self.kv_observer.update(k, v)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
+        out = paged_attention(
+            q,
+            k,
+            v,
+            kv_cache,
+            meta,
+            self.scale,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            kv_written=written,
+        )
         return self.o_proj(out.reshape(n, self.num_heads * c.head_dim))
 
 
@@ -121,8 +136,8 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj(x)  # views of one GEMM output, read in place by silu_mul
+        return self.down_proj(ops.silu_mul(gate, up))
 
 
 class DecoderLayer(nn.Module):

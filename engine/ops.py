@@ -1,6 +1,7 @@
 """Elementwise operations of the decoder, one function each, so a device can swap in fused kernels.
 
-`model.py` calls only these for normalisation, the residual add and RoPE. The versions here are pure
+`model.py` calls only these for normalisation, the residual add, RoPE (with the KV-cache write when
+the step has a cache) and the MLP's SiLU gate. The versions here are pure
 torch and follow transformers' order of operations (float32 normalisation, then cast; RoPE with
 rotate_half), so CPU float32 logits match transformers closely. GPU kernels (Triton) that replace
 them must keep the same contract and stay within bf16 rounding of these.
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from llmdeploy_engine.kv_cache import FP8_DTYPES, write_kv
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
@@ -73,3 +76,49 @@ def apply_rope(
         pair: tuple[torch.Tensor, torch.Tensor] = fused.apply_rope(q, k, cos, sin)
         return pair
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up (the gated MLP's activation); gate and up may be views of one merged GEMM output."""
+    fused = _fused(gate)
+    if fused is not None and up.dtype == gate.dtype and up.shape == gate.shape:
+        result: torch.Tensor = fused.silu_mul(gate, up)
+        return result
+    return F.silu(gate) * up
+
+
+def rope_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope(q, k), then the rotated k and v stored into their cache slots (fp8 caches quantized
+    with k_scale / v_scale, the contract of attention.py): returns the rotated (q, k). Attention is
+    then told the write is done (paged_attention's kv_written). One Triton launch for 16-bit CUDA
+    tensors with a cache of their dtype or fp8; RoPE then kv_cache.write_kv elsewhere."""
+    k_cache = kv_cache[0]
+    fused = _fused(q)
+    if (
+        fused is not None
+        and k.dtype == q.dtype
+        and v.dtype == q.dtype
+        and cos.dtype == q.dtype
+        and (q.shape[-1] // 2) & (q.shape[-1] // 2 - 1) == 0
+        and (k_cache.dtype == q.dtype or k_cache.dtype in FP8_DTYPES)
+        and k_cache.stride() == kv_cache[1].stride()
+        and k_cache.stride(-1) == 1
+    ):
+        pair: tuple[torch.Tensor, torch.Tensor] = fused.rope_and_cache(
+            q, k, v, cos, sin, kv_cache, slot_mapping, k_scale, v_scale
+        )
+        return pair
+    q, k = apply_rope(q, k, cos, sin)
+    write_kv(k_cache, slot_mapping, k, k_scale)
+    write_kv(kv_cache[1], slot_mapping, v, v_scale)
+    return q, k

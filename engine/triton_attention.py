@@ -568,26 +568,29 @@ def paged_attention_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_written: bool = False,
 ) -> Any:
     """attention.paged_attention's contract, for the calls `supports` accepts: write k/v into the
-    cache, then decode-only batches run paged_decode and everything else one varlen launch."""
+    cache (unless kv_written: ops.rope_and_cache did), then decode-only batches run paged_decode and
+    everything else one varlen launch."""
     if not supports(q, kv_cache, meta):
         raise NotImplementedError(
             "not supported by the Triton attention path (see triton_attention.supports)"
         )
     assert kv_cache is not None and meta.slot_mapping is not None
-    write_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
+    if not kv_written:
+        write_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
     if not meta.prefills:
         n = meta.num_decodes
         tables = meta.decode_blocks.view(n, -1)
-        lengths = meta.decode_mask.view(n, -1).sum(-1)
-        out = torch.empty_like(q)
-        decode_out = paged_decode(
-            q[meta.decode_token_index], kv_cache[0], kv_cache[1], tables, lengths, scale, k_scale, v_scale
-        )
-        if n == q.shape[0]:
-            # a graph's batch: decode_token_index is arange(n); skip the scatter
+        lengths = meta.decode_context_lens()  # per step in the metadata: no reduction per layer
+        # every token a decode, in order (decode_token_index is arange(n)): no gather, no scatter
+        in_order = meta.decodes_in_order and n == q.shape[0]
+        qd = q if in_order else q[meta.decode_token_index]
+        decode_out = paged_decode(qd, kv_cache[0], kv_cache[1], tables, lengths, scale, k_scale, v_scale)
+        if in_order:
             return decode_out
+        out = torch.empty_like(q)
         out[meta.decode_token_index] = decode_out
         return out
     from llmdeploy_engine.triton_varlen import varlen_attention

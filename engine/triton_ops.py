@@ -1,4 +1,5 @@
-"""Fused elementwise kernels of the decoder (Triton): RMSNorm with the residual add, RoPE on q and k.
+"""Fused elementwise kernels of the decoder (Triton): RMSNorm with the residual add, RoPE on q and k
+(alone, or with the store of the rotated k and v into the paged KV cache), SiLU(gate) * up.
 
 `ops.py` sends 16-bit CUDA tensors here. Each function keeps the contract of its pure-torch twin in
 ops.py and computes in float32, rounding once at the end, so it stays within bf16 rounding of the
@@ -22,7 +23,9 @@ def _add_rms_norm_kernel(
     sum_ptr,
     eps,
     hidden,
+    heads,
     stride_x,
+    stride_xh,
     stride_r,
     stride_o,
     stride_s,
@@ -32,7 +35,8 @@ def _add_rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    # x's rows may be the heads of a strided [n, heads, hidden] view (heads == 1: plain rows)
+    x = tl.load(x_ptr + (row // heads) * stride_x + (row % heads) * stride_xh + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # torch's add: float32, one rounding
@@ -51,13 +55,20 @@ def add_rms_norm(
     """(rms_norm(x + residual), x + residual) over the last axis; residual None: x is the residual."""
     shape = x.shape
     hidden = shape[-1]
-    x2 = x.reshape(-1, hidden)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    rows = x2.shape[0]
+    if residual is None and x.dim() == 3 and x.stride(-1) == 1:
+        # [n, heads, head_dim] views of the fused QKV output (Qwen3's q/k norms): read in place,
+        # where reshape would copy
+        x2, heads, stride_x, stride_xh = x, shape[1], x.stride(0), x.stride(1)
+        rows = shape[0] * shape[1]
+    else:
+        x2 = x.reshape(-1, hidden)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        heads, stride_x, stride_xh = 1, x2.stride(0), 0
+        rows = x2.shape[0]
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     if residual is None:
-        res2, summed = x2, x2
+        res2 = summed = out  # not read or written
     else:
         assert residual.shape == shape and residual.dtype == x.dtype
         res2 = residual.reshape(-1, hidden)
@@ -74,7 +85,9 @@ def add_rms_norm(
             summed,
             eps,
             hidden,
-            x2.stride(0),
+            heads,
+            stride_x,
+            stride_xh,
             res2.stride(0),
             out.stride(0),
             summed.stride(0),
@@ -182,6 +195,236 @@ def apply_rope(
             sin2.stride(0),
             HALF=half,
             HEADS_PAD=triton.next_power_of_2(max(num_heads, num_kv_heads)),
+            num_warps=4,
+        )
+    return q_out, k_out
+
+
+@triton.jit
+def _silu_mul_kernel(
+    gate_ptr,
+    up_ptr,
+    out_ptr,
+    cols,
+    stride_g,
+    stride_u,
+    stride_o,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < cols
+    g = tl.load(gate_ptr + row * stride_g + c, mask=mask, other=0.0)
+    u = tl.load(up_ptr + row * stride_u + c, mask=mask, other=0.0)
+    g32 = g.to(tl.float32)
+    # torch rounds F.silu's result to the input dtype before the product: the same two roundings
+    act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
+    out = act.to(tl.float32) * u.to(tl.float32)
+    tl.store(out_ptr + row * stride_o + c, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """ops.silu_mul in one launch. gate and up [..., cols] may be strided views (the two halves of
+    the merged gate_up GEMM output): rows are read in place, the result is contiguous."""
+    assert gate.shape == up.shape and gate.dtype == up.dtype
+    shape = gate.shape
+    cols = shape[-1]
+    g2 = gate.reshape(-1, cols)  # a view for the merged GEMM's halves (unit column stride)
+    u2 = up.reshape(-1, cols)
+    if g2.stride(-1) != 1:
+        g2 = g2.contiguous()
+    if u2.stride(-1) != 1:
+        u2 = u2.contiguous()
+    rows = g2.shape[0]
+    out = torch.empty((rows, cols), dtype=gate.dtype, device=gate.device)
+    if rows and cols:
+        block = min(1024, triton.next_power_of_2(cols))
+        _silu_mul_kernel[(rows, triton.cdiv(cols, block))](
+            g2,
+            u2,
+            out,
+            cols,
+            g2.stride(0),
+            u2.stride(0),
+            out.stride(0),
+            BLOCK=block,
+            num_warps=4,
+        )
+    return out.view(shape)
+
+
+@triton.jit
+def _saturate(x, scale, FP8_MAX):
+    """x / scale in float32, correctly rounded, clamped to the fp8 format's finite range."""
+    return tl.clamp(tl.div_rn(x.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
+
+
+@triton.jit
+def _rope_cache_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    qo_ptr,
+    ko_ptr,
+    kc_ptr,
+    vc_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    num_heads,
+    num_kv_heads,
+    stride_qn,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_qon,
+    stride_qoh,
+    stride_kon,
+    stride_koh,
+    stride_cn,
+    stride_sn,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    FP8_MAX,
+    HALF: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    FP8: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cos_ptr + tok * stride_cn + d).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + tok * stride_sn + d).to(tl.float32)[None, :]
+
+    h = tl.arange(0, HEADS_PAD)
+    hm = (h < num_heads)[:, None]
+    base = q_ptr + tok * stride_qn + h[:, None] * stride_qh + d[None, :]
+    x1 = tl.load(base, mask=hm, other=0.0)
+    x2 = tl.load(base + HALF, mask=hm, other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    obase = qo_ptr + tok * stride_qon + h[:, None] * stride_qoh + d[None, :]
+    tl.store(obase, (a * cos - b * sin).to(x1.dtype), mask=hm)
+    tl.store(obase + HALF, (b * cos + a * sin).to(x1.dtype), mask=hm)
+
+    kh = tl.arange(0, KV_HEADS_PAD)
+    km = (kh < num_kv_heads)[:, None]
+    base = k_ptr + tok * stride_kn + kh[:, None] * stride_kh + d[None, :]
+    x1 = tl.load(base, mask=km, other=0.0)
+    x2 = tl.load(base + HALF, mask=km, other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    # rounded to the model dtype first: the cache holds what apply_rope then write_kv would store
+    k1 = (a * cos - b * sin).to(x1.dtype)
+    k2 = (b * cos + a * sin).to(x1.dtype)
+    obase = ko_ptr + tok * stride_kon + kh[:, None] * stride_koh + d[None, :]
+    tl.store(obase, k1, mask=km)
+    tl.store(obase + HALF, k2, mask=km)
+    vbase = v_ptr + tok * stride_vn + kh[:, None] * stride_vh + d[None, :]
+    v1 = tl.load(vbase, mask=km, other=0.0)
+    v2 = tl.load(vbase + HALF, mask=km, other=0.0)
+
+    slot = tl.load(slots_ptr + tok).to(tl.int64)
+    cm = km & (slot >= 0)  # negative slots are skipped, as triton_attention.write_kv does
+    dst = (
+        (slot // BLOCK_SIZE) * stride_cb
+        + (slot % BLOCK_SIZE) * stride_ct
+        + kh[:, None] * stride_ch
+        + d[None, :]
+    )
+    if FP8:
+        # triton_attention.write_kv's rounding: correctly rounded division, saturation, then
+        # round-to-nearest-even (the bits torch's quantize stores)
+        ks = tl.load(k_scale_ptr)
+        vs = tl.load(v_scale_ptr)
+        ty = kc_ptr.dtype.element_ty
+        tl.store(kc_ptr + dst, _saturate(k1, ks, FP8_MAX).to(ty, fp_downcast_rounding="rtne"), mask=cm)
+        tl.store(kc_ptr + dst + HALF, _saturate(k2, ks, FP8_MAX).to(ty, fp_downcast_rounding="rtne"), mask=cm)
+        tl.store(vc_ptr + dst, _saturate(v1, vs, FP8_MAX).to(ty, fp_downcast_rounding="rtne"), mask=cm)
+        tl.store(vc_ptr + dst + HALF, _saturate(v2, vs, FP8_MAX).to(ty, fp_downcast_rounding="rtne"), mask=cm)
+    else:
+        tl.store(kc_ptr + dst, k1.to(kc_ptr.dtype.element_ty), mask=cm)
+        tl.store(kc_ptr + dst + HALF, k2.to(kc_ptr.dtype.element_ty), mask=cm)
+        tl.store(vc_ptr + dst, v1.to(vc_ptr.dtype.element_ty), mask=cm)
+        tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=cm)
+
+
+def rope_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ops.rope_and_cache in one launch: (q, k) rotated as apply_rope returns them, and the rotated k
+    and v stored into their slots of a cache of q's dtype or fp8 (with k_scale / v_scale)."""
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    k_cache, v_cache = kv_cache
+    assert k.shape == (n, num_kv_heads, head_dim) and v.shape == k.shape
+    assert k_cache.shape[2:] == (num_kv_heads, head_dim) and v_cache.shape == k_cache.shape
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert slot_mapping.shape == (n,)
+    half = head_dim // 2
+    if head_dim % 2 or half & (half - 1):
+        raise NotImplementedError(
+            f"not supported: Triton RoPE needs a power-of-two head_dim/2, got {head_dim}"
+        )
+    fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if fp8 and (k_scale is None or v_scale is None):
+        raise ValueError("an fp8 KV cache needs k_scale and v_scale")
+    if not fp8 and k_cache.dtype != q.dtype:
+        raise ValueError(f"the KV cache ({k_cache.dtype}) must have the query's dtype ({q.dtype}) or be fp8")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    cos2, sin2 = cos.reshape(n, -1), sin.reshape(n, -1)
+    assert cos2.shape[1] == head_dim and cos2.stride(-1) == 1 and sin2.stride(-1) == 1
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    if n:
+        dummy = slot_mapping  # the scales are read only for fp8 caches
+        _rope_cache_kernel[(n,)](
+            q,
+            k,
+            v,
+            q_out,
+            k_out,
+            k_cache,
+            v_cache,
+            cos2,
+            sin2,
+            slot_mapping,
+            k_scale if fp8 else dummy,
+            v_scale if fp8 else dummy,
+            num_heads,
+            num_kv_heads,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            q_out.stride(0),
+            q_out.stride(1),
+            k_out.stride(0),
+            k_out.stride(1),
+            cos2.stride(0),
+            sin2.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0,
+            HALF=half,
+            HEADS_PAD=triton.next_power_of_2(num_heads),
+            KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+            BLOCK_SIZE=k_cache.shape[1],
+            FP8=fp8,
             num_warps=4,
         )
     return q_out, k_out
