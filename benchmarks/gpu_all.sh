@@ -32,7 +32,7 @@ tests() {  # gpu, log name, timeout, test paths
 summary() {
     for f in "$@"; do
         echo "== $f"
-        grep -E "^(FAILED|ERROR)|passed|failed|^exit |Error" "$f" | tail -25
+        grep -a -E "^(FAILED|ERROR)|passed|failed|^exit |Error" "$f" | tail -25
     done
 }
 
@@ -90,6 +90,8 @@ elif [ "$phase" = final ]; then
         echo "== $f"
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -30
     done
+    # the device tool returns at most 8 files: every log and JSON in one archive
+    (cd "$out" && tar czf final_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
 else
     echo "unknown phase $phase (check | bench | final)" >&2
     exit 2
