@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from llmdeploy_engine.attention import AttentionMetadata
 from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.multi_step import check_decode_window, last_step_batch, pack_window_steps
+from llmdeploy_engine.multi_step import NO_CAP, check_decode_window, last_step_batch, pack_window_steps
 from llmdeploy_engine.sampler import WindowSampler
 from llmdeploy_engine.sampling_params import SamplingParams
 
@@ -283,15 +283,16 @@ class CudaGraphRunner:
         tokens the previous step chose on the device (as ModelRunner.execute_multi_step: argmax, or
         `WindowSampler` draws after the replay); the ids [num_steps][num_seqs] after one sync.
         Batches no graph serves run the wrapped runner's eager window."""
-        check_decode_window(batch, num_steps, self.block_size)
-        g = self._pick(last_step_batch(batch, num_steps))
+        cap = self.runner.max_model_len - 1  # a sequence at the longest context repeats its last step
+        check_decode_window(batch, num_steps, self.block_size, cap)
+        g = self._pick(last_step_batch(batch, num_steps, cap))
         if g is None:
             result: list[list[int]] = self.runner.execute_multi_step(batch, num_steps, params, seed)
             return result
         n, b, nb = batch.num_seqs, g.batch_size, g.num_blocks
         step0 = b * (4 + nb)
         size = window_size(b, nb, num_steps)
-        pack_decode_window(self._window_buffer(size), batch, num_steps, b, nb, self.block_size)
+        pack_decode_window(self._window_buffer(size), batch, num_steps, b, nb, self.block_size, cap)
         if self._window_dev is None or self._window_dev.numel() < size:
             self._window_dev = torch.empty(
                 self._window_host.numel(), dtype=torch.long, device=g.packed.device
@@ -333,7 +334,13 @@ def window_size(b: int, nb: int, num_steps: int) -> int:
 
 
 def pack_decode_window(
-    out: np.ndarray, batch: ForwardBatch, num_steps: int, b: int, nb: int, block_size: int
+    out: np.ndarray,
+    batch: ForwardBatch,
+    num_steps: int,
+    b: int,
+    nb: int,
+    block_size: int,
+    max_position: int = NO_CAP,
 ) -> int:
     """Lay a decode window out for a graph of b rows and nb blocks: step 0 exactly as
     `pack_decode_inputs` packs it (ids, positions, slots, lengths, block tables), then the padding
@@ -345,7 +352,9 @@ def pack_decode_window(
     out[step0 + n : step0 + b] = 0
     size = window_size(b, nb, num_steps)
     later = out[step0 + b : size].reshape(num_steps - 1, 3, b)
-    pack_window_steps(later, out[4 * b : step0].reshape(b, nb), out[b : 2 * b], num_steps, block_size)
+    pack_window_steps(
+        later, out[4 * b : step0].reshape(b, nb), out[b : 2 * b], num_steps, block_size, max_position
+    )
     return size
 
 

@@ -440,12 +440,13 @@ class ModelRunner:
         previous step chose on the device (argmax, or with `params` per sequence and a `seed`,
         `WindowSampler`'s draws); returns the ids [num_steps][num_seqs] after one sync. Each step
         computes what `execute` computes for it, so greedy tokens are those of single steps."""
-        check_decode_window(batch, num_steps, self.block_size)
+        cap = self.max_model_len - 1  # a sequence at the longest context repeats its last step
+        check_decode_window(batch, num_steps, self.block_size, cap)
         ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         sampled = torch.empty(num_steps, batch.num_seqs, dtype=torch.long, device=self.device)
         sampler = WindowSampler(params, self.model_config.vocab_size, self.device, seed)
         for k in range(num_steps):
-            step = step_batch(batch, k, self.block_size)
+            step = step_batch(batch, k, self.block_size, cap)
             positions = torch.tensor(step.positions, dtype=torch.long).to(self.device, non_blocking=True)
             meta = build_attention_metadata(step, self.block_size, self.device)
             hidden = self.model(ids, positions, meta, self.kv_caches)

@@ -7,6 +7,11 @@ reserved them). Step k feeds, for every sequence, the token step k - 1 sampled, 
 `context_len[i] + k` tokens. Only the token ids are produced on the device; everything else here is
 known on the host before the window starts, so a runner can upload all steps' inputs at once.
 
+`max_position` (the runner's max_model_len - 1): a sequence that reaches the longest context stops
+there (its stop check ends it), but the window goes on for the others; its later steps repeat that
+last position (same slot, same context), so no step reads or writes past the context the block
+tables hold, and the tokens they produce are dropped with the stopped sequence's.
+
 Plain Python and numpy, no torch.
 """
 
@@ -17,24 +22,30 @@ import dataclasses
 import numpy as np
 from llmdeploy_engine.forward_batch import ForwardBatch
 
+NO_CAP = 1 << 62
 
-def check_decode_window(batch: ForwardBatch, num_steps: int, block_size: int) -> None:
+
+def check_decode_window(
+    batch: ForwardBatch, num_steps: int, block_size: int, max_position: int = NO_CAP
+) -> None:
     """Assert that `batch` can run `num_steps` decode steps: one token per sequence, every sequence
-    samples, and each block table covers the window's last position."""
+    samples, and each block table covers the window's last position (capped at max_position)."""
     assert num_steps >= 1, f"a window has at least one step, got {num_steps}"
     n = batch.num_seqs
     assert all(q == 1 for q in batch.query_len), "multi-step windows are pure decode (one token per sequence)"
     assert batch.sample_indices == list(range(n)) and batch.num_logits is None, "every sequence samples once"
     for pos, table in zip(batch.positions, batch.block_tables, strict=True):
-        assert (pos + num_steps - 1) // block_size < len(table), "the window's slots were not reserved"
+        assert pos <= max_position, "a window starts inside the longest context"
+        last = min(pos + num_steps - 1, max_position)
+        assert last // block_size < len(table), "the window's slots were not reserved"
 
 
-def step_batch(batch: ForwardBatch, k: int, block_size: int) -> ForwardBatch:
+def step_batch(batch: ForwardBatch, k: int, block_size: int, max_position: int = NO_CAP) -> ForwardBatch:
     """The host-side inputs of step k of the window (its input ids are those of step 0: the runner
-    replaces them with the tokens sampled at step k - 1)."""
+    replaces them with the tokens sampled at step k - 1); positions capped at max_position."""
     if k == 0:
         return batch
-    positions = [p + k for p in batch.positions]
+    positions = [min(p + k, max_position) for p in batch.positions]
     slots = [
         table[p // block_size] * block_size + p % block_size
         for p, table in zip(positions, batch.block_tables, strict=True)
@@ -43,25 +54,40 @@ def step_batch(batch: ForwardBatch, k: int, block_size: int) -> ForwardBatch:
         batch,
         positions=positions,
         slot_mapping=slots,
-        context_len=[c + k for c in batch.context_len],
+        context_len=[
+            c + p - p0 for c, p, p0 in zip(batch.context_len, positions, batch.positions, strict=True)
+        ],
     )
 
 
-def last_step_batch(batch: ForwardBatch, num_steps: int) -> ForwardBatch:
+def last_step_batch(batch: ForwardBatch, num_steps: int, max_position: int = NO_CAP) -> ForwardBatch:
     """Step num_steps - 1's shape facts (context lengths), enough to pick a CUDA graph bucket."""
-    return dataclasses.replace(batch, context_len=[c + num_steps - 1 for c in batch.context_len])
+    return dataclasses.replace(
+        batch,
+        context_len=[
+            c + min(p + num_steps - 1, max_position) - p
+            for c, p in zip(batch.context_len, batch.positions, strict=True)
+        ],
+    )
 
 
 def pack_window_steps(
-    out: np.ndarray, tables: np.ndarray, positions0: np.ndarray, num_steps: int, block_size: int
+    out: np.ndarray,
+    tables: np.ndarray,
+    positions0: np.ndarray,
+    num_steps: int,
+    block_size: int,
+    max_position: int = NO_CAP,
 ) -> None:
     """Positions, slots and context lengths of steps 1..num_steps-1 for a graph of b rows.
 
     `tables` [b, nb] and `positions0` [b] are step 0's rows as the graph reads them (padding rows
-    repeat row 0); `out` is [num_steps - 1, 3, b]: per step, positions, slots, context lengths
-    (position + 1). Slots come from the same tables, so padding rows keep writing row 0's slot."""
+    repeat row 0); `out` is [num_steps - 1, 3, b]: per step, positions (capped at max_position), slots,
+    context lengths (position + 1). Slots come from the same tables, so padding rows keep writing row
+    0's slot."""
     b = tables.shape[0]
     pos = positions0[None, :] + np.arange(1, num_steps, dtype=np.int64)[:, None]  # [num_steps - 1, b]
+    np.minimum(pos, max_position, out=pos)
     out[:, 0] = pos
     out[:, 1] = tables[np.arange(b)[None, :], pos // block_size] * block_size + pos % block_size
     out[:, 2] = pos + 1

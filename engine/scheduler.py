@@ -256,22 +256,31 @@ class Scheduler:
 
         num_steps is 1 (output returned unchanged) unless the step is pure decode (every scheduled
         sequence feeds one already sampled token and samples, no proposals), nothing waits and
-        nothing was preempted; otherwise it is max_steps cut to what max_model_len and the free
-        blocks allow. The returned batch is step 0's, with the longer block tables."""
+        nothing was preempted; otherwise it is max_steps cut to what the free blocks allow. A sequence
+        that reaches max_model_len inside the window stops there and gets no slots past it (its later
+        steps repeat its last position: multi_step.py), so it does not shorten the others' window.
+        The returned batch is step 0's, with the longer block tables."""
         scheduled = output.scheduled
         if max_steps <= 1 or self.waiting or output.preempted or not scheduled:
             return output, 1
-        steps = max_steps
         for e in scheduled:
             seq = e.seq
             if e.num_new_tokens != 1 or not e.samples or e.spec_token_ids or seq.num_output_tokens == 0:
                 return output, 1
-            steps = min(steps, self.config.max_model_len - seq.num_tokens)
         bm = self.block_manager
         seqs = [e.seq for e in scheduled]
+        max_len = self.config.max_model_len
+
+        def slots(seq: Sequence, steps: int) -> int:
+            # a sequence stops at max_model_len: its steps past that repeat its last position
+            # (multi_step.py), so it never needs slots beyond the longest context
+            return min(steps, max_len - seq.num_computed_tokens)
+
+        steps = max_steps
         while steps > 1:
             need = sum(
-                max(0, bm.blocks_needed(s.num_computed_tokens + steps) - len(s.block_table)) for s in seqs
+                max(0, bm.blocks_needed(s.num_computed_tokens + slots(s, steps)) - len(s.block_table))
+                for s in seqs
             )
             if need <= bm.num_free_blocks:
                 break
@@ -279,7 +288,7 @@ class Scheduler:
         if steps <= 1:
             return output, 1
         for seq in seqs:
-            reserved = bm.allocate_slots(seq, steps)
+            reserved = bm.allocate_slots(seq, slots(seq, steps))
             assert reserved, "the window's blocks were counted as free"
         batch = dataclasses.replace(output.batch, block_tables=[list(s.block_table) for s in seqs])
         return SchedulerOutput(scheduled, batch, output.preempted), steps

@@ -29,12 +29,13 @@ class MultiStepFakeRunner(FakeRunner):
         self.windows: list[int] = []
 
     def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
-        check_decode_window(batch, num_steps, self.block_size)
+        cap = self.max_model_len - 1  # as the real runners: positions stop at the longest context
+        check_decode_window(batch, num_steps, self.block_size, cap)
         self.windows.append(num_steps)
         ids = list(batch.input_ids)
         sampled = []
         for k in range(num_steps):
-            step = step_batch(batch, k, self.block_size)
+            step = step_batch(batch, k, self.block_size, cap)
             rows = self.execute(ForwardBatch(**{**vars(step), "input_ids": ids}))
             ids = [max(range(len(r)), key=r.__getitem__) for r in rows]
             sampled.append(ids)
@@ -161,6 +162,18 @@ def test_windows_stop_at_max_model_len() -> None:
     final, _ = run_all(eng)
     assert len(final["r"].outputs[0].token_ids) == 14 and final["r"].outputs[0].finish_reason == "length"
     assert sum(runner.windows) == 13
+
+
+def test_a_sequence_at_max_model_len_does_not_shorten_the_others_window() -> None:
+    """ "a" fills the context (max_model_len 40) three tokens into the second window while "b" runs on:
+    the window stays 8 long ("a"'s later steps repeat its last position), outputs as single steps."""
+    reqs = [
+        ("a", [(3 * j) % 29 + 1 for j in range(28)], greedy(max_tokens=None, ignore_eos=True)),
+        ("b", [2, 4, 6], greedy(max_tokens=30, ignore_eos=True)),
+    ]
+    windows = compare(reqs, steps=(8,), max_model_len=40, num_kv_blocks=64)
+    # prefill samples each one's first token; b's other 29 come in windows of 8, 8, 8, 5
+    assert windows == [8, 8, 8, 5]
 
 
 def test_delta_stream_concatenates_and_final_only_has_one_output() -> None:

@@ -179,19 +179,23 @@ def test_delta_stream_concatenates_to_the_same_text(
     assert final["d"].finished
 
 
-def test_graph_window_packing_equals_each_steps_packing() -> None:
+@pytest.mark.parametrize("max_position", [None, 15])
+def test_graph_window_packing_equals_each_steps_packing(max_position: int | None) -> None:
     """The CUDA-graph window layout (built on the CPU): step 0 as a single replay packs it, every later
     step's positions, slots and lengths as a single replay of that step would pack them, padding rows
-    repeating row 0, and the gather index sending padding rows row 0's token."""
+    repeating row 0, and the gather index sending padding rows row 0's token. With a cap on positions
+    (max_model_len - 1), the first row's steps past it repeat position 15 (slot, length)."""
     import numpy as np
     from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, pack_decode_window, window_size
+    from llmdeploy_engine.multi_step import NO_CAP
 
+    cap = NO_CAP if max_position is None else max_position
     bs, b, nb, num_steps = 4, 4, 6, 5
     tables = [[9, 2, 14, 3, 7], [5, 11, 0, 8], [1, 12, 6]]
     positions = [13, 6, 2]  # 13 + 4 = 17: the window's last step is in the fifth block
     batch = make_batch_from_tables(tables, positions, ids=[101, 102, 103], bs=bs)
     out = np.full(window_size(b, nb, num_steps) + 3, -1, dtype=np.int64)
-    size = pack_decode_window(out, batch, num_steps, b, nb, bs)
+    size = pack_decode_window(out, batch, num_steps, b, nb, bs, cap)
     assert size == window_size(b, nb, num_steps) and (out[size:] == -1).all()
     step0 = b * (4 + nb)
     single = np.zeros(step0, dtype=np.int64)
@@ -200,7 +204,9 @@ def test_graph_window_packing_equals_each_steps_packing() -> None:
     assert out[step0 : step0 + b].tolist() == [0, 1, 2, 0]
     later = out[step0 + b : size].reshape(num_steps - 1, 3 * b)
     for k in range(1, num_steps):
-        pack_decode_inputs(single, step_batch(batch, k, bs), b, nb)
+        step = step_batch(batch, k, bs, cap)
+        assert step.positions[0] == min(13 + k, cap) and step.context_len[0] == step.positions[0] + 1
+        pack_decode_inputs(single, step, b, nb)
         assert (later[k - 1] == single[b : 4 * b]).all(), k
 
 
