@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_engine_helpers import batch_for
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 from llmdeploy_engine.forward_batch import ForwardBatch
@@ -14,28 +15,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-
-def batch_for(tokens: list[list[int]], starts: list[int], tables: list[list[int]], bs: int) -> ForwardBatch:
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    qstart: list[int] = []
-    for toks, start, table in zip(tokens, starts, tables, strict=True):
-        qstart.append(len(ids))
-        ids += toks
-        pos += list(range(start, start + len(toks)))
-        slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(toks))]
-    return ForwardBatch(
-        input_ids=ids,
-        positions=pos,
-        slot_mapping=slots,
-        query_start=qstart,
-        query_len=[len(t) for t in tokens],
-        context_len=[s + len(t) for s, t in zip(starts, tokens, strict=True)],
-        block_tables=tables,
-        sample_indices=list(range(len(tokens))),
-    )
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

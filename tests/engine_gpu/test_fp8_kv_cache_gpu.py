@@ -7,11 +7,11 @@ import random
 
 import pytest
 import torch
+from gpu_engine_helpers import batch_for
 from llmdeploy_engine import kv_cache
 from llmdeploy_engine.attention import build_attention_metadata, paged_attention
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
-from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model_runner import ModelRunner
 
 pytestmark = [
@@ -19,28 +19,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 FP8 = ["fp8_e4m3", "fp8_e5m2"]
-
-
-def batch_for(tokens: list[list[int]], starts: list[int], tables: list[list[int]], bs: int) -> ForwardBatch:
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    qstart: list[int] = []
-    for toks, start, table in zip(tokens, starts, tables, strict=True):
-        qstart.append(len(ids))
-        ids += toks
-        pos += list(range(start, start + len(toks)))
-        slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(toks))]
-    return ForwardBatch(
-        input_ids=ids,
-        positions=pos,
-        slot_mapping=slots,
-        query_start=qstart,
-        query_len=[len(t) for t in tokens],
-        context_len=[s + len(t) for s, t in zip(starts, tokens, strict=True)],
-        block_tables=tables,
-        sample_indices=list(range(len(tokens))),
-    )
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

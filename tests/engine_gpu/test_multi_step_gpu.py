@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from gpu_engine_helpers import batch_for
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 from llmdeploy_engine.forward_batch import ForwardBatch
@@ -38,28 +39,6 @@ def config(steps: int) -> EngineConfig:
 def runner() -> Iterator[ModelRunner]:
     yield ModelRunner(config(1))
     torch.cuda.empty_cache()
-
-
-def batch_for(tokens: list[list[int]], starts: list[int], tables: list[list[int]], bs: int) -> ForwardBatch:
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    qstart: list[int] = []
-    for toks, start, table in zip(tokens, starts, tables, strict=True):
-        qstart.append(len(ids))
-        ids += toks
-        pos += list(range(start, start + len(toks)))
-        slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(toks))]
-    return ForwardBatch(
-        input_ids=ids,
-        positions=pos,
-        slot_mapping=slots,
-        query_start=qstart,
-        query_len=[len(t) for t in tokens],
-        context_len=[s + len(t) for s, t in zip(starts, tokens, strict=True)],
-        block_tables=tables,
-        sample_indices=list(range(len(tokens))),
-    )
 
 
 @pytest.mark.parametrize("logits_max_batch", [64, 2])  # logits inside the graph / computed after it

@@ -1,0 +1,29 @@
+"""Shared by the GPU engine tests (no CUDA needed to import): a ForwardBatch from per-sequence tokens."""
+
+from __future__ import annotations
+
+from llmdeploy_engine.forward_batch import ForwardBatch
+
+
+def batch_for(tokens: list[list[int]], starts: list[int], tables: list[list[int]], bs: int) -> ForwardBatch:
+    """Each sequence feeds `tokens[i]` from position `starts[i]` through block table `tables[i]` (block
+    size bs) and samples once."""
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    qstart: list[int] = []
+    for toks, start, table in zip(tokens, starts, tables, strict=True):
+        qstart.append(len(ids))
+        ids += toks
+        pos += list(range(start, start + len(toks)))
+        slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(toks))]
+    return ForwardBatch(
+        input_ids=ids,
+        positions=pos,
+        slot_mapping=slots,
+        query_start=qstart,
+        query_len=[len(t) for t in tokens],
+        context_len=[s + len(t) for s, t in zip(starts, tokens, strict=True)],
+        block_tables=tables,
+        sample_indices=list(range(len(tokens))),
+    )
