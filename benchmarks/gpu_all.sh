@@ -38,10 +38,12 @@ summary() {
 
 start=$(date +%s)
 if [ "$phase" = check ]; then
-    tests 0 kernels 200 tests/engine_gpu/test_triton_varlen.py tests/engine_gpu/test_triton_attention.py &
+    tests 0 kernels 200 tests/engine_gpu/test_triton_varlen.py tests/engine_gpu/test_triton_attention.py \
+        tests/engine_gpu/test_fused_decode_ops.py tests/engine_gpu/test_varlen_metadata.py &
     tests 1 engine 200 tests/engine_gpu/test_triton_ops.py tests/engine_gpu/test_triton_engine.py \
         tests/engine_gpu/test_cuda_graph_runner.py tests/engine_gpu/test_graph_pick.py \
         tests/engine_gpu/test_fp8_kv_cache_gpu.py tests/engine_gpu/test_spec_decode_gpu.py \
+        tests/engine_gpu/test_multi_step_gpu.py \
         tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py &
     wait
     echo "single-GPU tests took $(($(date +%s) - start)) s"
