@@ -8,8 +8,10 @@ Cases:
   times, checked against the eager result; NCCL's all-reduce or the symmetric-memory one-shot kernel.
 - `torch-nccl-mixed`: as torch-nccl, with an eager all-reduce between replays (the engine mixes eager
   prefill steps with decode replays).
-- `engine-nccl` / `engine-symm`: the built-in engine at tensor_parallel_size 2 with CUDA graphs
-  (random Qwen2.5-0.5B, one request, 32 greedy tokens).
+- `engine-auto` / `engine-symm_mem` / `engine-nccl`: the built-in engine at tensor_parallel_size 2
+  (random Qwen2.5-0.5B, one request, 32 greedy tokens) with that LLMDEPLOY_TP_ALLREDUCE: graphs with
+  the symmetric-memory all-reduce (auto, symm_mem), eager steps with NCCL only (nccl). Run 7 (before
+  the engine refused NCCL inside captures) ran its engine case with NCCL collectives in the graphs.
 
     CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/tp_graph_diag.py --cases torch-nccl,engine-nccl
 """
@@ -101,7 +103,6 @@ def engine_case(allreduce: str, tokens: int) -> None:
 
     import_engine()
     os.environ["LLMDEPLOY_TP_ALLREDUCE"] = allreduce
-    os.environ["LLMDEPLOY_TP_CUDA_GRAPHS"] = "1"
     from llmdeploy_engine.config import EngineConfig
     from llmdeploy_engine.llm_engine import LLMEngine
     from llmdeploy_engine.sampling_params import SamplingParams
@@ -134,7 +135,7 @@ def engine_case(allreduce: str, tokens: int) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--cases", default="torch-nccl,torch-symm,torch-nccl-mixed,engine-nccl,engine-symm")
+    p.add_argument("--cases", default="torch-nccl,torch-symm,torch-nccl-mixed,engine-auto,engine-nccl")
     p.add_argument("--limit-s", type=float, default=75)
     p.add_argument("--dump-s", type=float, default=45)
     p.add_argument("--layers", type=int, default=48)
