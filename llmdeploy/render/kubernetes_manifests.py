@@ -34,18 +34,27 @@ LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 def _version(target: KubernetesTarget) -> tuple[int, int]:
     match = re.match(r"^v?(\d+)\.(\d+)", target.kubernetes_version)
     if not match:
-        raise UserError.one("not a Kubernetes version", path="target.kubernetes_version",
-                            value=target.kubernetes_version, fix="write MAJOR.MINOR, e.g. '1.30'")
+        raise UserError.one(
+            "not a Kubernetes version",
+            path="target.kubernetes_version",
+            value=target.kubernetes_version,
+            fix="write MAJOR.MINOR, e.g. '1.30'",
+        )
     return int(match.group(1)), int(match.group(2))
 
 
-def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
-                      plan: object) -> tuple[dict[str, str], tuple[dict[str, Any], ...]]:
+def render_kubernetes(
+    recipe: Recipe, target: KubernetesTarget, plan: object
+) -> tuple[dict[str, str], tuple[dict[str, Any], ...]]:
     from llmdeploy.render.renderer import render_template
 
     if not _DNS_LABEL.match(target.namespace):
-        raise UserError.one("not a Kubernetes namespace name", path="target.namespace", value=target.namespace,
-                            fix="lower-case letters, digits and '-', at most 63 characters")
+        raise UserError.one(
+            "not a Kubernetes namespace name",
+            path="target.namespace",
+            value=target.namespace,
+            fix="lower-case letters, digits and '-', at most 63 characters",
+        )
     version = _version(target)
     name, meta_labels = recipe.name, labels(recipe, target)
     command = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
@@ -55,8 +64,12 @@ def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
     multi_node = recipe.hardware.nodes > 1
     autoscaling = target.autoscaling
     if autoscaling is not None and multi_node:
-        raise UserError.one("autoscaling a LeaderWorkerSet is not rendered", path="target.autoscaling",
-                            value=autoscaling.kind, fix="remove target.autoscaling for multi-node replicas")
+        raise UserError.one(
+            "autoscaling a LeaderWorkerSet is not rendered",
+            path="target.autoscaling",
+            value=autoscaling.kind,
+            fix="remove target.autoscaling for multi-node replicas",
+        )
 
     def meta(object_name: str) -> dict[str, Any]:
         return {"name": object_name, "namespace": target.namespace, "labels": meta_labels}
@@ -66,16 +79,20 @@ def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
         "recipe.json": json.dumps(recipe.model_dump(mode="json"), indent=2, sort_keys=True) + "\n",
         "launch-args.json": json.dumps(command.argv, indent=2) + "\n",
     }
-    files["configmap.yaml"] = render_template("kubernetes/configmap.yaml.j2", header=head,
-                                              metadata=meta(f"{name}-recipe"), data=config_data)
+    files["configmap.yaml"] = render_template(
+        "kubernetes/configmap.yaml.j2", header=head, metadata=meta(f"{name}-recipe"), data=config_data
+    )
     if target.model_cache.existing_claim is None:
         shared = recipe.parallelism.replicas > 1 or autoscaling is not None or multi_node
-        pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
-                                    "resources": {"requests": {"storage": f"{shape.cache_gib}Gi"}}}
+        pvc_spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
+            "resources": {"requests": {"storage": f"{shape.cache_gib}Gi"}},
+        }
         if target.model_cache.storage_class:
             pvc_spec["storageClassName"] = target.model_cache.storage_class
         files["persistentvolumeclaim.yaml"] = render_template(
-            "kubernetes/persistentvolumeclaim.yaml.j2", header=head, metadata=meta(claim), spec=pvc_spec)
+            "kubernetes/persistentvolumeclaim.yaml.j2", header=head, metadata=meta(claim), spec=pvc_spec
+        )
 
     pod_labels = {**meta_labels}
     pod_meta = {"labels": pod_labels, "annotations": {"llmdeploy.io/recipe-sha256": recipe_digest(recipe)}}
@@ -91,12 +108,19 @@ def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
             "leaderWorkerTemplate": {
                 "size": recipe.hardware.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": {"metadata": pod_meta, "spec": pod_spec(recipe, target, shape, [leader], claim)},
-                "workerTemplate": {"metadata": pod_meta, "spec": pod_spec(recipe, target, shape, [worker], claim)},
+                "leaderTemplate": {
+                    "metadata": pod_meta,
+                    "spec": pod_spec(recipe, target, shape, [leader], claim),
+                },
+                "workerTemplate": {
+                    "metadata": pod_meta,
+                    "spec": pod_spec(recipe, target, shape, [worker], claim),
+                },
             },
         }
-        files["leaderworkerset.yaml"] = render_template("kubernetes/leaderworkerset.yaml.j2", header=head,
-                                                        metadata=meta(name), spec=lws_spec)
+        files["leaderworkerset.yaml"] = render_template(
+            "kubernetes/leaderworkerset.yaml.j2", header=head, metadata=meta(name), spec=lws_spec
+        )
         service_selector = {**service_selector, LWS_WORKER_INDEX: "0"}
     else:
         container = engine_container(recipe, target, command, shape)
@@ -108,48 +132,87 @@ def render_kubernetes(recipe: Recipe, target: KubernetesTarget,
             deployment_spec["replicas"] = recipe.parallelism.replicas
         if shape.gpus_per_pod:
             # a surge pod would wait for GPUs the old pod holds
-            deployment_spec["strategy"] = {"type": "RollingUpdate",
-                                           "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-        files["deployment.yaml"] = render_template("kubernetes/deployment.yaml.j2", header=head,
-                                                   metadata=meta(name), spec=deployment_spec)
+            deployment_spec["strategy"] = {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            }
+        files["deployment.yaml"] = render_template(
+            "kubernetes/deployment.yaml.j2", header=head, metadata=meta(name), spec=deployment_spec
+        )
 
-    service_spec = {"type": target.service_type, "selector": service_selector,
-                    "ports": [{"name": "http", "port": recipe.server.port, "targetPort": "http", "protocol": "TCP"}]}
-    files["service.yaml"] = render_template("kubernetes/service.yaml.j2", header=head, metadata=meta(name),
-                                            spec=service_spec)
+    service_spec = {
+        "type": target.service_type,
+        "selector": service_selector,
+        "ports": [{"name": "http", "port": recipe.server.port, "targetPort": "http", "protocol": "TCP"}],
+    }
+    files["service.yaml"] = render_template(
+        "kubernetes/service.yaml.j2", header=head, metadata=meta(name), spec=service_spec
+    )
     files["poddisruptionbudget.yaml"] = render_template(
-        "kubernetes/poddisruptionbudget.yaml.j2", header=head,
-        api_version="policy/v1" if version >= (1, 21) else "policy/v1beta1", metadata=meta(name),
-        spec={"maxUnavailable": 1, "selector": {"matchLabels": service_selector}})
+        "kubernetes/poddisruptionbudget.yaml.j2",
+        header=head,
+        api_version="policy/v1" if version >= (1, 21) else "policy/v1beta1",
+        metadata=meta(name),
+        spec={"maxUnavailable": 1, "selector": {"matchLabels": service_selector}},
+    )
     if autoscaling is not None:
         metric = scaling_metric(recipe, autoscaling.metric)
         target_ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
         if autoscaling.kind == "hpa":
             if autoscaling.min_replicas < 1:
-                raise UserError.one("a HorizontalPodAutoscaler cannot scale to zero", path="target.autoscaling",
-                                    value=autoscaling.min_replicas, fix="use min_replicas >= 1, or kind: keda")
-            hpa_spec = {"scaleTargetRef": target_ref, "minReplicas": autoscaling.min_replicas,
-                        "maxReplicas": autoscaling.max_replicas,
-                        "metrics": [{"type": "Pods", "pods": {
+                raise UserError.one(
+                    "a HorizontalPodAutoscaler cannot scale to zero",
+                    path="target.autoscaling",
+                    value=autoscaling.min_replicas,
+                    fix="use min_replicas >= 1, or kind: keda",
+                )
+            hpa_spec = {
+                "scaleTargetRef": target_ref,
+                "minReplicas": autoscaling.min_replicas,
+                "maxReplicas": autoscaling.max_replicas,
+                "metrics": [
+                    {
+                        "type": "Pods",
+                        "pods": {
                             # custom-metrics adapters expose Prometheus names with ':' turned into '_'
                             "metric": {"name": metric.replace(":", "_")},
-                            "target": {"type": "AverageValue", "averageValue": quantity(autoscaling.target)}}}]}
+                            "target": {"type": "AverageValue", "averageValue": quantity(autoscaling.target)},
+                        },
+                    }
+                ],
+            }
             files["horizontalpodautoscaler.yaml"] = render_template(
-                "kubernetes/horizontalpodautoscaler.yaml.j2", header=head,
+                "kubernetes/horizontalpodautoscaler.yaml.j2",
+                header=head,
                 api_version="autoscaling/v2" if version >= (1, 23) else "autoscaling/v2beta2",
-                metadata=meta(name), spec=hpa_spec)
+                metadata=meta(name),
+                spec=hpa_spec,
+            )
         else:
             scope = f'{{namespace="{target.namespace}",pod=~"{name}-.*"}}'
-            query = f"sum({metric}{scope})" if autoscaling.metric == "queue_depth" else f"avg({metric}{scope})"
-            trigger = {"type": "prometheus",
-                       "metricType": "AverageValue" if autoscaling.metric == "queue_depth" else "Value",
-                       "metadata": {"serverAddress": PROMETHEUS_ADDRESS, "query": query,
-                                    "threshold": str(autoscaling.target)}}
-            keda_spec = {"scaleTargetRef": {"name": name}, "minReplicaCount": autoscaling.min_replicas,
-                         "maxReplicaCount": autoscaling.max_replicas, "triggers": [trigger]}
-            files["scaledobject.yaml"] = render_template("kubernetes/scaledobject.yaml.j2", header=head,
-                                                         metadata=meta(name), spec=keda_spec)
+            query = (
+                f"sum({metric}{scope})" if autoscaling.metric == "queue_depth" else f"avg({metric}{scope})"
+            )
+            trigger = {
+                "type": "prometheus",
+                "metricType": "AverageValue" if autoscaling.metric == "queue_depth" else "Value",
+                "metadata": {
+                    "serverAddress": PROMETHEUS_ADDRESS,
+                    "query": query,
+                    "threshold": str(autoscaling.target),
+                },
+            }
+            keda_spec = {
+                "scaleTargetRef": {"name": name},
+                "minReplicaCount": autoscaling.min_replicas,
+                "maxReplicaCount": autoscaling.max_replicas,
+                "triggers": [trigger],
+            }
+            files["scaledobject.yaml"] = render_template(
+                "kubernetes/scaledobject.yaml.j2", header=head, metadata=meta(name), spec=keda_spec
+            )
     documents = tuple(doc for text in files.values() for doc in yaml.safe_load_all(text) if doc)
-    files["kustomization.yaml"] = render_template("kubernetes/kustomization.yaml.j2", header=head,
-                                                  namespace=target.namespace, resources=list(files))
+    files["kustomization.yaml"] = render_template(
+        "kubernetes/kustomization.yaml.j2", header=head, namespace=target.namespace, resources=list(files)
+    )
     return files, documents

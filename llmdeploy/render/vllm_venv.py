@@ -33,16 +33,28 @@ def checkpoint_from_gguf(gguf_path: Path, cache_dir: Path, name: str | None = No
     out = cache_dir / "vllm-checkpoints" / name
     python = vllm_python()
     if python is None:
-        raise UserError.one("the vLLM venv does not exist", path="engine.type", value="vllm",
-                            fix=f"run {SETUP_SCRIPT} (creates {vllm_venv()})")
+        raise UserError.one(
+            "the vLLM venv does not exist",
+            path="engine.type",
+            value="vllm",
+            fix=f"run {SETUP_SCRIPT} (creates {vllm_venv()})",
+        )
     if (out / "config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([str(python), str(_CONVERTER), str(gguf_path), str(out)], env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(python), str(_CONVERTER), str(gguf_path), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise UserError.one(f"converting {gguf_path} for vLLM failed:\n{tail}", path="model",
-                            fix="check that the GGUF file is a transformers-supported architecture")
+        raise UserError.one(
+            f"converting {gguf_path} for vLLM failed:\n{tail}",
+            path="model",
+            fix="check that the GGUF file is a transformers-supported architecture",
+        )
     return out

@@ -6,8 +6,12 @@ import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true", default=False,
-                     help="rewrite the golden renders under tests/render/golden/ instead of comparing")
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the golden renders under tests/render/golden/ instead of comparing",
+    )
 
 
 @pytest.fixture

@@ -14,8 +14,12 @@ GOLDEN_DIR = Path(__file__).with_name("golden")
 
 
 def make_recipe(engine_type: str = "vllm", **sections: Any) -> Recipe:
-    data: dict[str, Any] = {"name": "t", "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
-                            "hardware": {"gpu": "A100-80GB"}, "engine": {"type": engine_type}}
+    data: dict[str, Any] = {
+        "name": "t",
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "hardware": {"gpu": "A100-80GB"},
+        "engine": {"type": engine_type},
+    }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}

@@ -21,8 +21,18 @@ def test_value_outside_choices_is_a_problem() -> None:
 
 
 def test_known_flags_pass() -> None:
-    argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--served-model-name", "a", "b",
-            "--no-enable-prefix-caching", "--tensor-parallel-size=2"]
+    argv = [
+        "python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "m",
+        "--served-model-name",
+        "a",
+        "b",
+        "--no-enable-prefix-caching",
+        "--tensor-parallel-size=2",
+    ]
     assert check_flags("vllm", argv) == []
     assert check_flags("builtin", ["llmdeploy-engine", "serve", "--model", "m", "--device", "cpu"]) == []
 
@@ -36,4 +46,5 @@ def test_builtin_catalogue_matches_the_engine_parser() -> None:
     """A renamed built-in engine flag must come with a regenerated catalogue."""
     committed = json.loads(catalogue_path("builtin", PINNED_VERSIONS["builtin"]).read_text())
     assert committed["flags"] == builtin_catalogue()["flags"], (
-        "regenerate: python llmdeploy/render/catalogue_gen.py builtin > llmdeploy/render/flags/builtin-0.1.0.json")
+        "regenerate: python llmdeploy/render/catalogue_gen.py builtin > llmdeploy/render/flags/builtin-0.1.0.json"
+    )

@@ -23,16 +23,26 @@ def test_render_matches_golden(recipe_file: Path, update_golden: bool) -> None:
         for name, text in files.items():
             (golden / name).write_text(text)
         return
-    assert golden.is_dir(), f"no golden render for {recipe_file.name}: run pytest tests/render --update-golden"
+    assert golden.is_dir(), (
+        f"no golden render for {recipe_file.name}: run pytest tests/render --update-golden"
+    )
     expected = sorted(p.name for p in golden.iterdir())
     assert sorted(files) == expected, "rendered file set differs from the golden one"
     for name, text in files.items():
         want = (golden / name).read_text()
         if text != want:
-            diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
-                                                f"golden/{recipe_file.stem}/{name}", f"rendered/{name}"))
-            pytest.fail(f"{name} differs from its golden file (pytest tests/render --update-golden "
-                        f"if intended):\n{diff}")
+            diff = "".join(
+                difflib.unified_diff(
+                    want.splitlines(True),
+                    text.splitlines(True),
+                    f"golden/{recipe_file.stem}/{name}",
+                    f"rendered/{name}",
+                )
+            )
+            pytest.fail(
+                f"{name} differs from its golden file (pytest tests/render --update-golden "
+                f"if intended):\n{diff}"
+            )
 
 
 def test_every_recipe_has_a_golden_folder() -> None:

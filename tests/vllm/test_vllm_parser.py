@@ -46,8 +46,12 @@ print(json.dumps(results))
 
 
 def _recipe(**sections: object) -> Recipe:
-    data: dict[str, object] = {"name": "t", "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
-                               "hardware": {"gpu": "A100-80GB"}, **sections}
+    data: dict[str, object] = {
+        "name": "t",
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "hardware": {"gpu": "A100-80GB"},
+        **sections,
+    }
     return Recipe.model_validate(data)
 
 
@@ -63,11 +67,21 @@ def _argvs() -> dict[str, list[str]]:
         "ngram": _recipe(speculative={"method": "ngram", "num_speculative_tokens": 3}),
         "draft": _recipe(speculative={"method": "draft", "draft_model": "org/small"}),
         "parallel": _recipe(parallelism={"tensor": 4, "pipeline": 2}, hardware={"nodes": 2}),
-        "kv-fp16-no-caching": _recipe(kv_cache={"dtype": "fp16", "prefix_caching": False},
-                                          limits={"enable_chunked_prefill": False, "kv_cache_memory_gib": 1.5}),
-        "cpu": _recipe(hardware={"device": "cpu"}, kv_cache={"block_size": 128}, limits={"kv_cache_memory_gib": 0.5}),
-        "random": _recipe(model={"id": "Qwen/Qwen2.5-0.5B-Instruct", "random_weights": True,
-                                             "revision": "main", "trust_remote_code": True}),
+        "kv-fp16-no-caching": _recipe(
+            kv_cache={"dtype": "fp16", "prefix_caching": False},
+            limits={"enable_chunked_prefill": False, "kv_cache_memory_gib": 1.5},
+        ),
+        "cpu": _recipe(
+            hardware={"device": "cpu"}, kv_cache={"block_size": 128}, limits={"kv_cache_memory_gib": 0.5}
+        ),
+        "random": _recipe(
+            model={
+                "id": "Qwen/Qwen2.5-0.5B-Instruct",
+                "random_weights": True,
+                "revision": "main",
+                "trust_remote_code": True,
+            }
+        ),
     }
     for name, recipe in variants.items():
         cases[name] = engine_command(recipe, model_ref="/models/m").argv
@@ -81,8 +95,15 @@ def test_rendered_argv_parses_with_vllms_parser() -> None:
     assert all(argv[:3] == entry for argv in cases.values())
     payload = json.dumps([argv[3:] for argv in cases.values()])
     assert VLLM_PYTHON is not None
-    done = subprocess.run([str(VLLM_PYTHON), "-c", PARSE_SCRIPT], input=payload, capture_output=True, text=True,
-                          timeout=300, check=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", PARSE_SCRIPT],
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     results = json.loads(done.stdout.strip().splitlines()[-1])
     failures = {name: err for name, err in zip(cases, results, strict=True) if err}
     assert not failures, failures
@@ -92,8 +113,9 @@ def test_rendered_argv_parses_with_vllms_parser() -> None:
 def test_committed_catalogue_matches_vllms_parser() -> None:
     assert VLLM_PYTHON is not None
     generator = REPO_ROOT / "llmdeploy" / "render" / "catalogue_gen.py"
-    done = subprocess.run([str(VLLM_PYTHON), str(generator), "vllm"], capture_output=True, text=True, timeout=300,
-                          check=True)
+    done = subprocess.run(
+        [str(VLLM_PYTHON), str(generator), "vllm"], capture_output=True, text=True, timeout=300, check=True
+    )
     committed = json.loads(catalogue_path("vllm", PINNED_VERSIONS["vllm"]).read_text())
     assert json.loads(done.stdout) == committed, f"regenerate with: {VLLM_PYTHON} {generator} vllm > ..."
 
