@@ -29,3 +29,78 @@ def test_toolkit_never_imports_torch() -> None:
         if any(line.strip().startswith(("import torch", "from torch")) for line in p.read_text().splitlines())
     ]
     assert offenders == []
+
+
+def test_wheel_ships_the_templates_and_renders_without_the_source_tree(tmp_path: Path) -> None:
+    """Build the wheel, install it into a folder of its own (no editable link back to this tree) and
+    render the quickstart recipe from there: the Jinja2 templates and flag catalogues are package data."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    # a copy of the sources: building in the tree would leave build/ behind (and reuse a stale one)
+    src = tmp_path / "src"
+    skip = (
+        ".venv*",
+        ".git",
+        ".cache",
+        "build",
+        "*.egg-info",
+        "tests",
+        "benchmarks",
+        "*_cache",
+        ".hypothesis",
+    )
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*skip))
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = wheels.glob("llmdeploy-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    templates = {
+        "llmdeploy/" + str(p.relative_to(ROOT / "llmdeploy"))
+        for p in (ROOT / "llmdeploy" / "templates").rglob("*")
+        if p.is_file()
+    }
+    assert templates and templates <= names, sorted(templates - names)
+
+    site = tmp_path / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    out = tmp_path / "rendered"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import llmdeploy, pathlib; "
+        "assert pathlib.Path(llmdeploy.__file__).is_relative_to(sys.argv[1]), llmdeploy.__file__; "
+        "from llmdeploy.cli.main import main; sys.argv = ['llmdeploy', 'render', sys.argv[2], '-o', sys.argv[3]]; main()"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(site), str(ROOT / "recipes" / "quickstart.yaml"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert (out / "launch.sh").is_file()

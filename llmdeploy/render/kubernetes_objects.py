@@ -1,6 +1,6 @@
 """The values placed into the Kubernetes templates: pod spec, probes, volumes, autoscaler.
 
-Arithmetic and choices live here; templates/kubernetes/*.j2 only place these values.
+Arithmetic and choices live here; llmdeploy/templates/kubernetes/*.j2 only place these values.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from llmdeploy.render.kubernetes_objects import (
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, container_model_ref, model_location
 from llmdeploy.render.plan_facts import plan_number
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"  # package data: llmdeploy/templates
 MODEL_PLACEHOLDER = "@@llmdeploy-model@@"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
