@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -94,8 +94,30 @@ elif [ "$phase" = final ]; then
     done
     # the device tool returns at most 8 files: every log and JSON in one archive
     (cd "$out" && tar czf final_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
+elif [ "$phase" = probe ]; then
+    # one short call (~6 min): the single-GPU tests on GPU 1 then the 8B n-gram run with --echo-lm-head;
+    # GPU 0: the 0.5B throughput run with its eager steps listed and the first steps profiled, then the
+    # 32 x 8k bf16 / e4m3 decode; then the tensor-parallel tests on both GPUs. Logs archived.
+    (CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py --models qwen --no-peer \
+        --profile-step 0 --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_fp8.py --kv-dtypes auto,fp8_e4m3 \
+        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log") &
+    (tests 1 gpu1 200 tests/engine_gpu --ignore=tests/engine_gpu/test_tensor_parallel_gpu.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py
+     CUDA_VISIBLE_DEVICES=1 timeout 80 python3 benchmarks/gpu_spec.py --models llama --echo-lm-head \
+        --ks 4 6 --repeats 1 --out "$out/gpu_spec_echo.json" >"$out/gpu_spec_echo.log" 2>&1
+     echo "exit $?" >>"$out/gpu_spec_echo.log") &
+    wait
+    echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
+    tests 0,1 tp 100 tests/engine_gpu/test_tensor_parallel_gpu.py
+    summary "$out"/t_*.log
+    for f in gpu_fp8 gpu_spec_echo gpu_bench; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -25
+    done
+    (cd "$out" && tar czf probe_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
 else
-    echo "unknown phase $phase (check | bench | final)" >&2
+    echo "unknown phase $phase (check | bench | final | probe)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

@@ -93,6 +93,7 @@ class StepTimers:
     def __init__(self, engine: LLMEngine, device: str) -> None:
         self.totals = {"schedule": 0.0, "execute": 0.0, "sample": 0.0}
         self.execute_split = {"graph": 0.0, "eager": 0.0}  # execute time of replayed / eager steps
+        self.eager_steps: list[tuple[int, int, float]] = []  # (tokens, sequences, seconds) of eager steps
         self.steps = 0
         self.forward_steps = 0  # forward passes run (a multi-step window counts each of its steps)
         self.runner = engine.runner
@@ -122,6 +123,8 @@ class StepTimers:
             if name == "execute":
                 replayed = getattr(self.runner, "num_replays", 0) != replays
                 self.execute_split["graph" if replayed else "eager"] += dt
+                if not replayed and args and hasattr(args[0], "num_tokens"):
+                    self.eager_steps.append((args[0].num_tokens, args[0].num_seqs, dt))
             return out
 
         return timed
@@ -129,6 +132,7 @@ class StepTimers:
     def reset(self) -> None:
         self.totals = dict.fromkeys(self.totals, 0.0)
         self.execute_split = dict.fromkeys(self.execute_split, 0.0)
+        self.eager_steps = []
         self.steps = 0
 
     def host_split(self, elapsed: float, tokens: int) -> dict[str, float]:
@@ -140,6 +144,8 @@ class StepTimers:
             "execute_graph": self.execute_split["graph"],
             "execute_eager": self.execute_split["eager"],
             "rest": rest,
+            "eager_steps": len(self.eager_steps),
+            "eager_tokens": sum(t for t, _, _ in self.eager_steps),
             "host_us_per_token": host / tokens * 1e6,
             "rest_us_per_token": rest / tokens * 1e6,
         }
@@ -449,7 +455,12 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         "output_tokens": tokens,
         "host_s": timers.host_split(elapsed, tokens),
         "profile_ms_per_step": prof,
+        "eager_steps": [list(x) for x in timers.eager_steps],  # (tokens, sequences, seconds) each
     }
+    log(
+        "  eager steps (tokens/seqs/ms): "
+        + " ".join(f"{t}/{q}/{dt * 1e3:.1f}" for t, q, dt in timers.eager_steps[:60])
+    )
     log(
         f"  throughput: {n} requests, {tokens} output tokens in {elapsed:.1f} s -> {tokens / elapsed:.0f} tok/s; "
         f"host split {res['throughput']['host_s']}; profile at step {args.profile_step}: {prof}"

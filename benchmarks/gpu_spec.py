@@ -123,6 +123,15 @@ def run_once(engine: LLMEngine, prompt: list[int], output_len: int, device: str,
 def bench_model(name: str, model: str, device: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     log(f"{name}: loading {model}")
     base = LLMEngine(config_for(model, device, args, None))
+    if args.echo_lm_head:
+        # weights-only change: the LM head becomes a copy of the input embedding (the architecture stays
+        # untied), so the random model tends to continue the token it reads, as a tied one does
+        inner = getattr(base.runner, "runner", base.runner)
+        model_ = inner.model
+        with torch.no_grad():
+            model_.lm_head.weight.copy_(model_.model.embed_tokens.weight)
+        name = f"{name}+echo"
+        log(f"{name}: lm_head weights set to a copy of embed_tokens (--echo-lm-head)")
     # prompt ids must be valid for the tokenizer (a random model gets a small byte-level one)
     vocab = int(getattr(base.tokenizer, "vocab_size", None) or base.runner.model_config.vocab_size)
     prompt = repetitive_prompt(vocab, args.prompt_len, args.period)
@@ -183,14 +192,14 @@ def _repeats(token_ids: list[int]) -> float:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'model':8} {'config':11} {'tok/s':>8} {'decode':>8} {'x off':>6} {'tok/step':>8} "
+        f"{'model':11} {'config':11} {'tok/s':>8} {'decode':>8} {'x off':>6} {'tok/step':>8} "
         f"{'accept':>7} {'same':>5} {'replays':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         lines.append(
-            f"{r['model']:8} {r['config']:11} {r['tok_s']:8.1f} {r['decode_tok_s']:8.1f} {r['speedup_vs_off']:6.2f} "
+            f"{r['model']:11} {r['config']:11} {r['tok_s']:8.1f} {r['decode_tok_s']:8.1f} {r['speedup_vs_off']:6.2f} "
             f"{r['tokens_per_decode_step']:8.2f} {acc:>7} {r['same_output_as_off']!s:>5} {r['cuda_graph_replays']!s:>7}"
         )
     return "\n".join(lines)
@@ -206,6 +215,12 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per config (best is reported)")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument(
+        "--echo-lm-head",
+        action="store_true",
+        help="copy the input embedding into the LM head after loading (random weights that tend to repeat "
+        "their input; a stated substitution for a trained model, reported under the model name +echo)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run of the script)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
