@@ -87,6 +87,25 @@ def copy_bandwidth_bytes_per_s(device: str, size_bytes: int) -> float:
     return 2 * size_bytes / times[len(times) // 2]
 
 
+def triton_variants() -> dict[str, int]:
+    """Compiled variants of each of the engine's Triton kernels so far (empty without triton)."""
+    counts: dict[str, int] = {}
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return counts
+    for mod_name in ("triton_ops", "triton_attention", "triton_varlen"):
+        mod = sys.modules.get(f"llmdeploy_engine.{mod_name}")
+        for name, fn in vars(mod).items() if mod is not None else ():
+            if isinstance(fn, JITFunction):
+                caches = getattr(fn, "device_caches", {})
+                counts[name] = sum(
+                    len(c[0]) if isinstance(c, tuple) and isinstance(c[0], dict) else 0
+                    for c in caches.values()
+                )
+    return counts
+
+
 class StepTimers:
     """Host wall time of each engine phase, summed over steps (execute waits for its GPU work)."""
 
@@ -94,6 +113,8 @@ class StepTimers:
         self.totals = {"schedule": 0.0, "execute": 0.0, "sample": 0.0}
         self.execute_split = {"graph": 0.0, "eager": 0.0}  # execute time of replayed / eager steps
         self.eager_steps: list[tuple[int, int, float]] = []  # (tokens, sequences, seconds) of eager steps
+        self.compiles: list[tuple[int, float, dict[str, int]]] = []  # (execute call, seconds, new variants)
+        self.steps_seen = 0
         self.steps = 0
         self.forward_steps = 0  # forward passes run (a multi-step window counts each of its steps)
         self.runner = engine.runner
@@ -111,6 +132,7 @@ class StepTimers:
     def _wrap(self, name: str, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             replays = getattr(self.runner, "num_replays", 0)
+            variants = triton_variants() if name == "execute" else {}
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             if name == "execute":
@@ -125,6 +147,13 @@ class StepTimers:
                 self.execute_split["graph" if replayed else "eager"] += dt
                 if not replayed and args and hasattr(args[0], "num_tokens"):
                     self.eager_steps.append((args[0].num_tokens, args[0].num_seqs, dt))
+                new = {
+                    k: v - variants.get(k, 0) for k, v in triton_variants().items() if v != variants.get(k, 0)
+                }
+                if new:
+                    self.compiles.append((self.steps_seen, dt, new))
+            if name == "execute":
+                self.steps_seen += 1
             return out
 
         return timed
@@ -133,6 +162,7 @@ class StepTimers:
         self.totals = dict.fromkeys(self.totals, 0.0)
         self.execute_split = dict.fromkeys(self.execute_split, 0.0)
         self.eager_steps = []
+        self.compiles = []
         self.steps = 0
 
     def host_split(self, elapsed: float, tokens: int) -> dict[str, float]:
@@ -456,7 +486,9 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         "host_s": timers.host_split(elapsed, tokens),
         "profile_ms_per_step": prof,
         "eager_steps": [list(x) for x in timers.eager_steps],  # (tokens, sequences, seconds) each
+        "triton_compiles": [list(x) for x in timers.compiles],  # (execute call, seconds, new variants)
     }
+    log(f"  Triton kernels compiled during the run (execute call, s, kernels): {timers.compiles}")
     log(
         "  eager steps (tokens/seqs/ms): "
         + " ".join(f"{t}/{q}/{dt * 1e3:.1f}" for t, q, dt in timers.eager_steps[:60])

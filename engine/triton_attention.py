@@ -251,7 +251,7 @@ def _decode_tile(q, acc, m_i, l_i, start, hi, k_ptr, v_ptr, table_row, kv_off, q
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tn"])  # the block-table width varies by step (triton_varlen.py)
 def _paged_decode_kernel(
     q_ptr,
     k_ptr,

@@ -82,7 +82,9 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
-@triton.jit
+# the block-table width changes from step to step; specialising on it (== 1, divisible by 16) would
+# compile new variants while serving
+@triton.jit(do_not_specialize=["stride_tn"])
 def _varlen_kernel(
     q_ptr,
     k_ptr,
