@@ -150,9 +150,12 @@ class SymmMemAllReduce:
         out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging, "sum", self.group_name)
         return out.view(x.shape)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-        """all-reduce of x @ weight.T with the product written by the GEMM into this rank's buffer (no
-        staging copy); None when the product does not fit (the caller goes through NCCL)."""
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> torch.Tensor | None:
+        """all-reduce of x @ weight.T (with `silu_mul`: of SiLU(gate) * up @ weight.T, x the merged
+        gate_up output) with the product written by its kernel into this rank's buffer (no staging
+        copy); None when the product does not fit (the caller goes through NCCL)."""
+        from llmdeploy_engine import ops
+
         rows, cols = x.shape[0], weight.shape[0]
         nbytes = rows * cols * x.element_size()
         if (
@@ -162,7 +165,10 @@ class SymmMemAllReduce:
         ):
             return None
         staging = self.buffer[:nbytes].view(x.dtype).view(rows, cols)
-        torch.mm(x, weight.t(), out=staging)
+        if silu_mul:
+            ops.silu_mul_linear(x, weight, out=staging)
+        else:
+            ops.linear(x, weight, out=staging)
         out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging.view(-1), "sum", self.group_name)
         return out.view(rows, cols)
 

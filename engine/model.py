@@ -91,15 +91,20 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: RMSNorm,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention output, h + residual): `norm` (the layer's input norm) applied to h + residual
+        first, in the QKV projection's kernel for few-row batches."""
         c = self.config
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x)
+        n = h.shape[0]
+        qkv, residual = self.qkv_proj.forward_normed(h, residual, norm.weight, norm.eps)
+        q, k, v = qkv.split(self.qkv_proj.split_sizes, dim=-1)
         q = q.view(n, self.num_heads, c.head_dim)
         k = k.view(n, self.num_kv_heads, c.head_dim)
         v = v.view(n, self.num_kv_heads, c.head_dim)
@@ -125,7 +130,7 @@ class Attention(nn.Module):
             v_scale=self.v_scale,
             kv_written=written,
         )
-        return self.o_proj(out.reshape(n, self.num_heads * c.head_dim))
+        return self.o_proj(out.reshape(n, self.num_heads * c.head_dim)), residual
 
 
 class MLP(nn.Module):
@@ -135,9 +140,14 @@ class MLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(h, inter, ("gate_proj", "up_proj"), parallel)
         self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x)  # views of one GEMM output, read in place by silu_mul
-        return self.down_proj(ops.silu_mul(gate, up))
+    def forward(
+        self, h: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLP output, h + residual): `norm` (the post-attention norm) applied to h + residual first,
+        in the gate_up projection's kernel for few-row batches; SiLU(gate) * up is read from the
+        merged output by the down projection (its kernel, or a separate one for larger batches)."""
+        gate_up, residual = self.gate_up_proj.forward_normed(h, residual, norm.weight, norm.eps)
+        return self.down_proj(gate_up, silu_mul=True), residual
 
 
 class DecoderLayer(nn.Module):
@@ -158,11 +168,8 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it); the next layer adds them."""
-        eps = self.input_layernorm.eps
-        x, residual = ops.add_rms_norm(h, residual, self.input_layernorm.weight, eps)
-        h = self.self_attn(x, cos, sin, kv_cache, meta)
-        x, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
-        return self.mlp(x), residual
+        h, residual = self.self_attn(h, residual, self.input_layernorm, cos, sin, kv_cache, meta)
+        return self.mlp(h, residual, self.post_attention_layernorm)
 
 
 class Backbone(nn.Module):

@@ -9,6 +9,7 @@ them must keep the same contract and stay within bf16 rounding of these.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -17,6 +18,11 @@ from llmdeploy_engine.kv_cache import FP8_DTYPES, write_kv
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
+_triton_gemv: Any = None  # engine.triton_gemv once imported; False when triton is missing
+# small-batch products through triton_gemv's fused kernels (False: cuBLAS and the separate norm /
+# SiLU kernels everywhere; benchmarks flip it to compare; read when a model runs, and CUDA graphs
+# keep what they captured)
+FUSED_GEMV = os.environ.get("LLMDEPLOY_FUSED_GEMV", "1") != "0"
 
 
 def _fused(x: torch.Tensor, weight: torch.Tensor | None = None) -> Any:
@@ -32,6 +38,72 @@ def _fused(x: torch.Tensor, weight: torch.Tensor | None = None) -> Any:
         else:
             _triton_ops = triton_ops
     return _triton_ops or None
+
+
+def _gemv(x: torch.Tensor, weight: torch.Tensor) -> Any:
+    """triton_gemv when its kernels take x @ weight.T (CUDA, 16-bit, few rows), else None."""
+    global _triton_gemv
+    if not FUSED_GEMV or not x.is_cuda or x.dtype not in _FUSED_DTYPES or weight.dtype != x.dtype:
+        return None
+    if _triton_gemv is None:
+        try:
+            from llmdeploy_engine import triton_gemv
+        except ImportError:
+            _triton_gemv = False
+        else:
+            _triton_gemv = triton_gemv
+    if not _triton_gemv or not _triton_gemv.supported(x, weight):
+        return None
+    return _triton_gemv
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight.T (+ bias), into `out` when given ([rows, out_features], rows may be strided)."""
+    fused = _gemv(x, weight)
+    if fused is not None:
+        result: torch.Tensor = fused.linear(x, weight, bias, out=out)
+        return result
+    if out is None:
+        return F.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(rms_norm(x + residual)), x + residual): add_rms_norm then the projection, one kernel
+    for few-row 16-bit CUDA batches (the decoder layer's norm + QKV and norm + gate_up)."""
+    fused = _gemv(x, weight)
+    if fused is not None and (residual is None or residual.dtype == x.dtype) and norm_weight.dtype == x.dtype:
+        pair: tuple[torch.Tensor, torch.Tensor] = fused.add_rms_norm_linear(
+            x, residual, norm_weight, eps, weight, bias
+        )
+        return pair
+    normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+    return F.linear(normed, weight, bias), summed
+
+
+def silu_mul_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """linear(silu_mul(gate, up), weight) for the merged gate_up output [rows, 2 * inter] (the MLP's
+    down projection), one kernel for few-row 16-bit CUDA batches; into `out` as `linear`."""
+    inter = gate_up.shape[-1] // 2
+    fused = _gemv(gate_up[..., :inter], weight)
+    if fused is not None:
+        result: torch.Tensor = fused.silu_mul_linear(gate_up, weight, out=out)
+        return result
+    gate, up = gate_up.split(inter, dim=-1)
+    return linear(silu_mul(gate, up), weight, out=out)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from llmdeploy_engine import ops
 from llmdeploy_engine.distributed import SINGLE, ParallelState, all_gather, all_reduce
 from torch import nn
 
@@ -100,6 +101,14 @@ class _MergedColumn(ParallelModule):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(F.linear(x, self.weight, self.bias).split(self.split_sizes, dim=-1))
+
+    def forward_normed(
+        self, h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this projection of rms_norm(h + residual), h + residual): the preceding residual add and
+        RMSNorm in the same kernel for few-row batches (ops.add_rms_norm_linear). The product is the
+        merged output; split it with `split_sizes`."""
+        return ops.add_rms_norm_linear(h, residual, norm_weight, eps, self.weight, self.bias)
 
 
 class QKVParallelLinear(_MergedColumn):
@@ -187,13 +196,17 @@ class RowParallelLinear(ParallelModule):
             raise KeyError(name)
         return self.weight.detach()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+        """x @ weight.T summed over ranks; with `silu_mul`, x is a merged [rows, 2 * in] gate_up output
+        and the product is of SiLU(gate) * up (computed in the same kernel for few-row batches)."""
         fast = self.parallel.fast_all_reduce
         if fast is not None and x.dim() == 2 and x.is_cuda:
-            reduced = fast.linear(x, self.weight)  # the product written straight into the shared buffer
+            # the product written straight into the shared buffer
+            reduced = fast.linear(x, self.weight, silu_mul=silu_mul)
             if reduced is not None:
                 return reduced
-        return all_reduce(F.linear(x, self.weight), self.parallel)
+        product = ops.silu_mul_linear(x, self.weight) if silu_mul else ops.linear(x, self.weight)
+        return all_reduce(product, self.parallel)
 
 
 class _VocabParallel(ParallelModule):
