@@ -13,6 +13,7 @@ and tile, against the engine's default choice; every cell is checked against a f
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -95,17 +96,15 @@ def main() -> int:
                 1, kv_heads, bucket, dev, ta.decode_config(False, 1, kv_heads).programs_per_sm
             )
             cells = []
-            us_default = graph_us(lambda: ta.paged_decode(q, k_cache, v_cache, tables, lens, scale))
+            inputs = (q, k_cache, v_cache, tables, lens, scale)
+            us_default = graph_us(functools.partial(ta.paged_decode, *inputs))
             cells.append(f"default ({default} split): {us_default:.2f}")
             best = (us_default, "default")
             for tile in (int(x) for x in args.tiles.split(",")):
                 for splits in (int(x) for x in args.splits.split(",")):
                     if splits * tile > bucket * 2 or splits > ta.MAX_SPLITS:
                         continue
-
-                    def call(t: int = tile, s: int = splits) -> torch.Tensor:
-                        return ta.paged_decode(q, k_cache, v_cache, tables, lens, scale, num_splits=s, tile=t)
-
+                    call = functools.partial(ta.paged_decode, *inputs, num_splits=splits, tile=tile)
                     err = float((call().float() - ref).abs().max() / ref.abs().max())
                     if err > 2e-2:
                         cells.append(f"t{tile}/s{splits}: WRONG err {err:.1e}")
