@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -116,8 +116,37 @@ elif [ "$phase" = probe ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -25
     done
     (cd "$out" && tar czf probe_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
+elif [ "$phase" = gemv ]; then
+    # GPU 0: the fused GEMV sweep, the single-sequence decode split sweep, then gpu_bench (single
+    # stream of both models, the 0.5B's throughput); GPU 1: the single-GPU tests (-v: the last line
+    # names a test that hangs); then the tensor-parallel tests on both GPUs. Logs archived.
+    (CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_gemv.py >"$out/gpu_gemv.log" 2>&1
+     echo "exit $?" >>"$out/gpu_gemv.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_decode_small.py >"$out/gpu_decode_small.log" 2>&1
+     echo "exit $?" >>"$out/gpu_decode_small.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_bench.py --throughput-models qwen --no-peer \
+        --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
+    (CUDA_VISIBLE_DEVICES=1 timeout 320 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
+        -p no:cacheprovider --durations=25 tests/engine_gpu --ignore=tests/engine_gpu/test_tensor_parallel_gpu.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py >"$out/t_gpu1.log" 2>&1
+     echo "exit $? (124: timed out)" >>"$out/t_gpu1.log") &
+    wait
+    echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
+        -p no:cacheprovider --durations=10 tests/engine_gpu/test_tensor_parallel_gpu.py >"$out/t_tp.log" 2>&1
+    echo "exit $? (124: timed out)" >>"$out/t_tp.log"
+    for f in t_gpu1 t_tp; do
+        echo "== $f"
+        grep -a -E "FAILED|ERROR|passed|failed|^exit " "$out/$f.log" | tail -25
+        tail -3 "$out/$f.log"
+    done
+    for f in gpu_gemv gpu_decode_small gpu_bench; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -40
+    done
+    (cd "$out" && tar czf gemv_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
 else
-    echo "unknown phase $phase (check | bench | final | probe)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
