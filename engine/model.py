@@ -215,9 +215,7 @@ class CausalLM(nn.Module):
         self.inv_freq = self._inv_freq().to(self.model.norm.weight.device)
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        return ops.rope_tables(positions, self.inv_freq, dtype)
 
     def forward(
         self,

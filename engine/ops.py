@@ -27,9 +27,14 @@ FUSED_GEMV = os.environ.get("LLMDEPLOY_FUSED_GEMV", "1") != "0"
 
 def _fused(x: torch.Tensor, weight: torch.Tensor | None = None) -> Any:
     """triton_ops for 16-bit CUDA tensors when Triton is installed, else None (pure torch)."""
-    global _triton_ops
     if not x.is_cuda or x.dtype not in _FUSED_DTYPES or (weight is not None and weight.dtype != x.dtype):
         return None
+    return _load_triton_ops()
+
+
+def _load_triton_ops() -> Any:
+    """engine.triton_ops, or None when triton is missing."""
+    global _triton_ops
     if _triton_ops is None:
         try:
             from llmdeploy_engine import triton_ops
@@ -127,6 +132,26 @@ def add_rms_norm(
         return pair
     summed = x if residual is None else x + residual
     return rms_norm(summed, weight, eps), summed
+
+
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox RoPE tables for `apply_rope` / `rope_and_cache`: cos and sin [n, 1, 2 * len(inv_freq)]
+    of positions * inv_freq in float32 (transformers' order), both halves equal, cast to dtype."""
+    half = inv_freq.shape[0]
+    if (
+        positions.is_cuda
+        and dtype in _FUSED_DTYPES
+        and inv_freq.dtype == torch.float32
+        and half & (half - 1) == 0
+        and _load_triton_ops() is not None
+    ):
+        pair: tuple[torch.Tensor, torch.Tensor] = _triton_ops.rope_tables(positions, inv_freq, dtype)
+        return pair
+    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -201,6 +201,36 @@ def apply_rope(
 
 
 @triton.jit
+def _rope_tables_kernel(pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, HALF)
+    # the same float32 product as the torch twin, then cos / sin in float32, one rounding
+    freq = tl.load(pos_ptr + row).to(tl.float32) * tl.load(inv_freq_ptr + j)
+    c = tl.cos(freq).to(cos_ptr.dtype.element_ty)
+    s = tl.sin(freq).to(sin_ptr.dtype.element_ty)
+    base = row * 2 * HALF
+    tl.store(cos_ptr + base + j, c)
+    tl.store(cos_ptr + base + HALF + j, c)
+    tl.store(sin_ptr + base + j, s)
+    tl.store(sin_ptr + base + HALF + j, s)
+
+
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ops.rope_tables in one launch (the torch twin takes ~7 a step): cos and sin [n, 1, 2 * half]
+    of positions[:, None] * inv_freq, both halves equal. inv_freq float32 [half], half a power of two."""
+    half = inv_freq.shape[0]
+    assert inv_freq.dtype == torch.float32 and half & (half - 1) == 0
+    n = positions.shape[0]
+    cos = torch.empty((n, 1, 2 * half), dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if n:
+        _rope_tables_kernel[(n,)](positions, inv_freq.contiguous(), cos, sin, HALF=half, num_warps=1)
+    return cos, sin
+
+
+@triton.jit
 def _silu_mul_kernel(
     gate_ptr,
     up_ptr,

@@ -211,3 +211,36 @@ def test_rms_norm_reads_head_views_in_place(dtype: torch.dtype, heads: tuple[int
         assert got.shape == x.shape and got.dtype == dtype
         assert float((got.cpu().double() - ref).abs().max() / ref.abs().max()) < tol
         assert float((got.cpu().double() - want.double()).abs().max() / ref.abs().max()) < tol
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "half"), [(1, 32), (1, 64), (37, 64), (5, 16), (0, 32)])
+def test_rope_tables_kernel_matches_the_torch_tables(dtype: torch.dtype, n: int, half: int) -> None:
+    """One launch builds cos / sin [n, 1, 2 * half] as the torch twin does (float32 product, cos / sin
+    in float32, one rounding to dtype), at positions up to 130k (Llama 3.1's long contexts)."""
+    from llmdeploy_engine import triton_ops
+
+    gen = torch.Generator().manual_seed(n + half)
+    positions = torch.randint(0, 131072, (n,), generator=gen)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 2 * half, 2).float() / (2 * half)))
+    cos, sin = triton_ops.rope_tables(positions.to(DEVICE), inv_freq.to(DEVICE), dtype)
+    assert cos.shape == sin.shape == (n, 1, 2 * half) and cos.dtype == sin.dtype == dtype
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # the torch twin's float32 product
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :].double()
+    # float32 cos / sin of large arguments differ by a few float32 ulps between implementations;
+    # after rounding to dtype that is at most one ulp of dtype (float32: a few 1e-7 absolute)
+    tol = 1e-5 if dtype == torch.float32 else ulp(dtype)
+    if n:
+        assert float((cos.cpu().double() - emb.cos()).abs().max()) <= tol
+        assert float((sin.cpu().double() - emb.sin()).abs().max()) <= tol
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the dispatch runs on CUDA tensors only")
+def test_model_rope_tables_use_the_kernel_and_match_the_torch_path() -> None:
+    positions = torch.arange(0, 4096, 37, device="cuda")
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, device="cuda").float() / 64))
+    got = ops.rope_tables(positions, inv_freq, torch.bfloat16)
+    want = ops.rope_tables(positions.cpu(), inv_freq.cpu(), torch.bfloat16)  # pure torch on the CPU
+    for a, b in zip(got, want, strict=True):
+        assert a.is_cuda and a.shape == b.shape
+        assert float((a.cpu().float() - b.float()).abs().max()) <= 2**-8
