@@ -9,6 +9,8 @@ them must keep the same contract and stay within bf16 rounding of these.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 from typing import Any
 
@@ -18,10 +20,10 @@ from llmdeploy_engine.kv_cache import FP8_DTYPES, write_kv
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
-_triton_gemv: Any = None  # engine.triton_gemv once imported; False when triton is missing
-# small-batch products through triton_gemv's fused kernels (False: cuBLAS and the separate norm /
-# SiLU kernels everywhere; benchmarks flip it to compare; read when a model runs, and CUDA graphs
-# keep what they captured)
+_gemv_kernels: list[Any] | None = None  # triton_gemv (1-8 rows) and triton_skinny (9-64), once imported
+# small-batch products through the fused kernels of triton_gemv / triton_skinny (False: cuBLAS and
+# the separate norm / SiLU kernels everywhere; benchmarks flip it to compare; read when a model
+# runs, and CUDA graphs keep what they captured)
 FUSED_GEMV = os.environ.get("LLMDEPLOY_FUSED_GEMV", "1") != "0"
 
 
@@ -46,20 +48,19 @@ def _load_triton_ops() -> Any:
 
 
 def _gemv(x: torch.Tensor, weight: torch.Tensor) -> Any:
-    """triton_gemv when its kernels take x @ weight.T (CUDA, 16-bit, few rows), else None."""
-    global _triton_gemv
+    """The fused-projection kernel module that takes x @ weight.T (CUDA, 16-bit, few rows: triton_gemv
+    up to 8 rows, triton_skinny up to 64), else None."""
+    global _gemv_kernels
     if not FUSED_GEMV or not x.is_cuda or x.dtype not in _FUSED_DTYPES or weight.dtype != x.dtype:
         return None
-    if _triton_gemv is None:
-        try:
-            from llmdeploy_engine import triton_gemv
-        except ImportError:
-            _triton_gemv = False
-        else:
-            _triton_gemv = triton_gemv
-    if not _triton_gemv or not _triton_gemv.supported(x, weight):
-        return None
-    return _triton_gemv
+    if _gemv_kernels is None:
+        # without triton the torch composition runs; with it, a module that fails to import is a bug
+        names = ("triton_gemv", "triton_skinny") if importlib.util.find_spec("triton") is not None else ()
+        _gemv_kernels = [importlib.import_module(f"llmdeploy_engine.{name}") for name in names]
+    for module in _gemv_kernels:
+        if module.supported(x, weight):
+            return module
+    return None
 
 
 def linear(
