@@ -124,7 +124,7 @@ elif [ "$phase" = gemv ]; then
      echo "exit $?" >>"$out/gpu_gemv.log"
      CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_decode_small.py >"$out/gpu_decode_small.log" 2>&1
      echo "exit $?" >>"$out/gpu_decode_small.log"
-     CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_bench.py --throughput-models qwen --no-peer \
+     CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_bench.py --throughput-models qwen --no-peer --eager-phases \
         --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
     (CUDA_VISIBLE_DEVICES=1 timeout 320 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
         -p no:cacheprovider --durations=25 tests/engine_gpu --ignore=tests/engine_gpu/test_tensor_parallel_gpu.py \

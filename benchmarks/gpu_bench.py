@@ -181,6 +181,59 @@ class StepTimers:
         }
 
 
+class EagerPhases:
+    """Host time of an eager step's phases (the runner's metadata build, the model's forward call,
+    the LM head call) and the wait for the GPU after them, summed over steps with more than one
+    token: forward call ~ wall means the step is host-bound (launches), a long wait GPU-bound."""
+
+    def __init__(self, engine: LLMEngine, device: str) -> None:
+        from llmdeploy_engine import model_runner
+
+        runner: Any = getattr(engine.runner, "runner", engine.runner)
+        self.device = device
+        self.totals = {"metadata": 0.0, "forward_call": 0.0, "logits_call": 0.0, "gpu_wait": 0.0}
+        self.steps = 0
+        self.active = False
+        build = model_runner.build_attention_metadata
+        forward, logits = runner.model.forward, runner.model.compute_logits
+        execute = runner.execute
+
+        def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                if self.active:
+                    self.totals[name] += time.perf_counter() - t0
+                return out
+
+            return wrapper
+
+        def timed_execute(batch: Any) -> Any:
+            self.active = batch.num_tokens > batch.num_seqs  # steps with a prefill chunk
+            out = execute(batch)
+            if self.active:
+                t0 = time.perf_counter()
+                sync(self.device)
+                self.totals["gpu_wait"] += time.perf_counter() - t0
+                self.steps += 1
+            self.active = False
+            return out
+
+        model_runner.build_attention_metadata = timed("metadata", build)  # type: ignore[assignment]
+        runner.model.forward = timed("forward_call", forward)
+        runner.model.compute_logits = timed("logits_call", logits)
+        runner.execute = timed_execute
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(self.totals, 0.0)
+        self.steps = 0
+
+    def summary(self) -> dict[str, float]:
+        return {f"{k}_ms": v / max(1, self.steps) * 1e3 for k, v in self.totals.items()} | {
+            "steps": self.steps
+        }
+
+
 def kernel_kind(name: str) -> str:
     n = name.lower()
     if any(s in n for s in ("fmha", "flash", "attention", "attn", "paged_decode")):
@@ -391,6 +444,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         log("  " + res["cuda_graphs"])
         res["cuda_graph_gib"] = rep.cuda_graph_bytes / 2**30
         res["cuda_graph_reserved_gib"] = rep.cuda_graph_reserved_bytes / 2**30
+    phases = EagerPhases(engine, dev) if args.eager_phases else None
     timers = StepTimers(engine, dev)
     gen = torch.Generator().manual_seed(0)
 
@@ -475,6 +529,8 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     pg = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (m,), generator=pg).tolist() for m in in_lens]
     timers.reset()
+    if phases is not None:
+        phases.reset()
     profile_at = max(1, args.profile_step // args.num_scheduler_steps)
     elapsed, tokens, prof = run_requests(engine, prompts, out_lens, profile_at, dev, timers)
     res["throughput"] = {
@@ -489,6 +545,9 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         "triton_compiles": [list(x) for x in timers.compiles],  # (execute call, seconds, new variants)
     }
     log(f"  Triton kernels compiled during the run (execute call, s, kernels): {timers.compiles}")
+    if phases is not None:
+        res["throughput"]["eager_phases"] = phases.summary()
+        log(f"  eager steps with prefill chunks, host ms per step: {phases.summary()}")
     log(
         "  eager steps (tokens/seqs/ms): "
         + " ".join(f"{t}/{q}/{dt * 1e3:.1f}" for t, q, dt in timers.eager_steps[:60])
@@ -634,6 +693,11 @@ def main() -> None:
     )
     parser.add_argument("--throughput-models", default="qwen,llama")
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
+    parser.add_argument(
+        "--eager-phases",
+        action="store_true",
+        help="time the host phases of eager steps with prefill chunks (adds a sync after each)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
