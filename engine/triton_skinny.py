@@ -58,6 +58,16 @@ TUNED: dict[tuple[int, int, int], SkinnyConfig] = {}
 
 
 @triton.jit
+def _load_k(row_ptrs, kk, K, EVEN_K: tl.constexpr):
+    """A [rows, BLOCK_K] tile at columns kk; masked only where K is not a multiple of BLOCK_K."""
+    if EVEN_K:
+        t = tl.load(row_ptrs + kk[None, :])
+    else:
+        t = tl.load(row_ptrs + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+    return t
+
+
+@triton.jit
 def _skinny_kernel(
     x_ptr,
     w_ptr,
@@ -122,32 +132,28 @@ def _skinny_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
-        if EVEN_K:
-            w = tl.load(w_rows + kk[None, :])
-        else:
-            w = tl.load(w_rows + kk[None, :], mask=(kk < K)[None, :], other=0.0)
-        if EVEN_K:  # noqa: SIM108 (constexpr branches)
-            km = None
-        else:
-            km = (kk < K)[None, :]
+        w = _load_k(w_rows, kk, K, EVEN_K)
         if PROLOGUE == 1:
-            h = tl.load(x_rows + kk[None, :], mask=km, other=0.0)
+            h = _load_k(x_rows, kk, K, EVEN_K)
             if HAS_RESIDUAL:
-                r = tl.load(r_rows + kk[None, :], mask=km, other=0.0)
+                r = _load_k(r_rows, kk, K, EVEN_K)
                 h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
             # ops.rms_norm's roundings: normed in the model dtype, then times the weight
             normed = (h.to(tl.float32) * rstd[:, None]).to(h.dtype)
-            nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0)
+            if EVEN_K:  # noqa: SIM108 (constexpr branches)
+                nw = tl.load(nw_ptr + kk)
+            else:
+                nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0)
             x = (normed.to(tl.float32) * nw.to(tl.float32)[None, :]).to(h.dtype)
         elif PROLOGUE == 2:
-            g = tl.load(x_rows + kk[None, :], mask=km, other=0.0)
-            u = tl.load(x_rows + up_off + kk[None, :], mask=km, other=0.0)
+            g = _load_k(x_rows, kk, K, EVEN_K)
+            u = _load_k(x_rows + up_off, kk, K, EVEN_K)
             g32 = g.to(tl.float32)
             # triton_ops._silu_mul_kernel's roundings: silu in the model dtype, then the product
             act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
             x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
         else:
-            x = tl.load(x_rows + kk[None, :], mask=km, other=0.0)
+            x = _load_k(x_rows, kk, K, EVEN_K)
         if SWAP_AB:
             acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
         else:
