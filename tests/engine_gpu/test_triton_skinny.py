@@ -95,7 +95,8 @@ def test_linear_float32_logits(rows: int) -> None:
 
 @pytest.mark.parametrize("rows", [9, 33])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
-def test_linear_into_a_strided_view(rows: int, out_dtype: torch.dtype | None) -> None:
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_linear_into_a_strided_view(rows: int, out_dtype: torch.dtype | None, swap_ab: bool) -> None:
     """`out` a [rows, N] view of a wider buffer (the tensor-parallel all-reduce buffer's rows)."""
     from llmdeploy_engine import triton_skinny
 
@@ -107,7 +108,7 @@ def test_linear_into_a_strided_view(rows: int, out_dtype: torch.dtype | None) ->
     bias = rand(n, gen=gen, dtype=dtype)
     buf = torch.full((rows, n + 24), 7.0, dtype=out_dtype or dtype, device=DEVICE)
     view = buf[:, 8 : 8 + n]
-    got = triton_skinny.linear(x, w, bias, out=view, out_dtype=out_dtype)
+    got = triton_skinny.linear(x, w, bias, out=view, out_dtype=out_dtype, swap_ab=swap_ab)
     assert got.data_ptr() == view.data_ptr()
     ref = F.linear(x.double().cpu(), w.double().cpu(), bias.double().cpu())
     assert rel_err(view, ref) < (1e-5 if out_dtype == torch.float32 else tol(dtype))
@@ -204,6 +205,9 @@ def test_config_overrides(config: dict[str, Any], rows: int, k: int) -> None:
     got = triton_skinny.silu_mul_linear(gate_up, w2, **config)
     g64, u64 = gate_up.double().cpu().split(inter, dim=-1)
     assert rel_err(got, F.linear(F.silu(g64) * u64, w2.double().cpu())) < tol(dtype)
+    out_buf = torch.zeros((rows, n + 8), dtype=dtype, device=DEVICE)
+    triton_skinny.silu_mul_linear(gate_up, w2, out=out_buf[:, 8:], **config)
+    assert torch.equal(out_buf[:, 8:], got) and bool((out_buf[:, :8] == 0).all())
 
 
 def test_default_configs_fill_the_gpu() -> None:
