@@ -15,11 +15,13 @@ No split-K: the column blocks alone fill the SMs, nothing is reduced across prog
 no second launch. `swap_ab` computes the transposed tile (w @ x.T), which puts the weight's BLOCK_N
 on the MMA's M side (Hopper's warpgroup MMA wants 64 there). The norm prologue recomputes each row's
 variance in every program (the activations are a few hundred KB at most, read from L2) and only
-program 0 writes the residual sum.
+program 0 writes the residual sum; at 32 rows those L2 reads can rival the weight's HBM bytes, so
+`rstd_epilogue` (off by default: it rounds once where ops.rms_norm rounds twice) reads them once,
+sums the squares alongside the dot and scales the float32 sums by 1/rms at the end.
 
 Launch parameters come from `TUNED` (filled from benchmarks/gpu_skinny.py's sweep on the H200) or a
 heuristic; every function takes `block_n`, `block_k`, `num_warps`, `num_stages`, `swap_ab` keywords
-to override them.
+to override them (add_rms_norm_linear also `rstd_epilogue`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 3
     swap_ab: bool = False
+    # add_rms_norm_linear only: one pass over the activations, 1/rms applied to the accumulator
+    rstd_epilogue: bool = False
 
 
 # (N, K, BLOCK_M) -> config; BLOCK_M is 16 for M <= 16, 32 for M <= 32, 64 for M <= 64.
@@ -95,6 +99,7 @@ def _skinny_kernel(
     NORM_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
     SWAP_AB: tl.constexpr,  # accumulate the [BLOCK_N, BLOCK_M] tile w @ x.T
+    RSTD_EPILOGUE: tl.constexpr,  # PROLOGUE 1: sum the squares in the main loop, scale the sums at the end
     PRECISION: tl.constexpr,  # "ieee" for float32 inputs (no tf32), else the 16-bit dot
 ):
     pid = tl.program_id(0)
@@ -109,7 +114,7 @@ def _skinny_kernel(
     r_rows = r_ptr + tl.minimum(rows, M - 1)[:, None].to(tl.int64) * stride_rm
     w_rows = w_ptr + tl.minimum(cols, N - 1)[:, None].to(tl.int64) * stride_wn
 
-    if PROLOGUE == 1:
+    if PROLOGUE == 1 and not RSTD_EPILOGUE:
         # each row's variance over all of K, as triton_ops._add_rms_norm_kernel computes it
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, NORM_BLOCK):
@@ -130,6 +135,8 @@ def _skinny_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if RSTD_EPILOGUE:
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         w = _load_k(w_rows, kk, K, EVEN_K)
@@ -138,13 +145,23 @@ def _skinny_kernel(
             if HAS_RESIDUAL:
                 r = _load_k(r_rows, kk, K, EVEN_K)
                 h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-            # ops.rms_norm's roundings: normed in the model dtype, then times the weight
-            normed = (h.to(tl.float32) * rstd[:, None]).to(h.dtype)
+                if RSTD_EPILOGUE and pid == 0:
+                    s_off = rows[:, None].to(tl.int64) * stride_sm + kk[None, :]
+                    tl.store(s_ptr + s_off, h, mask=rmask[:, None] & (kk < K)[None, :])
             if EVEN_K:  # noqa: SIM108 (constexpr branches)
                 nw = tl.load(nw_ptr + kk)
             else:
                 nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0)
-            x = (normed.to(tl.float32) * nw.to(tl.float32)[None, :]).to(h.dtype)
+            if RSTD_EPILOGUE:
+                # rms_norm(s) @ w.T = rstd * ((s * weight) @ w.T): one rounding of s * weight where
+                # ops.rms_norm rounds twice (within bf16 rounding of it, not bit-equal)
+                h32 = h.to(tl.float32)
+                sq += tl.sum(h32 * h32, 1)
+                x = (h32 * nw.to(tl.float32)[None, :]).to(h.dtype)
+            else:
+                # ops.rms_norm's roundings: normed in the model dtype, then times the weight
+                normed = (h.to(tl.float32) * rstd[:, None]).to(h.dtype)
+                x = (normed.to(tl.float32) * nw.to(tl.float32)[None, :]).to(h.dtype)
         elif PROLOGUE == 2:
             g = _load_k(x_rows, kk, K, EVEN_K)
             u = _load_k(x_rows + up_off, kk, K, EVEN_K)
@@ -159,6 +176,12 @@ def _skinny_kernel(
         else:
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
 
+    if RSTD_EPILOGUE:
+        rstd = tl.rsqrt(sq / K + eps)
+        if SWAP_AB:  # noqa: SIM108 (constexpr branches)
+            acc = acc * rstd[None, :]
+        else:
+            acc = acc * rstd[:, None]
     if SWAP_AB:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[:, None]
@@ -332,6 +355,7 @@ def _launch(
         NORM_BLOCK=max(16, min(triton.next_power_of_2(k), 8192 // block_m)),
         EVEN_K=k % cfg.block_k == 0,
         SWAP_AB=bool(cfg.swap_ab),
+        RSTD_EPILOGUE=prologue == _NORM and bool(cfg.rstd_epilogue),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -385,9 +409,12 @@ def add_rms_norm_linear(
     num_warps: int | None = None,
     num_stages: int | None = None,
     swap_ab: bool | None = None,
+    rstd_epilogue: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h + residual) @ w.T (+ bias), h + residual); residual None: (rms_norm(h) @ w.T, h).
-    The norm rounds as ops.add_rms_norm's Triton kernel does."""
+    The norm rounds as ops.add_rms_norm's Triton kernel does; `rstd_epilogue=True` instead reads the
+    activations once and scales the float32 sums by 1/rms at the end (one rounding fewer: within bf16
+    rounding of it, not bit-equal; float16 activations times the norm weight must stay finite)."""
     what = "triton_skinny.add_rms_norm_linear"
     _check(h, w, what)
     m, k = h.shape
@@ -415,7 +442,12 @@ def add_rms_norm_linear(
         residual = _unit_cols(residual)
         summed = torch.empty((m, k), dtype=h.dtype, device=h.device)
     overrides = dict(
-        block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, swap_ab=swap_ab
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        swap_ab=swap_ab,
+        rstd_epilogue=rstd_epilogue,
     )
     _launch(_NORM, h, w, bias, y, residual, norm_weight, summed, float(eps), 0, k, overrides)
     return y, (h if summed is None else summed)

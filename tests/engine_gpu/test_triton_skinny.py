@@ -145,6 +145,41 @@ def test_add_rms_norm_linear(
     assert rel_err(got, F.linear(normed, w, bias)) < tol(dtype)
 
 
+@pytest.mark.parametrize(("dtype", "rows"), [(dtype, rows) for dtype in DTYPES for rows in (9, 32, 64)])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_add_rms_norm_linear_rstd_epilogue(
+    dtype: torch.dtype, rows: int, with_residual: bool, swap_ab: bool
+) -> None:
+    """The one-pass variant: 1/rms applied to the float32 sums, one rounding of x * weight fewer."""
+    from llmdeploy_engine import triton_skinny
+
+    n, k = LINEAR_SHAPES[1] if INTERPRET else (6144, 4096)
+    gen = torch.Generator().manual_seed(5 * n + k + rows)
+    h = rand(rows, k, gen=gen, dtype=dtype, scale=3.0)
+    residual = rand(rows, k, gen=gen, dtype=dtype, scale=2.0) if with_residual else None
+    norm_w = rand(k, gen=gen, dtype=dtype).abs() + 0.5
+    w = rand(n, k, gen=gen, dtype=dtype, scale=k**-0.5)
+    bias = rand(n, gen=gen, dtype=dtype)
+    got, summed = triton_skinny.add_rms_norm_linear(
+        h,
+        residual,
+        norm_w,
+        EPS,
+        w,
+        bias,
+        rstd_epilogue=True,
+        swap_ab=swap_ab,
+        block_k=32 if INTERPRET else 128,
+    )
+    s64 = h.double().cpu() if residual is None else h.double().cpu() + residual.double().cpu()
+    assert summed is h if residual is None else torch.equal(summed, h + residual)
+    ref = F.linear(rms_norm64(s64, norm_w), w.double().cpu(), bias.double().cpu())
+    assert rel_err(got, ref) < tol(dtype)
+    normed, _ = ops.add_rms_norm(h, residual, norm_w, EPS)
+    assert rel_err(got, F.linear(normed, w, bias)) < tol(dtype)
+
+
 @pytest.mark.parametrize(("dtype", "rows"), CASES)
 @pytest.mark.parametrize("shape", DOWN_SHAPES)
 def test_silu_mul_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
