@@ -111,11 +111,14 @@ class Case:
     def fused(self, i: int, cfg: SkinnyConfig) -> torch.Tensor:
         s, w = self.s, self.w[i % self.copies]
         kw = asdict(cfg)
+        rstd_epilogue = kw.pop("rstd_epilogue")
         if s.kind == "plain":
             return triton_skinny.linear(self.h, w, **kw)
         if s.kind == "silu":
             return triton_skinny.silu_mul_linear(self.gate_up, w, **kw)
-        y, _ = triton_skinny.add_rms_norm_linear(self.h, self.res, self.norm_w, EPS, w, self.bias, **kw)
+        y, _ = triton_skinny.add_rms_norm_linear(
+            self.h, self.res, self.norm_w, EPS, w, self.bias, rstd_epilogue=rstd_epilogue, **kw
+        )
         return y
 
 
@@ -152,11 +155,15 @@ def time_us(fn: Callable[[int], torch.Tensor], copies: int, device: torch.device
 
 def candidates(s: Shape, default: SkinnyConfig, quick: bool) -> list[SkinnyConfig]:
     """Up to MAX_CONFIGS configs around the default: column and K tiles, the dot's orientation,
-    warps and pipeline depth; those whose stages do not fit in shared memory are left out."""
+    warps and pipeline depth, and for the norm shapes the one-pass rstd_epilogue; those whose
+    stages do not fit in shared memory are left out."""
     bn, bk, st = default.block_n, default.block_k, default.num_stages
     block_m = triton_skinny.block_m_for(s.rows)
-    out = [
-        default,
+    out = [default]
+    if s.kind == "norm":
+        # one pass over the activations instead of two (their L2 reads rival the weight's bytes)
+        out += [replace(default, rstd_epilogue=True), replace(default, rstd_epilogue=True, block_n=bn * 2)]
+    out += [
         replace(default, swap_ab=not default.swap_ab),
         replace(default, block_n=bn // 2, block_k=bk * 2),
         replace(default, block_n=bn * 2, block_k=bk // 2),
@@ -182,7 +189,8 @@ def candidates(s: Shape, default: SkinnyConfig, quick: bool) -> list[SkinnyConfi
 def fmt(c: SkinnyConfig) -> str:
     return (
         f"SkinnyConfig(block_n={c.block_n}, block_k={c.block_k}, num_warps={c.num_warps}, "
-        f"num_stages={c.num_stages}, swap_ab={c.swap_ab})"
+        f"num_stages={c.num_stages}, swap_ab={c.swap_ab}"
+        + (", rstd_epilogue=True)" if c.rstd_epilogue else ")")
     )
 
 
