@@ -36,7 +36,7 @@ from llmdeploy_engine.triton_skinny import SkinnyConfig
 EPS = 1e-6
 EVICT_BYTES = 256 << 20
 MAX_CONFIGS = 12
-SMEM_BYTES = 200 * 1024  # leave configs whose pipeline stages cannot fit in an H200 SM's 227 KB
+SMEM_BYTES = 224 * 1024  # leave configs whose pipeline stages cannot fit in an H200 SM's 227 KB
 NUM_LAYERS = {"0.5b": 24, "8b": 32}
 
 
@@ -153,6 +153,11 @@ def time_us(fn: Callable[[int], torch.Tensor], copies: int, device: torch.device
     return start.elapsed_time(end) * 1e3 / (replays * launches)
 
 
+def act_tiles(s: Shape) -> int:
+    """Activation tiles a pipeline stage loads besides the weight's (h and residual; gate and up)."""
+    return 1 if s.kind == "plain" else 2
+
+
 def candidates(s: Shape, default: SkinnyConfig, quick: bool) -> list[SkinnyConfig]:
     """Up to MAX_CONFIGS configs around the default: column and K tiles, the dot's orientation,
     warps and pipeline depth, and for the norm shapes the one-pass rstd_epilogue; those whose
@@ -179,7 +184,7 @@ def candidates(s: Shape, default: SkinnyConfig, quick: bool) -> list[SkinnyConfi
     ]
     kept = [default]
     for c in out[1:]:
-        smem = 2 * (block_m + c.block_n) * c.block_k * c.num_stages
+        smem = triton_skinny.pipeline_bytes(block_m, c, act_tiles(s))
         k_pow2 = 1 << (s.k - 1).bit_length()
         if c.block_n >= 16 and 16 <= c.block_k <= k_pow2 and smem <= SMEM_BYTES and c not in kept:
             kept.append(c)
@@ -238,7 +243,7 @@ def main() -> None:
         try:
             case = Case(s, dtype, device, 0 if cpu else EVICT_BYTES)
             cases[key] = case
-            default = triton_skinny.default_config(s.rows, s.n, s.k, num_sms)
+            default = triton_skinny.default_config(s.rows, s.n, s.k, num_sms, act_tiles(s))
             err = check(case, default)
             cur = time_us(case.current, case.copies, device)
             fus = time_us(lambda i, c=case, d=default: c.fused(i, d), case.copies, device)

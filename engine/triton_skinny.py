@@ -42,7 +42,9 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _PLAIN, _NORM, _SILU = 0, 1, 2
 # elements of x and w tiles per pipeline stage (2 bytes each): 32 KB a stage
 _STAGE_ELEMENTS = 16384
-_SMEM_BUDGET_BYTES = 160 * 1024
+# Triton's pipeliner buffers every tile the loop loads (w, and x / h and residual / gate and up):
+# num_stages - 1 copies for mma.sync dots, num_stages for Hopper's wgmma; an SM has 227 KB
+SMEM_BUDGET_BYTES = 200 * 1024
 
 
 @dataclass(frozen=True)
@@ -222,11 +224,20 @@ def _num_sms(device: torch.device) -> int:
     return NUM_SMS_DEFAULT
 
 
-def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> SkinnyConfig:
+def pipeline_bytes(block_m: int, cfg: SkinnyConfig, act_tiles: int = 1) -> int:
+    """Upper bound of the software pipeline's shared memory (16-bit tiles): num_stages copies of the
+    weight tile and of the act_tiles activation tiles (1: x; 2: h and residual, or gate and up)."""
+    return cfg.num_stages * 2 * cfg.block_k * (cfg.block_n + act_tiles * block_m)
+
+
+def default_config(
+    m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT, act_tiles: int = 1
+) -> SkinnyConfig:
     """The tuned entry for (N, K, BLOCK_M), else the heuristic: the widest BLOCK_N (128 down to 16)
     that still gives ~one program per SM (no split-K, so the column blocks alone must fill the GPU);
-    BLOCK_K so that a stage's x and w tiles hold ~16k elements (32 KB), a power of two dividing K
-    where one does (unmasked loop); as many stages as fit in 160 KB of shared memory (2..5)."""
+    BLOCK_K so that x and w tiles hold ~16k elements (32 KB), a power of two dividing K where one
+    does (unmasked loop); as many stages (2..5) as keep pipeline_bytes within SMEM_BUDGET_BYTES
+    (act_tiles: the activation tiles a stage loads besides the weight's)."""
     block_m = block_m_for(m)
     tuned = TUNED.get((n, k, block_m))
     if tuned is not None:
@@ -239,9 +250,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Sk
     block_k = min(block_k, max(32, triton.next_power_of_2(k)))
     while block_k > 32 and k % block_k:
         block_k //= 2
-    stage_bytes = 2 * (block_m + block_n) * block_k
-    num_stages = max(2, min(5, _SMEM_BUDGET_BYTES // stage_bytes))
-    return SkinnyConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=num_stages)
+    cfg = SkinnyConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1)
+    num_stages = max(2, min(5, SMEM_BUDGET_BYTES // pipeline_bytes(block_m, cfg, act_tiles)))
+    return replace(cfg, num_stages=num_stages)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
@@ -317,7 +328,8 @@ def _launch(
     overrides: dict[str, int | bool | None],
 ) -> None:
     m, n = y.shape
-    cfg = default_config(m, n, k, _num_sms(x.device))
+    act_tiles = 2 if prologue == _SILU or residual is not None else 1
+    cfg = default_config(m, n, k, _num_sms(x.device), act_tiles)
     cfg = replace(cfg, **{key: v for key, v in overrides.items() if v is not None})
     for name in ("block_n", "block_k"):
         value = getattr(cfg, name)

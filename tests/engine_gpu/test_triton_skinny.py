@@ -252,15 +252,16 @@ def test_default_configs_fill_the_gpu() -> None:
     shapes += [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
     for n, k in shapes:
         for rows in (9, 16, 32, 33, 64):
-            cfg = triton_skinny.default_config(rows, n, k, num_sms=132)
-            programs = -(-n // cfg.block_n)
-            # no split-K: the column blocks alone must occupy the SMs, unless BLOCK_N is at its floor
-            assert programs >= 0.9 * 132 or cfg.block_n == 16, (n, k, rows, cfg)
-            assert k % cfg.block_k == 0, (n, k, rows, cfg)  # the unmasked loop
-            block_m = triton_skinny.block_m_for(rows)
-            assert block_m in (16, 32, 64) and block_m >= rows
-            stage_bytes = 2 * (block_m + cfg.block_n) * cfg.block_k
-            assert cfg.num_stages >= 2 and cfg.num_stages * stage_bytes <= 160 * 1024, cfg
+            for act_tiles in (1, 2):
+                cfg = triton_skinny.default_config(rows, n, k, num_sms=132, act_tiles=act_tiles)
+                programs = -(-n // cfg.block_n)
+                # no split-K: the column blocks alone must occupy the SMs, unless BLOCK_N is at its floor
+                assert programs >= 0.9 * 132 or cfg.block_n == 16, (n, k, rows, cfg)
+                assert k % cfg.block_k == 0, (n, k, rows, cfg)  # the unmasked loop
+                block_m = triton_skinny.block_m_for(rows)
+                assert block_m in (16, 32, 64) and block_m >= rows
+                smem = triton_skinny.pipeline_bytes(block_m, cfg, act_tiles)
+                assert cfg.num_stages >= 2 and smem <= triton_skinny.SMEM_BUDGET_BYTES, (n, k, rows, cfg)
 
 
 def test_supported() -> None:
