@@ -309,7 +309,8 @@ def main() -> None:
 
     print("\n== summary (us a launch; TB/s = weight bytes / best time) ==", flush=True)
     print(
-        f"{'shape':14s} {'M':>2s} {'current':>9s} {'default':>9s} {'best':>9s} {'TB/s':>6s} {'speed-up':>8s}"
+        f"{'shape':14s} {'M':>2s} {'current':>9s} {'default':>9s} {'exact':>9s} {'best':>9s} {'TB/s':>6s} "
+        f"{'speed-up':>8s}  (exact: best with ops.rms_norm's roundings; best: rstd_epilogue allowed)"
     )
     for s in shapes:
         res = results.get((s.name, s.rows))
@@ -318,8 +319,11 @@ def main() -> None:
             continue
         cur, dflt = float(res["current"]), float(res["default"])  # type: ignore[arg-type]
         best = float(res.get("best", dflt))  # type: ignore[arg-type]
+        exact = float(res.get("exact", dflt))  # type: ignore[arg-type]
         tbs = cases[(s.name, s.rows)].w_bytes / best / 1e6
-        print(f"{s.name:14s} {s.rows:2d} {cur:9.2f} {dflt:9.2f} {best:9.2f} {tbs:6.2f} {cur / best:7.2f}x")
+        print(
+            f"{s.name:14s} {s.rows:2d} {cur:9.2f} {dflt:9.2f} {exact:9.2f} {best:9.2f} {tbs:6.2f} {cur / best:7.2f}x"
+        )
     # per decode step: the four projections of every layer (the current path's times include the
     # separate add+RMSNorm and SiLU*mul launches the fused kernels remove)
     for model, num_layers in NUM_LAYERS.items():
