@@ -22,16 +22,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from llmdeploy_engine import ops, triton_skinny
-from llmdeploy_engine.triton_skinny import SkinnyConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_path import import_engine
+
+import_engine()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from llmdeploy_engine import ops, triton_skinny  # noqa: E402
+from llmdeploy_engine.triton_skinny import SkinnyConfig  # noqa: E402
 
 EPS = 1e-6
 EVICT_BYTES = 256 << 20
