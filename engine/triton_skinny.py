@@ -11,8 +11,8 @@ elementwise op before the projection fused into the same launch.
 triton_gemv covers 1..8 rows with a loop over rows; here the rows are padded to a tensor-core tile
 (BLOCK_M 16, 32 or 64) and one program owns BLOCK_N output columns for all of them, so the weights
 are read once, with `tl.dot` over BLOCK_K chunks that Triton's pipeliner prefetches (num_stages).
-No split-K: the column blocks alone fill the SMs, nothing is reduced across programs and there is
-no second launch. `swap_ab` computes the transposed tile (w @ x.T), which puts the weight's BLOCK_N
+No split-K: the column blocks alone fill the SMs where N allows (Qwen2.5-0.5B's 896 / 1152 columns
+give only 56 / 72 programs), nothing is reduced across programs and there is no second launch. `swap_ab` computes the transposed tile (w @ x.T), which puts the weight's BLOCK_N
 on the MMA's M side (Hopper's warpgroup MMA wants 64 there). The norm prologue recomputes each row's
 variance in every program (the activations are a few hundred KB at most, read from L2) and only
 program 0 writes the residual sum; at 32 rows those L2 reads can rival the weight's HBM bytes, so
