@@ -189,21 +189,26 @@ def _num_sms(device: torch.device) -> int:
 
 def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> GemvConfig:
     """The tuned entry for (N, K, rows), else the heuristic: BLOCK_N as large as keeps >= 2 programs
-    per SM (no split-K, so the column blocks alone must fill the GPU), BLOCK_K a power of two that
-    divides K where one does, so the loop runs unmasked."""
+    per SM (no split-K, so the column blocks alone must fill the GPU); a weight tile of ~4k elements
+    (16 per thread at 4 warps: several 16-byte loads in flight) and at most 8k float32 partial
+    products; one masked step when K fits in the tile (the small models' K = 896), else BLOCK_K a
+    power of two that divides K where one does, so the loop runs unmasked."""
     tuned = TUNED.get((n, k, _row_bucket(m)))
     if tuned is not None:
         return tuned
-    block_n = 64
+    block_n = 32  # wider tiles only shorten the rows each step reads (BLOCK_K)
     while block_n > 2 and triton.cdiv(n, block_n) < 2 * num_sms:
         block_n //= 2
     block_m = triton.next_power_of_2(m)
-    # about 32 float32 partial products per thread at 4 warps
-    block_k = max(64, min(1024, 4096 // (block_n * block_m)))
-    block_k = min(block_k, triton.next_power_of_2(k))
-    while block_k > 64 and k % block_k:
-        block_k //= 2
-    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=2, mode="defer")
+    block_n = min(block_n, 8192 // (64 * block_m))  # rows of >= 64 elements within the 8k products
+    block_k = max(64, min(4096 // block_n, 8192 // (block_n * block_m)))
+    if block_k < triton.next_power_of_2(k):
+        while block_k > 64 and k % block_k:
+            block_k //= 2
+    else:
+        block_k = triton.next_power_of_2(k)
+    mode = "defer" if m <= 2 else "reduce"
+    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=2, mode=mode)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
