@@ -106,6 +106,7 @@ class Case:
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
             mode=cfg.mode,
+            prefetch=cfg.prefetch,
         )
         if s.kind == "plain":
             return triton_gemv.linear(self.h, w, **kw)  # type: ignore[arg-type]
@@ -171,6 +172,7 @@ def candidates(s: Shape, default: GemvConfig, quick: bool) -> list[GemvConfig]:
         replace(default, num_warps=2),
         replace(default, num_stages=1),
         replace(default, num_stages=3),
+        replace(default, prefetch=not default.prefetch),
         replace(default, block_n=bn * 2, num_warps=8),
     ]
     if s.rows > 1:
@@ -188,7 +190,7 @@ def candidates(s: Shape, default: GemvConfig, quick: bool) -> list[GemvConfig]:
 def fmt(c: GemvConfig) -> str:
     return (
         f"GemvConfig(block_n={c.block_n}, block_k={c.block_k}, num_warps={c.num_warps}, "
-        f"num_stages={c.num_stages}, mode={c.mode!r})"
+        f"num_stages={c.num_stages}, mode={c.mode!r}, prefetch={c.prefetch})"
     )
 
 

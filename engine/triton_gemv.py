@@ -15,9 +15,12 @@ The fused prologues read the activations again in every program (a few KB, from 
 variance is recomputed per program and only program 0 writes the residual sum.
 
 Launch parameters come from `TUNED` (filled from benchmarks/gpu_gemv.py's sweep on the H200) or a
-heuristic; every function takes `block_n`, `block_k`, `num_warps`, `num_stages`, `mode` keywords to
-override them. `mode`: "reduce" (reduce over K every step), "defer" (keep [M, BLOCK_N, BLOCK_K]
-partial sums, reduce once at the end), "dot" (tensor-core dot with the rows padded to 16).
+heuristic; every function takes `block_n`, `block_k`, `num_warps`, `num_stages`, `mode`, `prefetch`
+keywords to override them. `mode`: "reduce" (reduce over K every step), "defer" (keep
+[M, BLOCK_N, BLOCK_K] partial sums, reduce once at the end), "dot" (tensor-core dot with the rows
+padded to 16). `prefetch`: load the next weight tile into registers before the current one is used
+(double buffering by hand: Triton's pipeliner targets loads that feed dots), and the first before the
+norm's variance pass.
 """
 
 from __future__ import annotations
@@ -44,11 +47,26 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 2
     mode: str = "defer"
+    prefetch: bool = True
 
 
 # (N, K, row bucket) -> config; row bucket: 1 for M == 1, 4 for M <= 4, 8 for M <= 8.
 # Paste the "best config" lines that benchmarks/gpu_gemv.py prints here.
 TUNED: dict[tuple[int, int, int], GemvConfig] = {}
+
+
+@triton.jit
+def _load_w(w_rows, kk, cmask, K, MASK_N: tl.constexpr, MASK_K: tl.constexpr):
+    """A [BLOCK_N, BLOCK_K] weight tile; masks only where the shape needs them (vector loads)."""
+    if MASK_N and MASK_K:
+        w = tl.load(w_rows + kk[None, :], mask=cmask[:, None] & (kk[None, :] < K), other=0.0)
+    elif MASK_N:
+        w = tl.load(w_rows + kk[None, :], mask=cmask[:, None], other=0.0)
+    elif MASK_K:
+        w = tl.load(w_rows + kk[None, :], mask=kk[None, :] < K, other=0.0)
+    else:
+        w = tl.load(w_rows + kk[None, :])
+    return w
 
 
 @triton.jit
@@ -76,9 +94,11 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
     EVEN_N: tl.constexpr,
     MODE: tl.constexpr,  # 0: reduce every step, 1: deferred reduce, 2: tl.dot
+    PREFETCH: tl.constexpr,  # load the next weight tile before using this one
     IEEE: tl.constexpr,  # float32 inputs (the interpreter's tests): no tf32 in the dot
 ):
     pid = tl.program_id(0)
@@ -90,12 +110,15 @@ def _gemv_kernel(
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     r_rows = r_ptr + rows[:, None].to(tl.int64) * stride_rm
     w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
+    if PREFETCH:
+        # the first tile is in flight while the norm's variance is computed
+        w_next = _load_w(w_rows, ks, cmask, K, not EVEN_N, not EVEN_K)
 
     if PROLOGUE == 1:
         # the row's variance over all of K, as triton_ops._add_rms_norm_kernel computes it
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + ks
+        for k0 in range(0, K, NORM_BLOCK):
+            kk = k0 + tl.arange(0, NORM_BLOCK)
             xm = rmask[:, None] & (kk[None, :] < K)
             h = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
             if HAS_RESIDUAL:
@@ -114,15 +137,15 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
-        if EVEN_K:
+        if PREFETCH:
+            w = w_next
+            w_next = _load_w(w_rows, kk + BLOCK_K, cmask, K, not EVEN_N, True)
+        else:
+            w = _load_w(w_rows, kk, cmask, K, not EVEN_N, not EVEN_K)
+        if EVEN_K:  # noqa: SIM108
             xm = rmask[:, None]
-            if EVEN_N:
-                w = tl.load(w_rows + kk[None, :])
-            else:
-                w = tl.load(w_rows + kk[None, :], mask=cmask[:, None], other=0.0)
         else:
             xm = rmask[:, None] & (kk[None, :] < K)
-            w = tl.load(w_rows + kk[None, :], mask=cmask[:, None] & (kk[None, :] < K), other=0.0)
         if PROLOGUE == 1:
             h = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
             if HAS_RESIDUAL:
@@ -208,7 +231,7 @@ def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Ge
     else:
         block_k = triton.next_power_of_2(k)
     mode = "defer" if m <= 2 else "reduce"
-    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=2, mode=mode)
+    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=2, mode=mode, prefetch=True)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
@@ -276,7 +299,7 @@ def _launch(
     eps: float,
     up_off: int,
     k: int,
-    overrides: dict[str, int | str | None],
+    overrides: dict[str, int | str | bool | None],
 ) -> None:
     m, n = y.shape
     cfg = default_config(m, n, k, _num_sms(x.device))
@@ -318,9 +341,12 @@ def _launch(
         BLOCK_M=block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        # the variance pass reads whole rows where registers allow (it reads L2, not HBM)
+        NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 4096 // block_m)),
         EVEN_K=k % cfg.block_k == 0,
         EVEN_N=n % cfg.block_n == 0,
         MODE=_MODES[cfg.mode],
+        PREFETCH=bool(cfg.prefetch),
         IEEE=x.dtype == torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -343,6 +369,7 @@ def linear(
     num_warps: int | None = None,
     num_stages: int | None = None,
     mode: str | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K].T (+ bias) with float32 accumulation, in out_dtype (default x's) or `out`."""
     what = "triton_gemv.linear"
@@ -353,7 +380,14 @@ def linear(
         raise ValueError(f"{what}: x {tuple(x.shape)} and w {tuple(w.shape)} disagree on K")
     _check_vec(bias, n, x, what, "bias")
     y = _output(m, n, x, out, out_dtype, what)
-    overrides = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, mode=mode)
+    overrides = dict(
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        mode=mode,
+        prefetch=prefetch,
+    )
     _launch(_PLAIN, _unit_cols(x), w, bias, y, None, None, None, 0.0, 0, k, overrides)
     return y
 
@@ -372,6 +406,7 @@ def add_rms_norm_linear(
     num_warps: int | None = None,
     num_stages: int | None = None,
     mode: str | None = None,
+    prefetch: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h + residual) @ w.T (+ bias), h + residual); residual None: (rms_norm(h) @ w.T, h).
     The norm rounds as ops.add_rms_norm's Triton kernel does."""
@@ -396,7 +431,14 @@ def add_rms_norm_linear(
     if residual is not None:
         residual = _unit_cols(residual)
         summed = torch.empty((m, k), dtype=h.dtype, device=h.device)
-    overrides = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, mode=mode)
+    overrides = dict(
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        mode=mode,
+        prefetch=prefetch,
+    )
     _launch(_NORM, h, w, bias, y, residual, norm_weight, summed, float(eps), 0, k, overrides)
     return y, (h if summed is None else summed)
 
@@ -411,6 +453,7 @@ def silu_mul_linear(
     num_warps: int | None = None,
     num_stages: int | None = None,
     mode: str | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """(silu(gate) * up) @ w.T for gate_up [M, 2I] (gate the first I columns, up the last I; any row
     stride) and w [N, I]; the activation rounds as ops.silu_mul's Triton kernel does."""
@@ -421,6 +464,13 @@ def silu_mul_linear(
     if two_i != 2 * k:
         raise ValueError(f"{what}: gate_up {tuple(gate_up.shape)} must have 2 x w's K ({k}) columns")
     y = _output(m, n, gate_up, out, None, what)
-    overrides = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, mode=mode)
+    overrides = dict(
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        mode=mode,
+        prefetch=prefetch,
+    )
     _launch(_SILU, _unit_cols(gate_up), w, None, y, None, None, None, 0.0, k, k, overrides)
     return y

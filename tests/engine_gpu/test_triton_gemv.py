@@ -163,16 +163,21 @@ def test_silu_mul_linear(dtype: torch.dtype, shape: tuple[int, int], rows: int) 
         {"mode": "defer", "block_n": 4, "block_k": 32, "num_warps": 2},
         {"mode": "dot", "block_n": 16, "block_k": 64, "num_stages": 3},
         {"mode": "defer", "block_n": 64, "block_k": 256, "num_warps": 8},
+        {"mode": "defer", "block_n": 8, "block_k": 64, "prefetch": False},
+        {"mode": "reduce", "block_n": 16, "block_k": 256, "prefetch": False},
+        {"mode": "dot", "block_n": 32, "block_k": 32, "prefetch": False},
     ],
 )
 @pytest.mark.parametrize("rows", [1, 5])
-def test_config_overrides(config: dict[str, int | str], rows: int) -> None:
-    """Every mode and tile the sweep may pick computes the same product (K = 200: a partial tile)."""
+@pytest.mark.parametrize("k", [200, 256])
+def test_config_overrides(config: dict[str, int | str | bool], rows: int, k: int) -> None:
+    """Every mode and tile the sweep may pick computes the same products, with a partial last tile
+    (K = 200) or whole tiles (K = 256: the prefetch past the end is masked off)."""
     from llmdeploy_engine import triton_gemv
 
     dtype = DTYPES[0]
-    n, k = 40, 200
-    gen = torch.Generator().manual_seed(rows)
+    n = 40
+    gen = torch.Generator().manual_seed(rows + k)
     x = rand(rows, k, gen=gen, dtype=dtype)
     w = rand(n, k, gen=gen, dtype=dtype, scale=k**-0.5)
     ref = x.double() @ w.double().T
@@ -181,6 +186,10 @@ def test_config_overrides(config: dict[str, int | str], rows: int) -> None:
     got, _ = triton_gemv.add_rms_norm_linear(x, x, norm_w, EPS, w, **config)  # type: ignore[arg-type]
     normed, _ = ops.add_rms_norm(x, x, norm_w, EPS)
     assert rel_err(got, F.linear(normed, w)) < tol(dtype)
+    gate_up = rand(rows, 2 * k, gen=gen, dtype=dtype)
+    got = triton_gemv.silu_mul_linear(gate_up, w, **config)  # type: ignore[arg-type]
+    gate, up = gate_up.split(k, dim=-1)
+    assert rel_err(got, F.linear(F.silu(gate) * up, w)) < tol(dtype)
 
 
 def test_default_configs_fill_the_gpu() -> None:
