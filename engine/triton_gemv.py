@@ -25,6 +25,7 @@ norm's variance pass.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -204,6 +205,7 @@ def _row_bucket(m: int) -> int:
     return 1 if m == 1 else 4 if m <= 4 else 8
 
 
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).multi_processor_count)

@@ -22,12 +22,14 @@ pytestmark = [
 ]
 DTYPES = [torch.float32] if INTERPRET else [torch.bfloat16, torch.float16]
 ROWS = [1, 2, 5, 8]
+# (dtype, rows): every row count in the interpreter's float32 or in bf16, float16 at two (on the GPU
+# each distinct dtype / row padding is one more compilation)
+CASES = [(DTYPES[0], rows) for rows in ROWS] + [(dtype, rows) for dtype in DTYPES[1:] for rows in (1, 5)]
 # (N, K): the interpreter's small shapes (K not a multiple of the tile, N not of BLOCK_N), or the
-# decode GEMMs of Qwen2.5-0.5B (qkv, o_proj, gate_up) and Llama-3.1-8B (qkv, o_proj)
+# decode GEMMs of Qwen2.5-0.5B (qkv, o_proj, gate_up) and Llama-3.1-8B (qkv, o_proj); a bias where
+# N % 3 == 0 (Qwen's qkv: 1152)
 LINEAR_SHAPES = (
-    [(40, 96), (24, 200)]
-    if INTERPRET
-    else [(1152, 896), (896, 896), (9728, 896), (6144, 4096), (4096, 4096), (28672, 4096)]
+    [(40, 96), (24, 200)] if INTERPRET else [(1152, 896), (896, 896), (9728, 896), (6144, 4096), (4096, 4096)]
 )
 # (N, I) of down_proj
 DOWN_SHAPES = [(24, 72), (40, 128)] if INTERPRET else [(896, 4864), (4096, 14336)]
@@ -48,18 +50,16 @@ def rand(*shape: int, gen: torch.Generator, dtype: torch.dtype, scale: float = 1
     return (torch.randn(*shape, generator=gen) * scale).to(DEVICE, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("dtype", "rows"), CASES)
 @pytest.mark.parametrize("shape", LINEAR_SHAPES)
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_linear(dtype: torch.dtype, shape: tuple[int, int], rows: int, with_bias: bool) -> None:
+def test_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
     from llmdeploy_engine import triton_gemv
 
     n, k = shape
     gen = torch.Generator().manual_seed(n * 31 + k + rows)
     x = rand(rows, k, gen=gen, dtype=dtype)
     w = rand(n, k, gen=gen, dtype=dtype, scale=k**-0.5)
-    bias = rand(n, gen=gen, dtype=dtype) if with_bias else None
+    bias = rand(n, gen=gen, dtype=dtype) if n % 3 == 0 else None
     got = triton_gemv.linear(x, w, bias)
     assert got.shape == (rows, n) and got.dtype == dtype
     ref = x.double() @ w.double().T + (bias.double() if bias is not None else 0.0)
@@ -99,14 +99,12 @@ def test_linear_into_a_strided_view(rows: int) -> None:
     assert bool((buf[:, :8] == 5.0).all()) and bool((buf[:, 8 + n :] == 5.0).all())
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("dtype", "rows"), CASES)
 @pytest.mark.parametrize("shape", LINEAR_SHAPES)
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_add_rms_norm_linear(
-    dtype: torch.dtype, shape: tuple[int, int], rows: int, with_residual: bool
-) -> None:
+def test_add_rms_norm_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
     from llmdeploy_engine import triton_gemv
+
+    with_residual = rows != 2  # the first layer's norm has no residual yet
 
     n, k = shape
     gen = torch.Generator().manual_seed(n + 17 * k + rows)
@@ -131,10 +129,9 @@ def test_add_rms_norm_linear(
     assert rel_err(got, ref) < tol(dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("dtype", "rows"), CASES)
 @pytest.mark.parametrize("shape", DOWN_SHAPES)
-@pytest.mark.parametrize("rows", ROWS)
-def test_silu_mul_linear(dtype: torch.dtype, shape: tuple[int, int], rows: int) -> None:
+def test_silu_mul_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
     from llmdeploy_engine import triton_gemv
 
     n, inter = shape
@@ -169,7 +166,7 @@ def test_silu_mul_linear(dtype: torch.dtype, shape: tuple[int, int], rows: int) 
     ],
 )
 @pytest.mark.parametrize("rows", [1, 5])
-@pytest.mark.parametrize("k", [200, 256])
+@pytest.mark.parametrize("k", [200, 256] if INTERPRET else [256])
 def test_config_overrides(config: dict[str, int | str | bool], rows: int, k: int) -> None:
     """Every mode and tile the sweep may pick computes the same products, with a partial last tile
     (K = 200) or whole tiles (K = 256: the prefetch past the end is masked off)."""
