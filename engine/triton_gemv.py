@@ -215,9 +215,9 @@ def _num_sms(device: torch.device) -> int:
 def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> GemvConfig:
     """The tuned entry for (N, K, rows), else the heuristic: BLOCK_N as large as keeps >= 2 programs
     per SM (no split-K, so the column blocks alone must fill the GPU); a weight tile of ~4k elements
-    (16 per thread at 4 warps: several 16-byte loads in flight) and at most 8k float32 partial
-    products; one masked step when K fits in the tile (the small models' K = 896), else BLOCK_K a
-    power of two that divides K where one does, so the loop runs unmasked."""
+    (32 per thread at 4 warps: several 16-byte loads in flight, twice that with the prefetch) and at
+    most 8k float32 partial products; one masked step when K fits in the tile (the small models'
+    K = 896)."""
     tuned = TUNED.get((n, k, _row_bucket(m)))
     if tuned is not None:
         return tuned
@@ -227,11 +227,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Ge
     block_m = triton.next_power_of_2(m)
     block_n = min(block_n, 8192 // (64 * block_m))  # rows of >= 64 elements within the 8k products
     block_k = max(64, min(4096 // block_n, 8192 // (block_n * block_m)))
-    if block_k < triton.next_power_of_2(k):
-        while block_k > 64 and k % block_k:
-            block_k //= 2
-    else:
-        block_k = triton.next_power_of_2(k)
+    block_k = min(block_k, triton.next_power_of_2(k))
+    if k % block_k and block_k > 64 and k % (block_k // 2) == 0:
+        block_k //= 2  # whole tiles at half the size; smaller ones would cost more than the mask
     mode = "defer" if m <= 2 else "reduce"
     return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=2, mode=mode, prefetch=True)
 
