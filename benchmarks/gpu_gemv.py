@@ -307,6 +307,20 @@ def main() -> None:
         tbs = cases[(s.name, s.rows)].w_bytes / best / 1e6
         print(f"{s.name:14s} {s.rows:2d} {cur:9.2f} {dflt:9.2f} {best:9.2f} {tbs:6.2f} {cur / best:7.2f}x")
     print(f"{'all rows':14s}    {total_cur:9.2f} {'':9s} {total_best:9.2f}")
+    # per decode token at M = 1: the four projections of every layer plus the LM head (the fused
+    # path also drops the separate add+RMSNorm and SiLU*mul launches, counted in "current")
+    for model, num_layers in (("0.5b", 24), ("8b", 32)):
+        per = {n: results.get((f"{model}-{n}", 1)) for n in ("qkv", "o_proj", "gate_up", "down", "lm_head")}
+        if any(r is None for r in per.values()):
+            continue
+        cur_ms = best_ms = 0.0
+        for n, r in per.items():
+            times = num_layers if n != "lm_head" else 1
+            cur_ms += times * float(r["current"]) / 1e3  # type: ignore[arg-type,index]
+            best_ms += times * float(r.get("best", r["default"])) / 1e3  # type: ignore[arg-type,union-attr,index]
+        print(
+            f"{model} per token, projections + norms + SiLU*mul: current {cur_ms:.3f} ms, fused {best_ms:.3f} ms"
+        )
     print("\n== best configs for triton_gemv.TUNED (key: (N, K, row bucket)) ==")
     for s in shapes:
         res = results.get((s.name, s.rows))
