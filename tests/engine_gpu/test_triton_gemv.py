@@ -159,7 +159,7 @@ def test_silu_mul_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) 
         {"mode": "reduce", "block_n": 8, "block_k": 64},
         {"mode": "defer", "block_n": 4, "block_k": 32, "num_warps": 2},
         {"mode": "dot", "block_n": 16, "block_k": 64, "num_stages": 3},
-        {"mode": "defer", "block_n": 64, "block_k": 256, "num_warps": 8},
+        {"mode": "defer", "block_n": 32, "block_k": 128, "num_warps": 8},
         {"mode": "defer", "block_n": 8, "block_k": 64, "prefetch": False},
         {"mode": "reduce", "block_n": 16, "block_k": 256, "prefetch": False},
         {"mode": "dot", "block_n": 32, "block_k": 32, "prefetch": False},
