@@ -10,6 +10,8 @@ against the current path's output before it is timed (max error relative to the 
 
     PYTHONPATH=<dir holding llmdeploy_engine> python benchmarks/gpu_gemv.py [--shapes 8b-] [--budget-s 80]
     TRITON_INTERPRET=1 PYTHONPATH=... python benchmarks/gpu_gemv.py --device cpu --quick   # dry run
+
+(The interpreter needs numpy < 2.4 on the path: it converts 1-element arrays to the loop bounds.)
 """
 
 from __future__ import annotations

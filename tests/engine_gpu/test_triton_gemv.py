@@ -1,7 +1,10 @@
 """On a CUDA GPU (or Triton's CPU interpreter in float32): the small-batch GEMV kernels of
 triton_gemv against float64 references and against the unfused ops they replace
 (ops.add_rms_norm + F.linear, F.silu(gate) * up + F.linear), at 1..8 rows, with and without bias and
-residual, into strided output views, in float32 for the LM head, and their errors on bad input."""
+residual, into strided output views, in float32 for the LM head, and their errors on bad input.
+
+In the interpreter the K loops take their bounds from 1-element numpy arrays, which numpy >= 2.4
+refuses to convert: run it with an older numpy first on the path (see the report / gpu_gemv.py)."""
 
 from __future__ import annotations
 
