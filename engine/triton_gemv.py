@@ -186,7 +186,8 @@ def _gemv_kernel(
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the kernels take this (x [M, K], w [N, K]): the dispatcher's test."""
+    """Whether the kernels take this (x [M, K], w [N, K]): the dispatcher's test. For
+    silu_mul_linear pass the gate half of gate_up (an [M, I] view) as x."""
     return (
         x.is_cuda
         and w.is_cuda
