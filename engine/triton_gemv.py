@@ -16,9 +16,12 @@ variance is recomputed per program and only program 0 writes the residual sum.
 
 Launch parameters come from `TUNED` (filled from benchmarks/gpu_gemv.py's sweep on the H200) or a
 heuristic; every function takes `block_n`, `block_k`, `num_warps`, `num_stages`, `mode`, `prefetch`
-keywords to override them. `mode`: "reduce" (reduce over K every step), "defer" (keep
-[M, BLOCK_N, BLOCK_K] partial sums, reduce once at the end), "dot" (tensor-core dot with the rows
-padded to 16). `prefetch`: load the next weight tile into registers before the current one is used
+keywords to override them. `mode`: "reduce" (reduce over K every step, for each row), "defer"
+(keep [BLOCK_N, BLOCK_K] partial sums, reduce once at the end; with more than one row the
+[M, BLOCK_N, BLOCK_K] products of the tile path), "dot" (tensor-core dot with the rows padded to 16,
+tile path). The row path ("reduce", and "defer" at one row) loads each input row in the layout of
+the weight tile's columns, so the tile is used as loaded; the tile path re-lays the tile out through
+shared memory every step. `prefetch`: load the next weight tile into registers before the current one is used
 (double buffering by hand: Triton's pipeliner targets loads that feed dots), and the first before the
 norm's variance pass.
 """
@@ -68,6 +71,61 @@ def _load_w(w_rows, kk, cmask, K, MASK_N: tl.constexpr, MASK_K: tl.constexpr):
     else:
         w = tl.load(w_rows + kk[None, :])
     return w
+
+
+@triton.jit
+def _load_masked(ptrs, mask, MASKED: tl.constexpr):
+    if MASKED:  # noqa: SIM108
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        v = tl.load(ptrs)
+    return v
+
+
+@triton.jit
+def _x_row(
+    x_ptr,
+    r_ptr,
+    nw_ptr,
+    m,
+    kk,
+    M,
+    K,
+    stride_xm,
+    stride_rm,
+    up_off,
+    rstd_m,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MASK_M: tl.constexpr,
+    MASK_K: tl.constexpr,
+):
+    """Row m of the projection's input over the columns kk (1-D, the weight tile's column layout),
+    after the fused prologue, in the model dtype."""
+    if MASK_M and MASK_K:
+        mask = (kk < K) & (m < M)
+    elif MASK_M:
+        mask = (kk >= 0) & (m < M)
+    else:
+        mask = kk < K
+    xp = x_ptr + m * stride_xm + kk
+    if PROLOGUE == 1:
+        h = _load_masked(xp, mask, MASK_M or MASK_K)
+        if HAS_RESIDUAL:
+            r = _load_masked(r_ptr + m * stride_rm + kk, mask, MASK_M or MASK_K)
+            h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
+        normed = (h.to(tl.float32) * rstd_m).to(h.dtype)
+        nw = _load_masked(nw_ptr + kk, kk < K, MASK_K)
+        x = (normed.to(tl.float32) * nw.to(tl.float32)).to(h.dtype)
+    elif PROLOGUE == 2:
+        g = _load_masked(xp, mask, MASK_M or MASK_K)
+        u = _load_masked(xp + up_off, mask, MASK_M or MASK_K)
+        g32 = g.to(tl.float32)
+        act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
+        x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+    else:
+        x = _load_masked(xp, mask, MASK_M or MASK_K)
+    return x
 
 
 @triton.jit
@@ -132,57 +190,107 @@ def _gemv_kernel(
             sq += tl.sum(h32 * h32, 1)
         rstd = tl.rsqrt(sq / K + eps)
 
-    if MODE == 1:
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        if PREFETCH:
-            w = w_next
-            w_next = _load_w(w_rows, kk + BLOCK_K, cmask, K, not EVEN_N, True)
+    if MODE == 2 or (MODE == 1 and BLOCK_M > 1):
+        # tile path: the weight tile is re-laid out for the dot or the [M, N, K] products
+        if MODE == 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
         else:
-            w = _load_w(w_rows, kk, cmask, K, not EVEN_N, not EVEN_K)
-        if EVEN_K:  # noqa: SIM108
-            xm = rmask[:, None]
-        else:
-            xm = rmask[:, None] & (kk[None, :] < K)
-        if PROLOGUE == 1:
-            h = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
-                h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-            # ops.rms_norm's roundings: normed in the model dtype, then times the weight
-            normed = (h.to(tl.float32) * rstd[:, None]).to(h.dtype)
-            nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0)
-            x = (normed.to(tl.float32) * nw.to(tl.float32)[None, :]).to(h.dtype)
-        elif PROLOGUE == 2:
-            g = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
-            u = tl.load(x_rows + up_off + kk[None, :], mask=xm, other=0.0)
-            g32 = g.to(tl.float32)
-            # triton_ops._silu_mul_kernel's roundings: silu in the model dtype, then the product
-            act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
-            x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
-        else:
-            x = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
-        if MODE == 2:
-            if IEEE:  # noqa: SIM108 (constexpr branches: one dot is compiled)
-                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            if PREFETCH:
+                w = w_next
+                w_next = _load_w(w_rows, kk + BLOCK_K, cmask, K, not EVEN_N, True)
             else:
-                acc = tl.dot(x, tl.trans(w), acc)
-        elif MODE == 1:
-            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+                w = _load_w(w_rows, kk, cmask, K, not EVEN_N, not EVEN_K)
+            if EVEN_K:  # noqa: SIM108
+                xm = rmask[:, None]
+            else:
+                xm = rmask[:, None] & (kk[None, :] < K)
+            if PROLOGUE == 1:
+                h = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
+                if HAS_RESIDUAL:
+                    r = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
+                    h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
+                # ops.rms_norm's roundings: normed in the model dtype, then times the weight
+                normed = (h.to(tl.float32) * rstd[:, None]).to(h.dtype)
+                nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0)
+                x = (normed.to(tl.float32) * nw.to(tl.float32)[None, :]).to(h.dtype)
+            elif PROLOGUE == 2:
+                g = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
+                u = tl.load(x_rows + up_off + kk[None, :], mask=xm, other=0.0)
+                g32 = g.to(tl.float32)
+                # triton_ops._silu_mul_kernel's roundings: silu in the model dtype, then the product
+                act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
+                x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+            else:
+                x = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
+            if MODE == 2:
+                if IEEE:  # constexpr: one dot is compiled
+                    acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(x, tl.trans(w), acc)
+            else:
+                acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
 
-    if MODE == 1:  # noqa: SIM108
-        out = tl.sum(acc, 2)
+        if MODE == 1:  # noqa: SIM108
+            out = tl.sum(acc, 2)
+        else:
+            out = acc
+        if HAS_BIAS:
+            out += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        y_off = rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
+        tl.store(y_ptr + y_off, out.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
     else:
-        out = acc
-    if HAS_BIAS:
-        out += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    y_off = rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
-    tl.store(y_ptr + y_off, out.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+        # row path: each input row is loaded in the weight tile's column layout, so the tile is used
+        # as loaded (no layout conversion through shared memory); sums kept as [BLOCK_N, rows]
+        if MODE == 1:
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            if PREFETCH:
+                w = w_next
+                w_next = _load_w(w_rows, kk + BLOCK_K, cmask, K, not EVEN_N, True)
+            else:
+                w = _load_w(w_rows, kk, cmask, K, not EVEN_N, not EVEN_K)
+            wf = w.to(tl.float32)
+            for m in tl.static_range(BLOCK_M):
+                if PROLOGUE == 1:  # noqa: SIM108
+                    rstd_m = tl.sum(tl.where(rows == m, rstd, 0.0), 0)  # loop-invariant: hoisted
+                else:
+                    rstd_m = 0.0
+                x_m = _x_row(
+                    x_ptr,
+                    r_ptr,
+                    nw_ptr,
+                    m,
+                    kk,
+                    M,
+                    K,
+                    stride_xm,
+                    stride_rm,
+                    up_off,
+                    rstd_m,
+                    PROLOGUE,
+                    HAS_RESIDUAL,
+                    BLOCK_M > 1,
+                    not EVEN_K,
+                ).to(tl.float32)
+                if MODE == 1:
+                    acc += wf * x_m[None, :]
+                else:
+                    part = tl.sum(wf * x_m[None, :], 1)
+                    acc += tl.where(rows[None, :] == m, part[:, None], 0.0)
+        if MODE == 1:  # noqa: SIM108
+            out_t = tl.sum(acc, 1)[:, None]
+        else:
+            out_t = acc
+        if HAS_BIAS:
+            out_t += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[:, None]
+        y_off = rows[None, :].to(tl.int64) * stride_ym + cols[:, None]
+        tl.store(y_ptr + y_off, out_t.to(y_ptr.dtype.element_ty), mask=rmask[None, :] & cmask[:, None])
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -216,22 +324,19 @@ def _num_sms(device: torch.device) -> int:
 def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> GemvConfig:
     """The tuned entry for (N, K, rows), else the heuristic: BLOCK_N as large as keeps >= 2 programs
     per SM (no split-K, so the column blocks alone must fill the GPU); a weight tile of ~4k elements
-    (32 per thread at 4 warps: several 16-byte loads in flight, twice that with the prefetch) and at
-    most 8k float32 partial products; one masked step when K fits in the tile (the small models'
-    K = 896)."""
+    (32 per thread at 4 warps: several 16-byte loads in flight, twice that with the prefetch); one
+    masked step when K fits in the tile (the small models' K = 896). One row: "defer"; more: "reduce"
+    (both on the row path, which uses the weight tile in the layout it was loaded in)."""
     tuned = TUNED.get((n, k, _row_bucket(m)))
     if tuned is not None:
         return tuned
     block_n = 32  # wider tiles only shorten the rows each step reads (BLOCK_K)
     while block_n > 2 and triton.cdiv(n, block_n) < 2 * num_sms:
         block_n //= 2
-    block_m = triton.next_power_of_2(m)
-    block_n = min(block_n, 8192 // (64 * block_m))  # rows of >= 64 elements within the 8k products
-    block_k = max(64, min(4096 // block_n, 8192 // (block_n * block_m)))
-    block_k = min(block_k, triton.next_power_of_2(k))
+    block_k = min(max(64, 4096 // block_n), triton.next_power_of_2(k))
     if k % block_k and block_k > 64 and k % (block_k // 2) == 0:
         block_k //= 2  # whole tiles at half the size; smaller ones would cost more than the mask
-    mode = "defer" if m <= 2 else "reduce"
+    mode = "defer" if m == 1 else "reduce"
     return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=2, mode=mode, prefetch=True)
 
 
