@@ -182,8 +182,8 @@ def candidates(s: Shape, default: GemvConfig, quick: bool) -> list[GemvConfig]:
         out.insert(2, GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=3, mode="dot"))
     kept: list[GemvConfig] = []
     for c in out:
-        # registers: the dot keeps [16, BLOCK_N] sums, the others [M, BLOCK_N, BLOCK_K] products
-        tile = c.block_n * c.block_k * (1 if c.mode == "dot" else block_m)
+        # registers: the tile path's "defer" keeps [M, BLOCK_N, BLOCK_K] products, the others a tile
+        tile = c.block_n * c.block_k * (block_m if c.mode == "defer" else 1)
         if c not in kept and tile <= 16384 and c.block_k <= 2 * (1 << (s.k - 1).bit_length()):
             kept.append(c)
     return kept[: 3 if quick else MAX_CONFIGS]
