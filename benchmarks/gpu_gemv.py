@@ -160,20 +160,22 @@ def time_us(fn: Callable[[int], torch.Tensor], copies: int, device: torch.device
 
 
 def candidates(s: Shape, default: GemvConfig, quick: bool) -> list[GemvConfig]:
-    """Up to MAX_CONFIGS configs around the default: tile shapes, modes, warps and stages."""
+    """Up to MAX_CONFIGS configs around the default: the same tile split other ways, tiles twice and
+    half the size, the other mode, warps, no prefetch; at M > 1 two tensor-core dots. num_stages is
+    left alone outside the dot (Triton's pipeliner leaves these loops unchanged: same PTX)."""
     bn, bk = default.block_n, default.block_k
     block_m = 1 << (s.rows - 1).bit_length()
     out = [
         default,
-        replace(default, block_n=max(2, bn // 2), block_k=bk * 2),
+        replace(default, block_n=max(1, bn // 2), block_k=bk * 2),
         replace(default, block_n=bn * 2, block_k=max(32, bk // 2)),
         replace(default, block_k=bk * 2),
         replace(default, block_k=max(32, bk // 2)),
+        replace(default, block_n=bn * 2),
+        replace(default, block_n=max(1, bn // 2)),
         replace(default, mode="reduce" if default.mode == "defer" else "defer"),
         replace(default, num_warps=8),
         replace(default, num_warps=2),
-        replace(default, num_stages=1),
-        replace(default, num_stages=3),
         replace(default, prefetch=not default.prefetch),
         replace(default, block_n=bn * 2, num_warps=8),
     ]
@@ -184,7 +186,7 @@ def candidates(s: Shape, default: GemvConfig, quick: bool) -> list[GemvConfig]:
     for c in out:
         # registers: the tile path's "defer" keeps [M, BLOCK_N, BLOCK_K] products, the others a tile
         tile = c.block_n * c.block_k * (block_m if c.mode == "defer" else 1)
-        if c not in kept and tile <= 16384 and c.block_k <= 2 * (1 << (s.k - 1).bit_length()):
+        if c not in kept and tile <= 16384 and c.block_k <= 1 << (s.k - 1).bit_length():
             kept.append(c)
     return kept[: 3 if quick else MAX_CONFIGS]
 
