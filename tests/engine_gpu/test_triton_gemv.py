@@ -84,6 +84,15 @@ def test_linear_float32_logits(rows: int) -> None:
     assert got.dtype == torch.float32 and got.shape == (rows, n)
     assert rel_err(got, x.double() @ w.double().T) < 1e-5
 
+    # the final norm fused in: the normed rows as ops.add_rms_norm rounds them, float32 logits
+    residual = rand(rows, k, gen=gen, dtype=dtype)
+    norm_w = (1.0 + 0.2 * torch.randn(k, generator=gen)).to(DEVICE, dtype)
+    got, summed = triton_gemv.add_rms_norm_linear(x, residual, norm_w, EPS, w, out_dtype=torch.float32)
+    normed, want_summed = ops.add_rms_norm(x, residual, norm_w, EPS)
+    assert got.dtype == torch.float32 and torch.equal(summed, want_summed)
+    # a variance summed in another order may round a normed element the other way: 16-bit tolerance
+    assert rel_err(got, normed.double() @ w.double().T) < tol(dtype)
+
 
 @pytest.mark.parametrize("rows", [1, 8])
 def test_linear_into_a_strided_view(rows: int) -> None:
