@@ -114,6 +114,7 @@ def _x_row(
         if HAS_RESIDUAL:
             r = _load_masked(r_ptr + m * stride_rm + kk, mask, MASK_M or MASK_K)
             h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
+        # ops.rms_norm's roundings: normed in the model dtype, then times the weight
         normed = (h.to(tl.float32) * rstd_m).to(h.dtype)
         nw = _load_masked(nw_ptr + kk, kk < K, MASK_K)
         x = (normed.to(tl.float32) * nw.to(tl.float32)).to(h.dtype)
@@ -121,6 +122,7 @@ def _x_row(
         g = _load_masked(xp, mask, MASK_M or MASK_K)
         u = _load_masked(xp + up_off, mask, MASK_M or MASK_K)
         g32 = g.to(tl.float32)
+        # triton_ops._silu_mul_kernel's roundings: silu in the model dtype, then the product
         act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
         x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
     else:
