@@ -5,8 +5,9 @@
 set -u
 out=${OUT:-/tmp/gpu_gemv_out}
 mkdir -p "$out"
-mkdir -p /tmp/pkgs && ln -sfn "$PWD/engine" /tmp/pkgs/llmdeploy_engine
-export PYTHONPATH=/tmp/pkgs:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+pkgs=$(mktemp -d)  # a private folder naming engine/ as llmdeploy_engine
+ln -s "$PWD/engine" "$pkgs/llmdeploy_engine"
+export PYTHONPATH=$pkgs:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 run_tests() {  # log name, then pytest arguments
