@@ -7,6 +7,7 @@ out=${OUT:-/tmp/gpu_gemv_out}
 mkdir -p "$out"
 pkgs=$(mktemp -d)  # a private folder naming engine/ as llmdeploy_engine
 ln -s "$PWD/engine" "$pkgs/llmdeploy_engine"
+trap 'rm -rf "$pkgs"' EXIT
 export PYTHONPATH=$pkgs:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
