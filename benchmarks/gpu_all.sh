@@ -120,9 +120,11 @@ elif [ "$phase" = gemv ]; then
     # GPU 0: the fused GEMV sweep, the single-sequence decode split sweep, then gpu_bench (single
     # stream of both models, the 0.5B's throughput); GPU 1: the single-GPU tests (-v: the last line
     # names a test that hangs); then the tensor-parallel tests on both GPUs. Logs archived.
-    (CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_gemv.py >"$out/gpu_gemv.log" 2>&1
+    (CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_gemv.py --budget-s 60 >"$out/gpu_gemv.log" 2>&1
      echo "exit $?" >>"$out/gpu_gemv.log"
-     CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_decode_small.py >"$out/gpu_decode_small.log" 2>&1
+     CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_skinny.py --budget-s 55 --out "$out" \
+        >"$out/gpu_skinny.log" 2>&1; echo "exit $?" >>"$out/gpu_skinny.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 45 python3 benchmarks/gpu_decode_small.py >"$out/gpu_decode_small.log" 2>&1
      echo "exit $?" >>"$out/gpu_decode_small.log"
      CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_bench.py --throughput-models qwen --no-peer --eager-phases \
         --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
@@ -132,7 +134,7 @@ elif [ "$phase" = gemv ]; then
      echo "exit $? (124: timed out)" >>"$out/t_gpu1.log") &
     wait
     echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
-    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
+    CUDA_VISIBLE_DEVICES=0,1 timeout 150 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
         -p no:cacheprovider --durations=10 tests/engine_gpu/test_tensor_parallel_gpu.py >"$out/t_tp.log" 2>&1
     echo "exit $? (124: timed out)" >>"$out/t_tp.log"
     for f in t_gpu1 t_tp; do
@@ -140,9 +142,9 @@ elif [ "$phase" = gemv ]; then
         grep -a -E "FAILED|ERROR|passed|failed|^exit " "$out/$f.log" | tail -25
         tail -3 "$out/$f.log"
     done
-    for f in gpu_gemv gpu_decode_small gpu_bench; do
+    for f in gpu_gemv gpu_skinny gpu_decode_small gpu_bench; do
         echo "== $f"
-        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -40
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -32
     done
     (cd "$out" && tar czf gemv_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
 else
