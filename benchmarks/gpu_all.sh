@@ -128,16 +128,23 @@ elif [ "$phase" = gemv ]; then
      echo "exit $?" >>"$out/gpu_decode_small.log"
      CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_bench.py --throughput-models qwen --no-peer --eager-phases \
         --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
-    (CUDA_VISIBLE_DEVICES=1 timeout 320 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
-        -p no:cacheprovider --durations=25 tests/engine_gpu --ignore=tests/engine_gpu/test_tensor_parallel_gpu.py \
-        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py >"$out/t_gpu1.log" 2>&1
-     echo "exit $? (124: timed out)" >>"$out/t_gpu1.log") &
+    g=tests/engine_gpu
+    (CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
+        -p no:cacheprovider --durations=15 $g/test_triton_gemv.py $g/test_triton_skinny.py \
+        $g/test_triton_attention.py $g/test_triton_varlen.py $g/test_fused_decode_ops.py $g/test_triton_ops.py \
+        $g/test_varlen_metadata.py >"$out/t_kernels.log" 2>&1
+     echo "exit $? (124: timed out)" >>"$out/t_kernels.log") &
+    (CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
+        -p no:cacheprovider --durations=15 $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
+        $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_multi_step_gpu.py $g/test_triton_engine.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py >"$out/t_engine.log" 2>&1
+     echo "exit $? (124: timed out)" >>"$out/t_engine.log") &
     wait
     echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
     CUDA_VISIBLE_DEVICES=0,1 timeout 150 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
         -p no:cacheprovider --durations=10 tests/engine_gpu/test_tensor_parallel_gpu.py >"$out/t_tp.log" 2>&1
     echo "exit $? (124: timed out)" >>"$out/t_tp.log"
-    for f in t_gpu1 t_tp; do
+    for f in t_kernels t_engine t_tp; do
         echo "== $f"
         grep -a -E "FAILED|ERROR|passed|failed|^exit " "$out/$f.log" | tail -25
         tail -3 "$out/$f.log"
