@@ -100,7 +100,7 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention output, h + residual): `norm` (the layer's input norm) applied to h + residual
-        first, in the QKV projection's kernel for few-row batches."""
+        first, in the QKV projection's kernel for single-row batches."""
         c = self.config
         n = h.shape[0]
         qkv, residual = self.qkv_proj.forward_normed(h, residual, norm.weight, norm.eps)
@@ -144,7 +144,7 @@ class MLP(nn.Module):
         self, h: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(MLP output, h + residual): `norm` (the post-attention norm) applied to h + residual first,
-        in the gate_up projection's kernel for few-row batches; SiLU(gate) * up is read from the
+        in the gate_up projection's kernel for single-row batches; SiLU(gate) * up is read from the
         merged output by the down projection (its kernel, or a separate one for larger batches)."""
         gate_up, residual = self.gate_up_proj.forward_normed(h, residual, norm.weight, norm.eps)
         return self.down_proj(gate_up, silu_mul=True), residual

@@ -20,10 +20,10 @@ from llmdeploy_engine.kv_cache import FP8_DTYPES, write_kv
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
-_gemv_kernels: list[Any] | None = None  # triton_gemv (1-8 rows) and triton_skinny (9-64), once imported
-# small-batch products through the fused kernels of triton_gemv / triton_skinny (False: cuBLAS and
-# the separate norm / SiLU kernels everywhere; benchmarks flip it to compare; read when a model
-# runs, and CUDA graphs keep what they captured)
+_gemv_kernels: list[Any] | None = None  # [triton_gemv] once imported ([] without triton)
+# single-row products through triton_gemv's fused kernels (False: cuBLAS and the separate norm /
+# SiLU kernels everywhere; benchmarks flip it to compare; read when a model runs, and CUDA graphs
+# keep what they captured)
 FUSED_GEMV = os.environ.get("LLMDEPLOY_FUSED_GEMV", "1") != "0"
 
 
@@ -48,15 +48,25 @@ def _load_triton_ops() -> Any:
 
 
 def _gemv(x: torch.Tensor, weight: torch.Tensor) -> Any:
-    """The fused-projection kernel module that takes x @ weight.T (CUDA, 16-bit, few rows: triton_gemv
-    up to 8 rows, triton_skinny up to 64), else None."""
+    """triton_gemv when its fused kernel takes x @ weight.T, else None (cuBLAS and separate kernels).
+
+    One row only: on the H200 (docs/gpu-notes.md v5) the fused kernel beat cuBLAS plus the separate
+    norm / SiLU kernels on every projection of both models at one row (1.0-1.9x), lost at four rows
+    on the 8B's large shapes (0.3-0.5x), and triton_skinny's 9-64-row kernels lost on almost every
+    shape (0.2-0.75x), so batches of more than one row keep cuBLAS."""
     global _gemv_kernels
-    if not FUSED_GEMV or not x.is_cuda or x.dtype not in _FUSED_DTYPES or weight.dtype != x.dtype:
+    if (
+        not FUSED_GEMV
+        or x.shape[0] != 1
+        or not x.is_cuda
+        or x.dtype not in _FUSED_DTYPES
+        or weight.dtype != x.dtype
+    ):
         return None
     if _gemv_kernels is None:
         # without triton the torch composition runs; with it, a module that fails to import is a bug
-        names = ("triton_gemv", "triton_skinny") if importlib.util.find_spec("triton") is not None else ()
-        _gemv_kernels = [importlib.import_module(f"llmdeploy_engine.{name}") for name in names]
+        found = importlib.util.find_spec("triton") is not None
+        _gemv_kernels = [importlib.import_module("llmdeploy_engine.triton_gemv")] if found else []
     for module in _gemv_kernels:
         if module.supported(x, weight):
             return module
@@ -87,7 +97,7 @@ def add_rms_norm_linear(
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(rms_norm(x + residual)), x + residual): add_rms_norm then the projection, one kernel
-    for few-row 16-bit CUDA batches (the decoder layer's norm + QKV and norm + gate_up)."""
+    for single-row 16-bit CUDA batches (the decoder layer's norm + QKV and norm + gate_up)."""
     fused = _gemv(x, weight)
     if fused is not None and (residual is None or residual.dtype == x.dtype) and norm_weight.dtype == x.dtype:
         pair: tuple[torch.Tensor, torch.Tensor] = fused.add_rms_norm_linear(
@@ -102,7 +112,7 @@ def silu_mul_linear(
     gate_up: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """linear(silu_mul(gate, up), weight) for the merged gate_up output [rows, 2 * inter] (the MLP's
-    down projection), one kernel for few-row 16-bit CUDA batches; into `out` as `linear`."""
+    down projection), one kernel for single-row 16-bit CUDA batches; into `out` as `linear`."""
     inter = gate_up.shape[-1] // 2
     fused = _gemv(gate_up[..., :inter], weight)
     if fused is not None:

@@ -106,7 +106,7 @@ class _MergedColumn(ParallelModule):
         self, h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this projection of rms_norm(h + residual), h + residual): the preceding residual add and
-        RMSNorm in the same kernel for few-row batches (ops.add_rms_norm_linear). The product is the
+        RMSNorm in the same kernel for single-row batches (ops.add_rms_norm_linear). The product is the
         merged output; split it with `split_sizes`."""
         return ops.add_rms_norm_linear(h, residual, norm_weight, eps, self.weight, self.bias)
 
@@ -198,7 +198,7 @@ class RowParallelLinear(ParallelModule):
 
     def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
         """x @ weight.T summed over ranks; with `silu_mul`, x is a merged [rows, 2 * in] gate_up output
-        and the product is of SiLU(gate) * up (computed in the same kernel for few-row batches)."""
+        and the product is of SiLU(gate) * up (computed in the same kernel for single-row batches)."""
         fast = self.parallel.fast_all_reduce
         if fast is not None and x.dim() == 2 and x.is_cuda:
             # the product written straight into the shared buffer
@@ -264,7 +264,7 @@ class ParallelLMHead(_VocabParallel):
         super().__init__(vocab_size, hidden_size, name, parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
         if not self.parallel.is_parallel:
-            return logits
+            return ops.linear(hidden, self.weight)  # single-row decode: the fused GEMV (faster on the H200)
+        logits = F.linear(hidden, self.weight)
         return all_gather(logits, self.parallel, dim=-1)[..., : self.vocab_size]

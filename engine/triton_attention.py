@@ -37,7 +37,12 @@ from llmdeploy_engine.attention import AttentionMetadata
 
 TILE_TOKENS = 64
 MAX_SPLITS = 32
-MIN_SPLIT_TOKENS = 256  # below this a split's partial result costs more than its parallelism gains
+# splits of at least 64 tokens, and none below a 256-token context: single-sequence decode on the
+# H200 inside a CUDA graph (benchmarks/gpu_decode_small.py, docs/gpu-notes.md v5) ran fastest with
+# 64-token splits from 256 tokens on (0.5B layer at 512: 6.7 -> 4.4 us; 8B: 8.4 -> 5.3 us), while at
+# 128 tokens one program per KV head beat any split (the merge costs more than it saves)
+MIN_SPLIT_TOKENS = 64
+MIN_SPLIT_CONTEXT = 256
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -378,8 +383,10 @@ def choose_num_splits(
 ) -> int:
     """Context splits per (sequence, KV head): enough programs to fill the SMs' resident slots once
     (a first wave that fills >= 90 % of them is not split further: each split adds a pipeline fill
-    and a share of the merge), each split at least MIN_SPLIT_TOKENS long, a power of two (the merge
-    kernel's tile). From shapes only."""
+    and a share of the merge), each split at least MIN_SPLIT_TOKENS long and none below a
+    MIN_SPLIT_CONTEXT-token context, a power of two (the merge kernel's tile). From shapes only."""
+    if max_context < MIN_SPLIT_CONTEXT:
+        return 1
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
     slots = 0.9 * programs_per_sm * sms
     want = min(

@@ -1,6 +1,11 @@
 """Skinny GEMM kernels for mid-size decode batches (Triton): y = x @ w.T for 9..64 rows, with the
 elementwise op before the projection fused into the same launch.
 
+Not dispatched: on the H200 (benchmarks/gpu_skinny.py, run 11, docs/gpu-notes.md v5) these kernels
+ran slower than cuBLAS plus the separate norm / SiLU kernels on every shape but the 0.5B o_proj
+(0.16-0.75x at 16-64 rows), so `ops` sends only single-row products to triton_gemv and keeps cuBLAS
+for more rows; the module, its tests and the sweep stay for the next attempt (see the notes).
+
 - `linear`: x @ w.T (+ bias), written in x's dtype, float32 (the LM head's logits) or into `out`
   (a [M, N] view with any row stride: the tensor-parallel all-reduce buffer).
 - `add_rms_norm_linear`: the residual add and RMSNorm of `triton_ops.add_rms_norm` (same roundings),
