@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -154,8 +154,38 @@ elif [ "$phase" = gemv ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -32
     done
     (cd "$out" && tar czf gemv_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
+elif [ "$phase" = final5 ]; then
+    # one call (~8 min, v5): GPU 0 gpu_bench.py (both models, no transformers peer: it does not depend
+    # on the engine and run 9 measured it) then gpu_fp8.py; GPU 1 the planner's GPU check alone (other
+    # processes on the GPU would count in its non-torch memory), the kernel tests not seen in run 11,
+    # then gpu_spec.py; then both GPUs: the bf16 tensor-parallel tests (one sequence: fused GEMVs) and
+    # the graph test, then gpu_tp.py. Logs archived.
+    g=tests/engine_gpu
+    (CUDA_VISIBLE_DEVICES=0 timeout 235 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_fp8.py --kv-dtypes auto,fp8_e4m3,fp8_e5m2 \
+        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log") &
+    (tests 1 planner 60 tests/planner/test_builtin_engine_gpu.py
+     tests 1 kernels 150 $g/test_triton_attention.py $g/test_triton_varlen.py $g/test_fused_decode_ops.py \
+        $g/test_triton_ops.py $g/test_varlen_metadata.py
+     CUDA_VISIBLE_DEVICES=1 timeout 70 python3 benchmarks/gpu_spec.py --repeats 1 --out "$out/gpu_spec.json" \
+        >"$out/gpu_spec.log" 2>&1; echo "exit $?" >>"$out/gpu_spec.log") &
+    wait
+    echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
+    tests 0,1 tp 120 "$g/test_tensor_parallel_gpu.py::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]" \
+        "$g/test_tensor_parallel_gpu.py::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]" -vv
+    CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
+        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
+    echo "exit $?" >>"$out/gpu_tp.log"
+    summary "$out"/t_*.log
+    grep -a -E "PASSED|FAILED" "$out/t_tp.log" | tail -5
+    for f in gpu_fp8 gpu_spec gpu_tp gpu_bench; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -28
+    done
+    (cd "$out" && tar czf final5_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
