@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -184,8 +184,21 @@ elif [ "$phase" = final5 ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -28
     done
     (cd "$out" && tar czf final5_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
+elif [ "$phase" = tests5 ]; then
+    # the GPU tests runs 11 and 12 left unfinished (time limits, not failures): the tensor-parallel
+    # graph test, and the kernel tests after test_triton_attention's fp8 tuning cases, in three
+    # processes at once (the kernel tests need little GPU memory)
+    g=tests/engine_gpu
+    (tests 0,1 tp 250 "$g/test_tensor_parallel_gpu.py::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]" \
+        "$g/test_tensor_parallel_gpu.py::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[2]" -vv --durations=5) &
+    (tests 0 attention 250 $g/test_triton_attention.py --durations=5) &
+    (tests 1 kernels 250 $g/test_triton_varlen.py $g/test_fused_decode_ops.py $g/test_triton_ops.py \
+        $g/test_varlen_metadata.py --durations=5) &
+    wait
+    summary "$out"/t_*.log
+    grep -a -E "PASSED|FAILED" "$out/t_tp.log" | tail -5
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
