@@ -53,19 +53,37 @@ class VarlenMetadata:
     max_query_len: int  # host bound on query_len: sizes the launch grid without reading the device
 
 
+def pack_aligned(parts: list[list[int]], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """The parts as 1-D tensors on device from one host-to-device copy, each starting on a 16-byte
+    boundary of the buffer. Triton specialises pointer arguments on 16-byte alignment, so parts at
+    arbitrary offsets compiled new kernel variants in the middle of serving whenever the sizes'
+    residues changed (a 0.6 s stall for Qwen2.5-0.5B, 1.1 s for Llama-3.1-8B in run 12: the varlen
+    kernel at the first step with n % 4 == 2 sequences)."""
+    per_16 = 16 // torch.empty(0, dtype=dtype).element_size()
+    flat: list[int] = []
+    starts = []
+    for part in parts:
+        starts.append(len(flat))
+        flat += part
+        flat += [0] * (-len(flat) % per_16)
+    buffer = torch.tensor(flat, dtype=dtype).to(device, non_blocking=True)  # one copy
+    return [buffer[start : start + len(part)] for start, part in zip(starts, parts, strict=True)]
+
+
 def build_varlen_metadata(batch: ForwardBatch, block_size: int, device: torch.device) -> VarlenMetadata:
     n = batch.num_seqs
     max_blocks = max((-(-c // block_size) for c in batch.context_len), default=0)
-    packed = list(batch.query_start) + list(batch.query_len) + list(batch.context_len)
+    tables: list[int] = []
     for i, table in enumerate(batch.block_tables):
         row = table[: -(-batch.context_len[i] // block_size)]
-        packed += row + [0] * (max_blocks - len(row))
-    flat = torch.tensor(packed, dtype=torch.int32).to(device, non_blocking=True)  # one copy
+        tables += row + [0] * (max_blocks - len(row))
+    parts = [list(batch.query_start), list(batch.query_len), list(batch.context_len), tables]
+    query_start, query_len, context_len, flat_tables = pack_aligned(parts, torch.int32, device)
     return VarlenMetadata(
-        query_start=flat[:n],
-        query_len=flat[n : 2 * n],
-        context_len=flat[2 * n : 3 * n],
-        block_tables=flat[3 * n :].view(n, max_blocks),
+        query_start=query_start,
+        query_len=query_len,
+        context_len=context_len,
+        block_tables=flat_tables.view(n, max_blocks),
         max_query_len=max(batch.query_len, default=0),
     )
 

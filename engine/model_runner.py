@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine import kv_cache
-from llmdeploy_engine.attention import build_attention_metadata, build_profile_metadata
+from llmdeploy_engine.attention import build_attention_metadata, build_profile_metadata, pack_aligned
 from llmdeploy_engine.config import EngineConfig, ModelConfig
 from llmdeploy_engine.distributed import (
     SINGLE,
@@ -418,15 +418,16 @@ class ModelRunner:
         """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""
         n = batch.num_tokens
         rows = batch.logit_rows()
-        # ids, positions and logit rows in one host-to-device copy
-        packed = torch.tensor(batch.input_ids + batch.positions + rows, dtype=torch.long)
-        packed = packed.to(self.device, non_blocking=True)
-        ids, positions = packed[:n], packed[n : 2 * n]
+        # ids, positions and logit rows in one host-to-device copy, each 16-byte aligned (Triton
+        # kernels reading positions would otherwise compile a variant per parity of n)
+        ids, positions, row_index = pack_aligned(
+            [batch.input_ids, batch.positions, rows], torch.long, self.device
+        )
         meta = build_attention_metadata(batch, self.block_size, self.device)
         hidden = self.model(ids, positions, meta, self.kv_caches)
         if len(rows) == n and rows == list(range(n)):
             return self.model.compute_logits(hidden)
-        return self.model.compute_logits(hidden[packed[2 * n :]])
+        return self.model.compute_logits(hidden[row_index])
 
     @torch.inference_mode()
     def execute_multi_step(

@@ -75,3 +75,29 @@ def test_lengths_fall_back_to_the_mask() -> None:
     )
     assert meta.decode_context_lens().tolist() == [3, 8]
     assert not meta.decodes_in_order  # the safe default: gather through decode_token_index
+
+
+def test_pack_aligned_parts_start_on_16_byte_boundaries() -> None:
+    """Triton specialises pointer arguments on 16-byte alignment: every part of a packed metadata
+    buffer must be aligned whatever the part lengths, or kernels compile new variants mid-serving."""
+    from llmdeploy_engine.attention import pack_aligned
+
+    for dtype in (torch.int32, torch.long):
+        for n in range(1, 10):
+            parts = [list(range(n)), list(range(100, 100 + n)), [7] * (2 * n + 1), []]
+            got = pack_aligned(parts, dtype, torch.device("cpu"))
+            assert [t.tolist() for t in got] == parts
+            assert all(t.dtype == dtype and t.data_ptr() % 16 == 0 for t in got)
+
+
+def test_varlen_metadata_pointers_aligned_for_every_batch_size() -> None:
+    from llmdeploy_engine.attention import build_varlen_metadata
+
+    for n in range(1, 10):
+        batch = make_batch([(3 * i, 2 + i % 3) for i in range(n)])
+        meta = build_varlen_metadata(batch, BLOCK_SIZE, torch.device("cpu"))
+        parts = (meta.query_start, meta.query_len, meta.context_len, meta.block_tables)
+        assert all(t.data_ptr() % 16 == 0 for t in parts), n
+        assert meta.query_len.tolist() == batch.query_len and meta.query_start.tolist() == batch.query_start
+        assert meta.context_len.tolist() == batch.context_len
+        assert meta.block_tables.shape[0] == n
