@@ -118,19 +118,18 @@ elif [ "$phase" = probe ]; then
     (cd "$out" && tar czf probe_logs.tgz ./*.log ./*.json && rm -f ./*.log ./*.json)
 elif [ "$phase" = gemv ]; then
     # GPU 0: the fused GEMV sweep, the single-sequence decode split sweep, then gpu_bench (single
+    # (run 11 also ran the 9-64-row skinny GEMM sweep, since removed: docs/gpu-notes.md v5)
     # stream of both models, the 0.5B's throughput); GPU 1: the single-GPU tests (-v: the last line
     # names a test that hangs); then the tensor-parallel tests on both GPUs. Logs archived.
     (CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_gemv.py --budget-s 60 >"$out/gpu_gemv.log" 2>&1
      echo "exit $?" >>"$out/gpu_gemv.log"
-     CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_skinny.py --budget-s 55 --out "$out" \
-        >"$out/gpu_skinny.log" 2>&1; echo "exit $?" >>"$out/gpu_skinny.log"
      CUDA_VISIBLE_DEVICES=0 timeout 45 python3 benchmarks/gpu_decode_small.py >"$out/gpu_decode_small.log" 2>&1
      echo "exit $?" >>"$out/gpu_decode_small.log"
      CUDA_VISIBLE_DEVICES=0 timeout 130 python3 benchmarks/gpu_bench.py --throughput-models qwen --no-peer --eager-phases \
         --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
     g=tests/engine_gpu
     (CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -v -rfE --tb=short -W ignore --noconftest \
-        -p no:cacheprovider --durations=15 $g/test_triton_gemv.py $g/test_triton_skinny.py \
+        -p no:cacheprovider --durations=15 $g/test_triton_gemv.py \
         $g/test_triton_attention.py $g/test_triton_varlen.py $g/test_fused_decode_ops.py $g/test_triton_ops.py \
         $g/test_varlen_metadata.py >"$out/t_kernels.log" 2>&1
      echo "exit $? (124: timed out)" >>"$out/t_kernels.log") &
@@ -149,7 +148,7 @@ elif [ "$phase" = gemv ]; then
         grep -a -E "FAILED|ERROR|passed|failed|^exit " "$out/$f.log" | tail -25
         tail -3 "$out/$f.log"
     done
-    for f in gpu_gemv gpu_skinny gpu_decode_small gpu_bench; do
+    for f in gpu_gemv gpu_decode_small gpu_bench; do
         echo "== $f"
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -32
     done

@@ -52,8 +52,8 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor) -> Any:
 
     One row only: on the H200 (docs/gpu-notes.md v5) the fused kernel beat cuBLAS plus the separate
     norm / SiLU kernels on every projection of both models at one row (1.0-1.9x), lost at four rows
-    on the 8B's large shapes (0.3-0.5x), and triton_skinny's 9-64-row kernels lost on almost every
-    shape (0.2-0.75x), so batches of more than one row keep cuBLAS."""
+    on the 8B's large shapes (0.3-0.5x), and a 9-64-row tensor-core version lost on almost every shape
+    (0.2-0.75x), so batches of more than one row keep cuBLAS."""
     global _gemv_kernels
     if (
         not FUSED_GEMV
