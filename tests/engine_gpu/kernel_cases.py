@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 
+import pytest
 import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter: slow, small shapes
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the module marks of every Triton kernel test file: on a CUDA GPU, or on the CPU under the interpreter
+TRITON_TEST_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
+    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs a CUDA GPU (or TRITON_INTERPRET=1)"),
+]
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 

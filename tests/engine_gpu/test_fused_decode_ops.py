@@ -5,21 +5,13 @@ path taking per-step context lengths and skipping the gather of in-order decodes
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
 from llmdeploy_engine import ops
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs a CUDA GPU (or TRITON_INTERPRET=1)"),
-]
+pytestmark = TRITON_TEST_MARKS
 DTYPES = [torch.float32] if INTERPRET else [torch.bfloat16, torch.float16, torch.float32]
 
 

@@ -4,20 +4,12 @@ the drop-in `paged_attention_triton` against the pure-torch `paged_attention` on
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
+from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
 from llmdeploy_engine.attention import AttentionMetadata
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter: slow, small shapes
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs a CUDA GPU (or TRITON_INTERPRET=1)"),
-]
+pytestmark = TRITON_TEST_MARKS
 
 
 def reference(q, k_cache, v_cache, tables, lengths, scale):  # type: ignore[no-untyped-def]

@@ -6,21 +6,12 @@ tables; bf16/fp16; fp8 e4m3/e5m2 caches with scales), and the whole dispatch thr
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
-from kernel_cases import FP8, make_batch, reference, rel_err
+from kernel_cases import DEVICE, FP8, INTERPRET, TRITON_TEST_MARKS, make_batch, reference, rel_err
 from llmdeploy_engine.attention import VarlenMetadata
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter: slow, small shapes
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs a CUDA GPU (or TRITON_INTERPRET=1)"),
-]
+pytestmark = TRITON_TEST_MARKS
 
 # (query_len, context_len per sequence, num_heads, num_kv_heads, head_dim, block_size)
 CASES = [
