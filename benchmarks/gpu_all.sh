@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -196,8 +196,42 @@ elif [ "$phase" = tests5 ]; then
     wait
     summary "$out"/t_*.log
     grep -a -E "PASSED|FAILED" "$out/t_tp.log" | tail -5
+elif [ "$phase" = pdl ]; then
+    # one call (~8 min, v6): GPU 0 the single streams with programmatic dependent launch off
+    # (LLMDEPLOY_PDL=0), then gpu_bench.py with it on (both models, single stream and 256 requests, no
+    # transformers peer), then gpu_fp8.py; GPU 1 the PDL race test, the engine and kernel GPU tests,
+    # then gpu_spec.py; then both GPUs: two tensor-parallel tests and gpu_tp.py. Logs archived.
+    g=tests/engine_gpu
+    mkdir -p "$out/nopdl"
+    (CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_PDL=0 timeout 150 python3 benchmarks/gpu_bench.py --no-peer \
+        --throughput-models none --out "$out/nopdl" ${ARGS:-} >"$out/gpu_bench_nopdl.log" 2>&1
+     echo "exit $?" >>"$out/gpu_bench_nopdl.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 235 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_fp8.py --kv-dtypes auto,fp8_e4m3,fp8_e5m2 \
+        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log") &
+    (tests 1 engine 250 $g/test_pdl_gpu.py $g/test_cuda_graph_runner.py $g/test_triton_engine.py \
+        $g/test_multi_step_gpu.py $g/test_spec_decode_gpu.py $g/test_fp8_kv_cache_gpu.py $g/test_graph_pick.py \
+        $g/test_fused_decode_ops.py $g/test_triton_ops.py $g/test_triton_gemv.py -v --durations=5
+     CUDA_VISIBLE_DEVICES=1 timeout 70 python3 benchmarks/gpu_spec.py --repeats 1 --out "$out/gpu_spec.json" \
+        >"$out/gpu_spec.log" 2>&1; echo "exit $?" >>"$out/gpu_spec.log") &
+    wait
+    echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
+    tests 0,1 tp 120 "$g/test_tensor_parallel_gpu.py::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]" \
+        "$g/test_tensor_parallel_gpu.py::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]" -vv
+    CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
+        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
+    echo "exit $?" >>"$out/gpu_tp.log"
+    summary "$out"/t_*.log
+    grep -a -E "PASSED|FAILED" "$out/t_tp.log" | tail -5
+    grep -a -E "FAILED|ERROR" "$out/t_engine.log" | head -20
+    for f in gpu_fp8 gpu_spec gpu_tp gpu_bench_nopdl gpu_bench; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -28
+    done
+    (cd "$out" && tar czf pdl_logs.tgz ./*.log ./*.json ./nopdl && rm -rf ./*.log ./*.json ./nopdl)
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -710,6 +711,8 @@ def main() -> None:
 
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, {name}")
+    switches = ("LLMDEPLOY_PDL", "LLMDEPLOY_FUSED_GEMV", "LLMDEPLOY_TP_ALLREDUCE")
+    log("engine switches: " + ", ".join(f"{k}={os.environ.get(k, '(default)')}" for k in switches))
     bandwidth = copy_bandwidth_bytes_per_s(args.device, 2**32 if args.device == "cuda" else 2**26)
     log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")
     for key in args.models.split(","):

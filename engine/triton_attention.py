@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from llmdeploy_engine import triton_pdl
 from llmdeploy_engine.attention import AttentionMetadata
 
 TILE_TOKENS = 64
@@ -292,7 +293,9 @@ def _paged_decode_kernel(
     E5M2: tl.constexpr,
     STAGES: tl.constexpr,
     SUM_AT_END: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    triton_pdl.start(USE_PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -360,7 +363,9 @@ def _merge_splits_kernel(
     num_heads,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    triton_pdl.start(USE_PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)
@@ -495,6 +500,7 @@ def paged_decode(
     else:
         part_o = part_lse = out  # not touched
     dummy = context_lens
+    pdl = triton_pdl.launch_args(q)
     _paged_decode_kernel[(n, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -532,6 +538,7 @@ def paged_decode(
         SUM_AT_END=row_sum_at_end,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl,
         **({"maxnreg": max_registers} if max_registers and q.device.type == "cuda" else {}),
     )
     if num_splits > 1:
@@ -544,6 +551,7 @@ def paged_decode(
             num_heads,
             HEAD_DIM=head_dim,
             NUM_SPLITS=num_splits,
+            **pdl,
         )
     return out
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
+from llmdeploy_engine import triton_pdl
 
 MAX_ROWS = 8
 NUM_SMS_DEFAULT = 132  # H200; the heuristic sizes BLOCK_N to fill the device's SMs
@@ -196,7 +197,9 @@ def _gemv_kernel(
     MODE: tl.constexpr,  # 0: reduce every step, 1: deferred reduce, 2: tl.dot
     PREFETCH: tl.constexpr,  # load the next weight tile before using this one
     IEEE: tl.constexpr,  # float32 inputs (the interpreter's tests): no tf32 in the dot
+    USE_PDL: tl.constexpr,  # programmatic dependent launch (triton_pdl)
 ):
+    triton_pdl.trigger(USE_PDL)
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     rmask = rows < M
@@ -209,6 +212,9 @@ def _gemv_kernel(
     if PREFETCH:
         # the first tile is in flight while the norm's variance is computed
         w_next = _load_w(w_rows, ks, cmask, K, not EVEN_N, not EVEN_K)
+    # no kernel writes the weights: only the activations (and every store) wait for the
+    # predecessor, so the first tile streams in while it finishes
+    triton_pdl.wait(USE_PDL)
 
     if PROLOGUE == 1:
         # the row's variance over all of K, as triton_ops._add_rms_norm_kernel computes it
@@ -493,6 +499,7 @@ def _launch(
         IEEE=x.dtype == torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **triton_pdl.launch_args(x),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from llmdeploy_engine import triton_pdl
 
 
 @triton.jit
@@ -31,7 +32,9 @@ def _add_rms_norm_kernel(
     stride_s,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    triton_pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -94,6 +97,7 @@ def add_rms_norm(
             HAS_RESIDUAL=residual is not None,
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
+            **triton_pdl.launch_args(x2),
         )
     if residual is None:
         return out.view(shape), x
@@ -201,7 +205,8 @@ def apply_rope(
 
 
 @triton.jit
-def _rope_tables_kernel(pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr):
+def _rope_tables_kernel(pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr, USE_PDL: tl.constexpr):
+    triton_pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, HALF)
     # the same float32 product as the torch twin, then cos / sin in float32, one rounding
@@ -226,7 +231,9 @@ def rope_tables(
     cos = torch.empty((n, 1, 2 * half), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
     if n:
-        _rope_tables_kernel[(n,)](positions, inv_freq.contiguous(), cos, sin, HALF=half, num_warps=1)
+        _rope_tables_kernel[(n,)](
+            positions, inv_freq.contiguous(), cos, sin, HALF=half, num_warps=1, **triton_pdl.launch_args(cos)
+        )
     return cos, sin
 
 
@@ -240,7 +247,9 @@ def _silu_mul_kernel(
     stride_u,
     stride_o,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    triton_pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = c < cols
@@ -279,6 +288,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             out.stride(0),
             BLOCK=block,
             num_warps=4,
+            **triton_pdl.launch_args(out),
         )
     return out.view(shape)
 
@@ -326,7 +336,9 @@ def _rope_cache_kernel(
     KV_HEADS_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    triton_pdl.start(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, HALF)
     cos = tl.load(cos_ptr + tok * stride_cn + d).to(tl.float32)[None, :]
@@ -456,5 +468,6 @@ def rope_and_cache(
             BLOCK_SIZE=k_cache.shape[1],
             FP8=fp8,
             num_warps=4,
+            **triton_pdl.launch_args(q_out),
         )
     return q_out, k_out
