@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -230,8 +230,46 @@ elif [ "$phase" = pdl ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -28
     done
     (cd "$out" && tar czf pdl_logs.tgz ./*.log ./*.json ./nopdl && rm -rf ./*.log ./*.json ./nopdl)
+elif [ "$phase" = fused ]; then
+    # one call (~9 min, v6): GPU 0 the single streams as run 14 ran them (RoPE + KV store and the
+    # split merge as their own launches: LLMDEPLOY_FUSED_DECODE=0 LLMDEPLOY_DECODE_MERGE=launch), then
+    # gpu_bench.py with the defaults (both fused into the decode kernel; single stream and 256
+    # requests of both models, no peer), then gpu_fp8.py; GPU 1 the kernel and engine GPU tests, then
+    # the single streams with only the merge as its own launch; then both GPUs: gpu_tp.py and the
+    # tensor-parallel tests. Logs archived.
+    g=tests/engine_gpu
+    mkdir -p "$out/unfused" "$out/mergelaunch"
+    (CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_FUSED_DECODE=0 LLMDEPLOY_DECODE_MERGE=launch timeout 150 \
+        python3 benchmarks/gpu_bench.py --no-peer --throughput-models none --out "$out/unfused" ${ARGS:-} \
+        >"$out/gpu_bench_unfused.log" 2>&1; echo "exit $?" >>"$out/gpu_bench_unfused.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 235 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_fp8.py --kv-dtypes auto,fp8_e4m3,fp8_e5m2 \
+        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log") &
+    (tests 1 engine 230 $g/test_fused_decode_ops.py $g/test_pdl_gpu.py $g/test_cuda_graph_runner.py \
+        $g/test_triton_engine.py $g/test_multi_step_gpu.py $g/test_spec_decode_gpu.py $g/test_fp8_kv_cache_gpu.py \
+        $g/test_graph_pick.py $g/test_triton_attention.py -k "not tuning_configs" --durations=5
+     CUDA_VISIBLE_DEVICES=1 LLMDEPLOY_DECODE_MERGE=launch timeout 150 python3 benchmarks/gpu_bench.py --no-peer \
+        --throughput-models none --out "$out/mergelaunch" ${ARGS:-} >"$out/gpu_bench_mergelaunch.log" 2>&1
+     echo "exit $?" >>"$out/gpu_bench_mergelaunch.log") &
+    wait
+    echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 80 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
+        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
+    echo "exit $?" >>"$out/gpu_tp.log"
+    left=$((570 - $(date +%s) + start))
+    tests 0,1 tp $((left > 30 ? left : 30)) "$g/test_tensor_parallel_gpu.py::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]" \
+        "$g/test_tensor_parallel_gpu.py::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]" -vv
+    summary "$out"/t_*.log
+    grep -a -E "PASSED|FAILED" "$out/t_tp.log" | tail -5
+    grep -a -E "^(FAILED|ERROR)" "$out/t_engine.log" | head -30
+    for f in gpu_fp8 gpu_tp gpu_bench_unfused gpu_bench_mergelaunch gpu_bench; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -22
+    done
+    (cd "$out" && tar czf fused_logs.tgz ./*.log ./*.json ./unfused ./mergelaunch && rm -rf ./*.log ./*.json ./unfused ./mergelaunch)
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

@@ -20,6 +20,7 @@ fp8 caches; this module's torch code stays the reference and the CPU path.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ import torch.nn.functional as F
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.kv_cache import read_blocks, write_kv
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# RoPE + KV store + decode attention in one launch on CUDA (fused_rope_decode); "0": two launches
+FUSED_DECODE = os.environ.get("LLMDEPLOY_FUSED_DECODE", "1") != "0"
 
 # cuDNN attention builds a graph per new shape; decode contexts change shape every step, so leave it out
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -101,6 +105,10 @@ class AttentionMetadata:
     decode_lengths: torch.Tensor | None = None
     # host fact: decode_token_index is arange(num_decodes), so the decodes' queries are q[:num_decodes]
     decodes_in_order: bool = False
+    # host fact: every decode row is a different sequence (not so when CUDA graphs replay speculative
+    # verification, where a sequence's new tokens are rows that read each other's new K/V), so one
+    # launch may store each row's K/V and attend (fused_rope_decode)
+    decode_one_token_per_seq: bool = False
 
     @property
     def num_decodes(self) -> int:
@@ -144,6 +152,7 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
         prefills=tuple(prefills),
         decode_lengths=lengths,
         decodes_in_order=decode_tokens == list(range(len(decode_tokens))),
+        decode_one_token_per_seq=True,  # decode rows are the sequences with query_len 1
         varlen=build_varlen_metadata(batch, block_size, device)
         if device.type == "cuda" and prefills
         else None,
@@ -191,6 +200,50 @@ def paged_attention(
             )
     with sdpa_kernel(_SDPA_BACKENDS):
         return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written)
+
+
+def fused_rope_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
+    meta: AttentionMetadata,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """RoPE on q and the new k, the KV-cache store and decode attention in one Triton launch
+    (triton_attention.paged_decode with `rope`), for decode-only batches of 16-bit CUDA queries with
+    one token per sequence, in order. Returns None where that does not apply; the caller then runs
+    ops.rope_and_cache and paged_attention, which compute the same bits in two launches.
+    LLMDEPLOY_FUSED_DECODE=0 turns it off."""
+    if not FUSED_DECODE or not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if kv_cache is None or meta.slot_mapping is None or meta.prefills:
+        return None
+    n = meta.num_decodes
+    if not (meta.decode_one_token_per_seq and meta.decodes_in_order and n == q.shape[0] and n > 0):
+        return None
+    half = q.shape[-1] // 2
+    if half & (half - 1):
+        return None
+    triton_path = _triton_attention()
+    if triton_path is None or not triton_path.supports(q, kv_cache, meta):
+        return None
+    out: torch.Tensor = triton_path.paged_decode(
+        q,
+        kv_cache[0],
+        kv_cache[1],
+        meta.decode_blocks.view(n, -1),
+        meta.decode_context_lens(),
+        scale,
+        k_scale,
+        v_scale,
+        rope=triton_path.RopeStore(k, v, cos, sin, meta.slot_mapping),
+    )
+    return out
 
 
 def _triton_attention() -> Any:

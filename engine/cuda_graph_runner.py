@@ -79,8 +79,11 @@ class CaptureReport:
 class _DecodeGraph:
     """Static inputs (one packed int64 buffer, so a step needs one host-to-device copy) and the graph."""
 
-    def __init__(self, batch_size: int, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self, batch_size: int, num_blocks: int, block_size: int, device: torch.device, one_token_per_seq: bool
+    ) -> None:
         self.batch_size, self.num_blocks = batch_size, num_blocks
+        self.one_token_per_seq = one_token_per_seq
         b = batch_size
         self.packed = torch.zeros(b * (4 + num_blocks), dtype=torch.long, device=device)
         self.ids, self.positions = self.packed[:b], self.packed[b : 2 * b]
@@ -103,6 +106,7 @@ class _DecodeGraph:
             prefills=(),
             decode_lengths=self.lengths.to(torch.int32),  # inside the capture: once per replay
             decodes_in_order=True,  # token_index is arange(batch_size)
+            decode_one_token_per_seq=self.one_token_per_seq,
         )
 
 
@@ -117,9 +121,19 @@ class CudaGraphRunner:
         batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
         max_blocks: int | None = None,
         logits_max_batch: int = CUDA_GRAPH_LOGITS_MAX_BATCH,
+        multi_token_rows: bool | None = None,
     ) -> None:
+        """multi_token_rows: whether steps of several new tokens per sequence (speculative verification)
+        replay the graphs; None: when the runner's config has a speculative_config. Graphs without
+        them run RoPE, the KV store and decode attention in one kernel (attention.fused_rope_decode);
+        with them those stay two launches, as a row reads the K/V other rows store."""
         if runner.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
+        if multi_token_rows is None:
+            multi_token_rows = (
+                getattr(getattr(runner, "config", None), "speculative_config", None) is not None
+            )
+        self.multi_token_rows = multi_token_rows
         self.runner = runner
         self.block_size: int = runner.block_size
         if max_blocks is None:
@@ -197,7 +211,7 @@ class CudaGraphRunner:
         # largest first, so smaller graphs reuse the pool's blocks
         for b in sorted(self.batch_sizes, reverse=True):
             for nb in sorted(self.block_buckets, reverse=True):
-                g = _DecodeGraph(b, nb, self.block_size, device)
+                g = _DecodeGraph(b, nb, self.block_size, device, one_token_per_seq=not self.multi_token_rows)
                 with_logits = b <= self.logits_max_batch
                 side.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(side):  # warm-up outside the capture (library handles, workspaces)
@@ -232,6 +246,8 @@ class CudaGraphRunner:
         q = batch.query_len[0]
         if any(x != q for x in batch.query_len) or any(c <= q for c in batch.context_len):
             return None
+        if q > 1 and not self.multi_token_rows:
+            return None  # these graphs fuse the KV store into attention: one token per sequence only
         if batch.sample_indices != list(range(n)):
             return None
         need = -(-max(batch.context_len) // self.block_size)

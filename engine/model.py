@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 from llmdeploy_engine import ops
-from llmdeploy_engine.attention import AttentionMetadata, paged_attention
+from llmdeploy_engine.attention import AttentionMetadata, fused_rope_decode, paged_attention
 from llmdeploy_engine.config import ModelConfig, RopeScaling
 from llmdeploy_engine.distributed import SINGLE, ParallelState
 from llmdeploy_engine.kv_cache import KVAmaxObserver
@@ -112,6 +112,13 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         slots = meta.slot_mapping
         written = kv_cache is not None and slots is not None
+        if written and self.kv_observer is None:
+            # decode steps on the GPU: RoPE, the KV-cache store and attention in one kernel
+            fused = fused_rope_decode(
+                q, k, v, cos, sin, kv_cache, meta, self.scale, self.k_scale, self.v_scale
+            )
+            if fused is not None:
+                return self.o_proj(fused.reshape(n, self.num_heads * c.head_dim)), residual
         if kv_cache is not None and slots is not None:
             # RoPE and the KV-cache write in one step (one kernel on the GPU); attention only reads
             q, k = ops.rope_and_cache(q, k, v, cos, sin, kv_cache, slots, self.k_scale, self.v_scale)

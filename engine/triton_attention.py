@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,11 @@ MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 64
 MIN_SPLIT_CONTEXT = 256
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# split decode merges its splits in the decode kernel (the last program of each sequence and KV head
+# to finish, through a counter) instead of a second launch; LLMDEPLOY_DECODE_MERGE=launch: the
+# separate _merge_splits_kernel
+MERGE_IN_KERNEL = os.environ.get("LLMDEPLOY_DECODE_MERGE", "kernel") != "launch"
+SPLIT_COUNTERS = 1 << 16  # (sequence, KV head) pairs the in-kernel merge serves
 
 
 @dataclass(frozen=True)
@@ -257,6 +263,69 @@ def _decode_tile(q, acc, m_i, l_i, start, hi, k_ptr, v_ptr, table_row, kv_off, q
     return acc, m_new, l_i
 
 
+@triton.jit
+def _rope_query_store_kv(
+    q_ptr, nk_ptr, nv_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, slots_ptr, k_scale_ptr, v_scale_ptr, seq, kv_head,
+    heads, gmask, writer, stride_qn, stride_qh, stride_nkn, stride_nkh, stride_nvn, stride_nvh, stride_cn,
+    stride_sn, stride_kb, stride_kt, stride_kh, FP8_MAX, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr,
+):  # fmt: skip
+    """The fused decode's prologue (triton_ops._rope_cache_kernel's arithmetic and roundings, so the
+    cache and the scores get the same bits): the program's query heads rotated, returned as the
+    [GROUP_PAD, HEAD_DIM] tile; when `writer` (the program whose split holds the new token) the new
+    token's k (rotated) and v of this KV head stored into its slot. A barrier then makes the store
+    visible to the program's own tile loads."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dh = tl.arange(0, HALF)
+    cos = tl.load(cos_ptr + seq * stride_cn + dh).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + seq * stride_sn + dh).to(tl.float32)[None, :]
+    base = q_ptr + seq * stride_qn + heads[:, None] * stride_qh + dh[None, :]
+    x1 = tl.load(base, mask=gmask[:, None], other=0.0)
+    x2 = tl.load(base + HALF, mask=gmask[:, None], other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    q1 = (a * cos - b * sin).to(x1.dtype)
+    q2 = (b * cos + a * sin).to(x1.dtype)
+    # [rows, HALF] x 2 -> [rows, 2, HALF] -> [rows, HEAD_DIM]: the halves side by side
+    q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, HEAD_DIM))
+    if writer:
+        slot = tl.load(slots_ptr + seq).to(tl.int64)
+        cm = (dh >= 0)[None, :] & (slot >= 0)  # negative slots are skipped, as write_kv does
+        kb = nk_ptr + seq * stride_nkn + kv_head * stride_nkh + dh[None, :]
+        y1 = tl.load(kb)
+        y2 = tl.load(kb + HALF)
+        ka, kb2 = y1.to(tl.float32), y2.to(tl.float32)
+        k1 = (ka * cos - kb2 * sin).to(y1.dtype)
+        k2 = (kb2 * cos + ka * sin).to(y1.dtype)
+        vb = nv_ptr + seq * stride_nvn + kv_head * stride_nvh + dh[None, :]
+        v1 = tl.load(vb)
+        v2 = tl.load(vb + HALF)
+        dst = (
+            (slot // BLOCK_SIZE) * stride_kb
+            + (slot % BLOCK_SIZE) * stride_kt
+            + kv_head * stride_kh
+            + dh[None, :]
+        )
+        ty = kc_ptr.dtype.element_ty
+        if FP8:
+            ks = tl.load(k_scale_ptr)
+            vs = tl.load(v_scale_ptr)
+            k1 = tl.clamp(tl.div_rn(k1.to(tl.float32), ks), -FP8_MAX, FP8_MAX)
+            k2 = tl.clamp(tl.div_rn(k2.to(tl.float32), ks), -FP8_MAX, FP8_MAX)
+            v1 = tl.clamp(tl.div_rn(v1.to(tl.float32), vs), -FP8_MAX, FP8_MAX)
+            v2 = tl.clamp(tl.div_rn(v2.to(tl.float32), vs), -FP8_MAX, FP8_MAX)
+            tl.store(kc_ptr + dst, k1.to(ty, fp_downcast_rounding="rtne"), mask=cm)
+            tl.store(kc_ptr + dst + HALF, k2.to(ty, fp_downcast_rounding="rtne"), mask=cm)
+            tl.store(vc_ptr + dst, v1.to(ty, fp_downcast_rounding="rtne"), mask=cm)
+            tl.store(vc_ptr + dst + HALF, v2.to(ty, fp_downcast_rounding="rtne"), mask=cm)
+        else:
+            tl.store(kc_ptr + dst, k1.to(ty), mask=cm)
+            tl.store(kc_ptr + dst + HALF, k2.to(ty), mask=cm)
+            tl.store(vc_ptr + dst, v1.to(ty), mask=cm)
+            tl.store(vc_ptr + dst + HALF, v2.to(ty), mask=cm)
+    tl.debug_barrier()
+    return q
+
+
 @triton.jit(do_not_specialize=["stride_tn"])  # the block-table width varies by step (triton_varlen.py)
 def _paged_decode_kernel(
     q_ptr,
@@ -269,6 +338,12 @@ def _paged_decode_kernel(
     lengths_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    nk_ptr,  # ROPE: the new token's k and v ([n, kv_heads, head_dim] views), RoPE tables, slots
+    nv_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,
+    counters_ptr,  # MERGE: int32 [n * kv_heads] split counters, zero between launches
     scale,
     split_tokens,
     stride_qn,
@@ -279,6 +354,13 @@ def _paged_decode_kernel(
     stride_kt,
     stride_kh,
     stride_tn,
+    stride_nkn,
+    stride_nkh,
+    stride_nvn,
+    stride_nvh,
+    stride_cn,
+    stride_sn,
+    FP8_MAX,
     num_heads,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -293,6 +375,8 @@ def _paged_decode_kernel(
     E5M2: tl.constexpr,
     STAGES: tl.constexpr,
     SUM_AT_END: tl.constexpr,
+    ROPE: tl.constexpr,  # q unrotated: RoPE on q, and the new token's k/v stored, in this launch
+    MERGE: tl.constexpr,  # splits merged by the last program of each (sequence, KV head) to finish
     USE_PDL: tl.constexpr,
 ):
     triton_pdl.start(USE_PDL)
@@ -304,9 +388,17 @@ def _paged_decode_kernel(
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g
     gmask = g < GROUP
-    q = tl.load(
-        q_ptr + seq * stride_qn + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0
-    )
+    if ROPE:
+        q = _rope_query_store_kv(
+            q_ptr, nk_ptr, nv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slots_ptr, k_scale_ptr, v_scale_ptr, seq,
+            kv_head, heads, gmask, split == (ctx - 1) // split_tokens, stride_qn, stride_qh, stride_nkn,
+            stride_nkh, stride_nvn, stride_nvh, stride_cn, stride_sn, stride_kb, stride_kt, stride_kh, FP8_MAX,
+            GROUP_PAD, HEAD_DIM, BLOCK_SIZE, FP8,
+        )  # fmt: skip
+    else:
+        q = tl.load(
+            q_ptr + seq * stride_qn + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0
+        )
     qk_scale = scale * 1.4426950408889634  # log2(e): the softmax runs on exp2
     if FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
@@ -351,6 +443,41 @@ def _paged_decode_kernel(
         row = (seq * num_heads + heads) * NUM_SPLITS + split  # [n, num_heads, NUM_SPLITS]
         tl.store(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :], out, mask=gmask[:, None])
         tl.store(part_lse_ptr + row, lse, mask=gmask)
+        if MERGE:
+            # every thread's partial stores precede the counter's release; the program that counts
+            # last acquires them all and merges (what _merge_splits_kernel does, without its launch)
+            tl.debug_barrier()
+            count = counters_ptr + seq * tl.num_programs(1) + kv_head
+            done = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+            if done == NUM_SPLITS - 1:
+                mbase = (seq * num_heads + heads) * NUM_SPLITS  # [GROUP_PAD]
+                sp = tl.arange(0, NUM_SPLITS)
+                lses = tl.load(
+                    part_lse_ptr + mbase[:, None] + sp[None, :],
+                    mask=gmask[:, None],
+                    other=float("-inf"),
+                    cache_modifier=".cg",
+                )
+                top = tl.where(gmask, tl.max(lses, 1), 0.0)  # finite: a sequence has >= 1 key
+                merged = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+                wsum = tl.zeros([GROUP_PAD], tl.float32)
+                for j in tl.static_range(NUM_SPLITS):
+                    lse_j = tl.load(
+                        part_lse_ptr + mbase + j, mask=gmask, other=float("-inf"), cache_modifier=".cg"
+                    )
+                    w_j = tl.exp(lse_j - top)
+                    o_j = tl.load(
+                        part_o_ptr + (mbase + j)[:, None] * HEAD_DIM + d[None, :],
+                        mask=gmask[:, None],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                    merged += o_j * w_j[:, None]
+                    wsum += w_j
+                res = merged / tl.where(gmask, wsum, 1.0)[:, None]
+                o_off = seq * stride_on + heads[:, None] * stride_oh + d[None, :]
+                tl.store(o_ptr + o_off, res.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
+                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -376,6 +503,26 @@ def _merge_splits_kernel(
     parts = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :])
     out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
     tl.store(o_ptr + seq * stride_on + head * stride_oh + d, out.to(o_ptr.dtype.element_ty))
+
+
+_COUNTERS: dict[int, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, need: int) -> torch.Tensor | None:
+    """The device's int32 split counters for the in-kernel merge (zero between launches: the merging
+    program resets its own), allocated on first use outside a CUDA-graph capture (the graph runner's
+    warm-up runs every shape eagerly first); None where there are too few or none yet (the merge
+    then runs as its own launch)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    else:
+        index = -1  # the Triton interpreter's CPU tensors
+    counters = _COUNTERS.get(index)
+    if counters is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = _COUNTERS[index] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return counters if need <= counters.numel() else None
 
 
 @functools.cache
@@ -435,6 +582,38 @@ def fp8_cvt_available(q: torch.Tensor, fp8: bool, fp16_dot: bool, tile_elements:
     )
 
 
+@dataclass(frozen=True)
+class RopeStore:
+    """What paged_decode needs to apply RoPE and store the new token itself: k and v [n, kv_heads,
+    head_dim] (unrotated k; strided views of the QKV output are fine), the step's cos / sin tables
+    ([n, ..., head_dim] with both halves equal, ops.rope_tables) and the new tokens' slots [n]
+    (negative: not stored)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+
+    def check(
+        self, n: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (self.k, self.v))
+        if k.shape != (n, num_kv_heads, head_dim) or v.shape != k.shape:
+            raise ValueError(f"rope: k and v must be [{n}, {num_kv_heads}, {head_dim}], got {tuple(k.shape)}")
+        half = head_dim // 2
+        if head_dim % 2 or half & (half - 1):
+            raise NotImplementedError(
+                f"not supported: fused RoPE needs a power-of-two head_dim/2, got {head_dim}"
+            )
+        cos, sin = self.cos.reshape(n, -1), self.sin.reshape(n, -1)
+        if cos.shape[1] != head_dim or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+            raise ValueError(f"rope: cos and sin must be [{n}, {head_dim}] rows, got {tuple(self.cos.shape)}")
+        if self.slots.shape != (n,):
+            raise ValueError(f"rope: slots must be [{n}], got {tuple(self.slots.shape)}")
+        return k, v, cos, sin, self.slots
+
+
 def paged_decode(
     q: torch.Tensor,  # [n, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -451,8 +630,12 @@ def paged_decode(
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
     fp8_cvt: str | None = None,  # one of FP8_CONVERSIONS; None: decode_config where the GPU has the cvt
     row_sum_at_end: bool | None = None,  # None: decode_config
+    rope: RopeStore | None = None,
 ) -> torch.Tensor:
-    """Attention of each sequence's one query token over its first context_lens[i] cached tokens."""
+    """Attention of each sequence's one query token over its first context_lens[i] cached tokens.
+    With `rope`, q is not yet rotated and the new token (position context_lens[i] - 1) is not yet in
+    the cache: the kernel applies RoPE to q and stores the rotated k and v into `rope.slots` first
+    (triton_ops.rope_and_cache's arithmetic), one launch for the three."""
     n, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kv_dim = k_cache.shape
     assert kv_dim == head_dim and num_heads % num_kv_heads == 0 and q.stride(-1) == 1
@@ -500,6 +683,12 @@ def paged_decode(
     else:
         part_o = part_lse = out  # not touched
     dummy = context_lens
+    if rope is not None:
+        nk, nv, cos, sin, slots = rope.check(n, num_kv_heads, head_dim)
+    else:
+        nk = nv = cos = sin = q  # not read
+        slots = dummy
+    counters = _split_counters(q.device, n * num_kv_heads) if num_splits > 1 and MERGE_IN_KERNEL else None
     pdl = triton_pdl.launch_args(q)
     _paged_decode_kernel[(n, num_kv_heads, num_splits)](
         q,
@@ -512,6 +701,12 @@ def paged_decode(
         context_lens,
         k_scale if fp8 else dummy,
         v_scale if fp8 else dummy,
+        nk,
+        nv,
+        cos,
+        sin,
+        slots,
+        counters if counters is not None else dummy,
         scale,
         split_tokens,
         q.stride(0),
@@ -522,6 +717,13 @@ def paged_decode(
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
+        nk.stride(0),
+        nk.stride(1),
+        nv.stride(0),
+        nv.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        float(torch.finfo(k_cache.dtype).max) if fp8 else 0.0,
         num_heads,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
@@ -536,12 +738,14 @@ def paged_decode(
         E5M2=k_cache.dtype == torch.float8_e5m2,
         STAGES=num_stages,
         SUM_AT_END=row_sum_at_end,
+        ROPE=rope is not None,
+        MERGE=counters is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl,
         **({"maxnreg": max_registers} if max_registers and q.device.type == "cuda" else {}),
     )
-    if num_splits > 1:
+    if num_splits > 1 and counters is None:
         _merge_splits_kernel[(n, num_heads)](
             part_o,
             part_lse,

@@ -77,7 +77,9 @@ def test_uniform_multi_token_steps_replay_and_match_eager(logits_max_batch: int)
             gpu_memory_utilization=0.3,
         )
     )
-    graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4, 8), logits_max_batch=logits_max_batch)
+    graphs = CudaGraphRunner(
+        runner, batch_sizes=(1, 2, 4, 8), logits_max_batch=logits_max_batch, multi_token_rows=True
+    )
     bs = runner.block_size
     gen = torch.Generator().manual_seed(2)
     lengths = [9, 40, 130]
@@ -101,3 +103,32 @@ def test_uniform_multi_token_steps_replay_and_match_eager(logits_max_batch: int)
         assert rel_err(ours, ref) < 3e-2, (step, rel_err(ours, ref))
         for i in active:
             ctx[i] += q
+
+
+def test_graphs_without_multi_token_rows_send_verification_steps_to_the_eager_runner() -> None:
+    """Graphs captured for one token per sequence fuse the KV store into the decode kernel, where a
+    row cannot read the K/V another row stores: q > 1 steps must not replay them."""
+    runner = ModelRunner(
+        EngineConfig(
+            model="random:Qwen/Qwen2.5-0.5B",
+            device="cuda",
+            dtype="bfloat16",
+            max_model_len=512,
+            max_num_seqs=4,
+            gpu_memory_utilization=0.3,
+        )
+    )
+    graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4))
+    assert not graphs.multi_token_rows  # no speculative_config
+    bs = runner.block_size
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    tables = [[0, 2, 4], [1, 3, 5]]
+    graphs.execute(batch_for(prompts, [0, 0], tables, bs))
+    batch = batch_for([[1, 2], [3, 4]], [5, 3], tables, bs)
+    batch = ForwardBatch(**{**vars(batch), "num_logits": [2, 2]})
+    ours = graphs.execute(batch).clone()
+    assert graphs.num_replays == 0
+    ref = runner.execute(batch)
+    assert torch.equal(ours, ref)
+    graphs.execute(batch_for([[int(ours[1].argmax())], [int(ours[3].argmax())]], [7, 5], tables, bs))
+    assert graphs.num_replays == 1

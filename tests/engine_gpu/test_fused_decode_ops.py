@@ -236,3 +236,72 @@ def test_model_rope_tables_use_the_kernel_and_match_the_torch_path() -> None:
     for a, b in zip(got, want, strict=True):
         assert a.is_cuda and a.shape == b.shape
         assert float((a.cpu().float() - b.float()).abs().max()) <= 2**-8
+
+
+FUSED_DECODE_CASES = [
+    # (contexts, num_heads, num_kv_heads, head_dim, block_size)
+    ([200], 14, 2, 64, 16),  # Qwen2.5-0.5B, one sequence
+    ([384], 32, 8, 128, 16),  # Llama-3.1-8B, one sequence (split at 256+)
+    ([80, 3, 17, 300, 2, 1000], 32, 8, 128, 16),
+    ([33, 64, 65], 16, 16, 32, 8),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] if INTERPRET else [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", FUSED_DECODE_CASES)
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=["model-dtype", "e4m3", "e5m2"])
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_decode_with_rope_and_store_matches_the_two_launches(
+    dtype: torch.dtype,
+    case: tuple[list[int], int, int, int, int],
+    cache_dtype: torch.dtype | None,
+    num_splits: int | None,
+) -> None:
+    """paged_decode with `rope` (RoPE on q and the new k, the store of k/v and attention in one
+    launch) gives the bits of rope_and_cache then paged_decode: the same output, the same cache bytes
+    (the new slots written, every other slot untouched); a negative slot is not stored."""
+    from llmdeploy_engine import triton_attention as ta
+    from llmdeploy_engine import triton_ops
+
+    if INTERPRET and cache_dtype is not None:
+        pytest.skip("fp8 casts: checked on the GPU only (see test_rope_and_cache_matches_rope_then_write)")
+    contexts, num_heads, num_kv_heads, head_dim, bs = case
+    cache_dtype = cache_dtype or dtype
+    n = len(contexts)
+    gen = torch.Generator().manual_seed(sum(contexts) + head_dim)
+    tables, next_block = [], 1
+    for c in contexts:
+        tables.append(list(range(next_block, next_block + -(-c // bs))))
+        next_block += len(tables[-1])
+    width = max(map(len, tables))
+    table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEVICE)
+    lengths = torch.tensor(contexts, dtype=torch.int32, device=DEVICE)
+    slots = [t[(c - 1) // bs] * bs + (c - 1) % bs for t, c in zip(tables, contexts, strict=True)]
+    if n > 2:
+        slots[1] = -1  # not stored: the kernel reads whatever the slot held
+    slot_t = torch.tensor(slots, device=DEVICE)
+    qkv = (torch.randn(n, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen) * 2).to(DEVICE, dtype)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
+    q = q.view(n, num_heads, head_dim)
+    k = k.view(n, num_kv_heads, head_dim)
+    v = v.view(n, num_kv_heads, head_dim)
+    cos64, sin64 = rope_tables(n, head_dim, gen)
+    cos, sin = cos64.to(DEVICE, dtype), sin64.to(DEVICE, dtype)
+    fill = torch.randn(next_block, bs, num_kv_heads, head_dim, generator=gen)
+    two = [tuple(fill.to(DEVICE, cache_dtype).clone() for _ in range(2)) for _ in range(2)]
+    scales = (torch.tensor([0.75], device=DEVICE), torch.tensor([1.5], device=DEVICE))
+    scale = head_dim**-0.5
+
+    q_rot, _ = triton_ops.rope_and_cache(q, k, v, cos, sin, two[0], slot_t, *scales)
+    want = ta.paged_decode(q_rot, *two[0], table_t, lengths, scale, *scales, num_splits=num_splits)
+    rope = ta.RopeStore(k, v, cos, sin, slot_t)
+    got = ta.paged_decode(q, *two[1], table_t, lengths, scale, *scales, num_splits=num_splits, rope=rope)
+    assert got.shape == want.shape and got.dtype == dtype and torch.isfinite(got).all()
+    assert torch.equal(got, want), float((got.float() - want.float()).abs().max())
+    for c_got, c_want in zip(two[1], two[0], strict=True):
+        assert torch.equal(c_got.view(torch.uint8), c_want.view(torch.uint8))
+    if n > 2:  # the skipped slot kept the fill
+        t, c = tables[1], contexts[1]
+        block, off = t[(c - 1) // bs], (c - 1) % bs
+        kept = fill[block, off].to(DEVICE, cache_dtype)
+        assert torch.equal(two[1][0][block, off].view(torch.uint8), kept.view(torch.uint8))

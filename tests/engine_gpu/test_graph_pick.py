@@ -7,8 +7,9 @@ from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 from llmdeploy_engine.forward_batch import ForwardBatch
 
 
-def picker() -> CudaGraphRunner:
+def picker(multi_token_rows: bool = True) -> CudaGraphRunner:
     r = CudaGraphRunner.__new__(CudaGraphRunner)
+    r.multi_token_rows = multi_token_rows
     r.block_size = 16
     r.batch_sizes = (1, 2, 4, 8)
     r.block_buckets = (8, 16, 32)
@@ -103,6 +104,15 @@ def test_uniform_multi_token_batches_use_the_graph_of_n_times_q_rows() -> None:
     assert r._pick(uniform([20, 40], 2, None)) == (4, 8)  # only the last token's logits
     assert r._pick(uniform([20, 40, 50], 3, [3, 3, 3])) is None  # 9 rows > 8
     assert r._pick(uniform([3, 40], 3, [3, 3])) is None  # no cached token before the first new one
+
+
+def test_graphs_for_one_token_per_sequence_take_only_decodes() -> None:
+    """Without multi-token rows the graphs fuse the KV store into the decode kernel (one token per
+    sequence): speculative-verification shapes run eagerly, decodes still replay."""
+    r = picker(multi_token_rows=False)
+    assert r._pick(uniform([20, 40], 3, [3, 3])) is None
+    assert r._pick(uniform([20], 2, [2])) is None
+    assert r._pick(decode([5, 200, 129])) == (4, 16)
 
 
 def test_pack_uniform_multi_token_rows() -> None:

@@ -148,6 +148,32 @@ def test_paged_decode_split_kv_and_fp8(case, dtypes) -> None:  # type: ignore[no
         assert err < tol, (num_splits, err)
 
 
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_in_kernel_merge_matches_the_merge_launch(case, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The splits merged by the decode kernel's last program (a counter per sequence and KV head)
+    give the separate merge kernel's result up to summation order, and leave every counter at zero
+    for the next launch (run twice: a counter left behind would skip or repeat the merge)."""
+    from kernel_cases import make_batch, rel_err
+    from llmdeploy_engine import triton_attention as ta
+
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    n, num_heads, num_kv_heads, head_dim, bs, max_ctx, splits = case
+    gen = torch.Generator().manual_seed(3 * n + max_ctx)
+    ctxs = torch.randint(1, max_ctx + 1, (n,), generator=gen).tolist()
+    ctxs[-1] = max_ctx
+    b = make_batch([1] * n, ctxs, num_heads, num_kv_heads, head_dim, bs, dtype, dtype, DEVICE, seed=n + 7)
+    lengths = torch.tensor(ctxs, device=DEVICE)
+    args = (b.q, b.k_cache, b.v_cache, b.tables, lengths, head_dim**-0.5, None, None, splits)
+    monkeypatch.setattr(ta, "MERGE_IN_KERNEL", False)
+    want = ta.paged_decode(*args)
+    monkeypatch.setattr(ta, "MERGE_IN_KERNEL", True)
+    for _ in range(2):
+        got = ta.paged_decode(*args)
+        counters = ta._split_counters(b.q.device, n * num_kv_heads)
+        assert counters is not None and int(counters.abs().sum()) == 0
+        assert rel_err(got, want) < (1e-6 if dtype == torch.float32 else 8e-3), rel_err(got, want)
+
+
 def test_choose_num_splits_from_shapes() -> None:
     from llmdeploy_engine.triton_attention import MAX_SPLITS, choose_num_splits
 

@@ -260,6 +260,7 @@ def cpu_graph_runner(runner: ModelRunner, logits_max_batch: int, monkeypatch: py
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
     g_runner = object.__new__(CpuGraphRunner)
     g_runner.runner = runner
+    g_runner.multi_token_rows = True  # the CPU path has no fused decode: every shape replays
     g_runner.block_size = runner.block_size
     g_runner.block_buckets = (8, 16, 32)
     g_runner.batch_sizes = (1, 2, 4, 8)
@@ -276,7 +277,7 @@ def cpu_graph_runner(runner: ModelRunner, logits_max_batch: int, monkeypatch: py
     g_runner._logits = torch.zeros(min(logits_max_batch, 8), vocab)
     for b in g_runner.batch_sizes:
         for nb in g_runner.block_buckets:
-            g = cgr._DecodeGraph(b, nb, runner.block_size, runner.device)
+            g = cgr._DecodeGraph(b, nb, runner.block_size, runner.device, one_token_per_seq=False)
             g.hidden = torch.zeros(b, runner.model_config.hidden_size)
             if b <= logits_max_batch:
                 g.logits = g_runner._logits[:b]
