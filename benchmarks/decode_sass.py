@@ -76,7 +76,7 @@ def compile_variant(
     const = {
         "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "TILE": tile, "NUM_SPLITS": splits,
         "FP8": fp8, "F16_DOT": fp8, "CVT_K": cvt == "kv", "CVT_V": cvt in ("v", "kv"), "E5M2": False,
-        "STAGES": stages, "SUM_AT_END": at_end, "USE_PDL": False,
+        "STAGES": stages, "SUM_AT_END": at_end, "ROPE": False, "MERGE": False, "FENCE": True, "USE_PDL": False,
     }  # fmt: skip
     fn = ta._paged_decode_kernel
     names = fn.arg_names

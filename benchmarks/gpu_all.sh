@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -268,8 +268,41 @@ elif [ "$phase" = fused ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -22
     done
     (cd "$out" && tar czf fused_logs.tgz ./*.log ./*.json ./unfused ./mergelaunch && rm -rf ./*.log ./*.json ./unfused ./mergelaunch)
+elif [ "$phase" = final6 ]; then
+    # one call (~8 min, v6): GPU 0 gpu_bench.py with the defaults (fused RoPE + KV store + decode,
+    # in-kernel split merge, PDL; both models, single stream and 256 requests, no peer), then the
+    # single streams with the merge as its own launch, then with both as their own launches (the
+    # three on one GPU, one after another); GPU 1 the GPU tests of the fused paths first, then the
+    # engine's, then gpu_fp8.py; then both GPUs: gpu_tp.py. Logs archived.
+    g=tests/engine_gpu
+    mkdir -p "$out/unfused" "$out/mergelaunch"
+    (CUDA_VISIBLE_DEVICES=0 timeout 235 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log"
+     CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_DECODE_MERGE=launch timeout 100 python3 benchmarks/gpu_bench.py --no-peer \
+        --throughput-models none --out "$out/mergelaunch" ${ARGS:-} >"$out/gpu_bench_mergelaunch.log" 2>&1
+     echo "exit $?" >>"$out/gpu_bench_mergelaunch.log"
+     CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_FUSED_DECODE=0 LLMDEPLOY_DECODE_MERGE=launch timeout 100 \
+        python3 benchmarks/gpu_bench.py --no-peer --throughput-models none --out "$out/unfused" ${ARGS:-} \
+        >"$out/gpu_bench_unfused.log" 2>&1; echo "exit $?" >>"$out/gpu_bench_unfused.log") &
+    (tests 1 engine 250 $g/test_fused_decode_ops.py $g/test_triton_attention.py $g/test_pdl_gpu.py \
+        $g/test_cuda_graph_runner.py $g/test_spec_decode_gpu.py $g/test_fp8_kv_cache_gpu.py $g/test_graph_pick.py \
+        $g/test_triton_engine.py $g/test_multi_step_gpu.py -k "not tuning_configs and not fp16_dots" -v
+     CUDA_VISIBLE_DEVICES=1 timeout 110 python3 benchmarks/gpu_fp8.py --kv-dtypes auto,fp8_e4m3,fp8_e5m2 \
+        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log") &
+    wait
+    echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 80 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
+        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
+    echo "exit $?" >>"$out/gpu_tp.log"
+    grep -a -c PASSED "$out/t_engine.log"
+    grep -a -E "FAILED|ERROR|^E  |passed|failed|^exit" "$out/t_engine.log" | head -40
+    for f in gpu_fp8 gpu_tp gpu_bench_unfused gpu_bench_mergelaunch gpu_bench; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -20
+    done
+    (cd "$out" && tar czf final6_logs.tgz ./*.log ./*.json ./unfused ./mergelaunch && rm -rf ./*.log ./*.json ./unfused ./mergelaunch)
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

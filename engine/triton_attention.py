@@ -264,11 +264,20 @@ def _decode_tile(q, acc, m_i, l_i, start, hi, k_ptr, v_ptr, table_row, kv_off, q
 
 
 @triton.jit
+def _gpu_fence(ON: tl.constexpr):
+    """fence.acq_rel.gpu (CUDA's __threadfence) where ON (a GPU, not the interpreter): this thread's
+    stores are performed at GPU scope (in L2) before its later memory operations. A CTA barrier alone
+    orders them only at CTA scope, and the decode loop's K/V tiles are read with L2-only async copies."""
+    if ON:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _rope_query_store_kv(
     q_ptr, nk_ptr, nv_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, slots_ptr, k_scale_ptr, v_scale_ptr, seq, kv_head,
     heads, gmask, writer, stride_qn, stride_qh, stride_nkn, stride_nkh, stride_nvn, stride_nvh, stride_cn,
     stride_sn, stride_kb, stride_kt, stride_kh, FP8_MAX, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, FP8: tl.constexpr, FENCE: tl.constexpr,
 ):  # fmt: skip
     """The fused decode's prologue (triton_ops._rope_cache_kernel's arithmetic and roundings, so the
     cache and the scores get the same bits): the program's query heads rotated, returned as the
@@ -322,6 +331,7 @@ def _rope_query_store_kv(
             tl.store(kc_ptr + dst + HALF, k2.to(ty), mask=cm)
             tl.store(vc_ptr + dst, v1.to(ty), mask=cm)
             tl.store(vc_ptr + dst + HALF, v2.to(ty), mask=cm)
+        _gpu_fence(FENCE)
     tl.debug_barrier()
     return q
 
@@ -377,6 +387,7 @@ def _paged_decode_kernel(
     SUM_AT_END: tl.constexpr,
     ROPE: tl.constexpr,  # q unrotated: RoPE on q, and the new token's k/v stored, in this launch
     MERGE: tl.constexpr,  # splits merged by the last program of each (sequence, KV head) to finish
+    FENCE: tl.constexpr,  # a GPU (fence.acq_rel.gpu), not Triton's interpreter
     USE_PDL: tl.constexpr,
 ):
     triton_pdl.start(USE_PDL)
@@ -393,7 +404,7 @@ def _paged_decode_kernel(
             q_ptr, nk_ptr, nv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slots_ptr, k_scale_ptr, v_scale_ptr, seq,
             kv_head, heads, gmask, split == (ctx - 1) // split_tokens, stride_qn, stride_qh, stride_nkn,
             stride_nkh, stride_nvn, stride_nvh, stride_cn, stride_sn, stride_kb, stride_kt, stride_kh, FP8_MAX,
-            GROUP_PAD, HEAD_DIM, BLOCK_SIZE, FP8,
+            GROUP_PAD, HEAD_DIM, BLOCK_SIZE, FP8, FENCE,
         )  # fmt: skip
     else:
         q = tl.load(
@@ -446,6 +457,7 @@ def _paged_decode_kernel(
         if MERGE:
             # every thread's partial stores precede the counter's release; the program that counts
             # last acquires them all and merges (what _merge_splits_kernel does, without its launch)
+            _gpu_fence(FENCE)  # the threadFenceReduction pattern: fence, barrier, one atomic
             tl.debug_barrier()
             count = counters_ptr + seq * tl.num_programs(1) + kv_head
             done = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
@@ -740,6 +752,7 @@ def paged_decode(
         SUM_AT_END=row_sum_at_end,
         ROPE=rope is not None,
         MERGE=counters is not None,
+        FENCE=q.is_cuda,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl,
