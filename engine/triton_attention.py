@@ -46,10 +46,12 @@ MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 64
 MIN_SPLIT_CONTEXT = 256
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-# split decode merges its splits in the decode kernel (the last program of each sequence and KV head
-# to finish, through a counter) instead of a second launch; LLMDEPLOY_DECODE_MERGE=launch: the
-# separate _merge_splits_kernel
-MERGE_IN_KERNEL = os.environ.get("LLMDEPLOY_DECODE_MERGE", "kernel") != "launch"
+# LLMDEPLOY_DECODE_MERGE=kernel: split decode merges its splits in the decode kernel (the last
+# program of each sequence and KV head to finish, through a counter: fence, barrier, atomic) instead
+# of the second launch (_merge_splits_kernel, the default). Measured slower on the H200 with PDL
+# (runs 15-16, docs/gpu-notes.md v6: 0.5B single stream 1,403-1,468 against 1,536-1,550 tok/s), so
+# it is off unless asked for.
+MERGE_IN_KERNEL = os.environ.get("LLMDEPLOY_DECODE_MERGE", "launch") == "kernel"
 SPLIT_COUNTERS = 1 << 16  # (sequence, KV head) pairs the in-kernel merge serves
 
 

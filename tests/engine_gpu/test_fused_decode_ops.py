@@ -258,8 +258,8 @@ def test_decode_with_rope_and_store_matches_the_two_launches(
     num_splits: int | None,
 ) -> None:
     """paged_decode with `rope` (RoPE on q and the new k, the store of k/v and attention in one
-    launch) gives the bits of rope_and_cache then paged_decode: the same output, the same cache bytes
-    (the new slots written, every other slot untouched); a negative slot is not stored."""
+    launch) against rope_and_cache then paged_decode: the same cache bytes (the new slots written,
+    every other slot untouched; a negative slot not stored) and the same output within one ulp."""
     from llmdeploy_engine import triton_attention as ta
     from llmdeploy_engine import triton_ops
 
@@ -296,10 +296,14 @@ def test_decode_with_rope_and_store_matches_the_two_launches(
     want = ta.paged_decode(q_rot, *two[0], table_t, lengths, scale, *scales, num_splits=num_splits)
     rope = ta.RopeStore(k, v, cos, sin, slot_t)
     got = ta.paged_decode(q, *two[1], table_t, lengths, scale, *scales, num_splits=num_splits, rope=rope)
-    assert got.shape == want.shape and got.dtype == dtype and torch.isfinite(got).all()
-    assert torch.equal(got, want), float((got.float() - want.float()).abs().max())
     for c_got, c_want in zip(two[1], two[0], strict=True):
         assert torch.equal(c_got.view(torch.uint8), c_want.view(torch.uint8))
+    assert got.shape == want.shape and got.dtype == dtype and torch.isfinite(got).all()
+    # bit-equal under the interpreter and with fp8 caches; with 16-bit caches on the H200 (runs 15-16)
+    # some outputs differ by up to one ulp: the rotated q reaches the dot from registers here and
+    # from memory there, and Triton lowers the two differently
+    diff = float((got.float() - want.float()).abs().max())
+    assert diff <= ulp(dtype) * float(want.float().abs().max()), diff
     if n > 2:  # the skipped slot kept the fill
         t, c = tables[1], contexts[1]
         block, off = t[(c - 1) // bs], (c - 1) % bs
