@@ -217,7 +217,8 @@ def fused_rope_decode(
     """RoPE on q and the new k, the KV-cache store and decode attention in one Triton launch
     (triton_attention.paged_decode with `rope`), for decode-only batches of 16-bit CUDA queries with
     one token per sequence, in order. Returns None where that does not apply; the caller then runs
-    ops.rope_and_cache and paged_attention, which compute the same bits in two launches.
+    ops.rope_and_cache and paged_attention in two launches, which store the same cache bytes and
+    give the same output within one ulp (docs/gpu-notes.md v6).
     LLMDEPLOY_FUSED_DECODE=0 turns it off."""
     if not FUSED_DECODE or not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
         return None

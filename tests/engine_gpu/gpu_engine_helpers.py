@@ -1,8 +1,28 @@
-"""Shared by the GPU engine tests (no CUDA needed to import): a ForwardBatch from per-sequence tokens."""
+"""Shared by the GPU engine tests (no CUDA needed to import): a ForwardBatch from per-sequence tokens,
+a runner of the random Qwen2.5-0.5B."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.model_runner import ModelRunner
+
+
+def qwen_runner(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat16", **config: Any) -> ModelRunner:
+    """A ModelRunner of random Qwen2.5-0.5B weights on the GPU, 30 % of its memory."""
+    return ModelRunner(
+        EngineConfig(
+            model="random:Qwen/Qwen2.5-0.5B",
+            device=config.pop("device", "cuda"),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=0.3,
+            **config,
+        )
+    )
 
 
 def batch_for(tokens: list[list[int]], starts: list[int], tables: list[list[int]], bs: int) -> ForwardBatch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_engine_helpers import batch_for
+from gpu_engine_helpers import batch_for, qwen_runner
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 from llmdeploy_engine.forward_batch import ForwardBatch
@@ -108,16 +108,7 @@ def test_uniform_multi_token_steps_replay_and_match_eager(logits_max_batch: int)
 def test_graphs_without_multi_token_rows_send_verification_steps_to_the_eager_runner() -> None:
     """Graphs captured for one token per sequence fuse the KV store into the decode kernel, where a
     row cannot read the K/V another row stores: q > 1 steps must not replay them."""
-    runner = ModelRunner(
-        EngineConfig(
-            model="random:Qwen/Qwen2.5-0.5B",
-            device="cuda",
-            dtype="bfloat16",
-            max_model_len=512,
-            max_num_seqs=4,
-            gpu_memory_utilization=0.3,
-        )
-    )
+    runner = qwen_runner(max_model_len=512, max_num_seqs=4)
     graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4))
     assert not graphs.multi_token_rows  # no speculative_config
     bs = runner.block_size

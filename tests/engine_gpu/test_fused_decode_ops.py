@@ -61,6 +61,28 @@ def rope_tables(n: int, head_dim: int, gen: torch.Generator) -> tuple[torch.Tens
     return emb.cos()[:, None, :], emb.sin()[:, None, :]
 
 
+def qkv_views(
+    n: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    spread: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random q, k, v [n, heads, head_dim] as strided views of one fused projection output, like
+    QKVParallelLinear's."""
+    qkv = (torch.randn(n, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen) * spread).to(
+        DEVICE, dtype
+    )
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
+    return (
+        q.view(n, num_heads, head_dim),
+        k.view(n, num_kv_heads, head_dim),
+        v.view(n, num_kv_heads, head_dim),
+    )
+
+
 ROPE_CACHE_CASES = [
     # (num_tokens, num_heads, num_kv_heads, head_dim, block_size)
     (1, 14, 2, 64, 16),  # Qwen2.5-0.5B decode
@@ -90,12 +112,7 @@ def test_rope_and_cache_matches_rope_then_write(
     n, num_heads, num_kv_heads, head_dim, bs = case
     cache_dtype = cache_dtype or dtype
     gen = torch.Generator().manual_seed(n * num_heads + head_dim)
-    # q, k, v as views of one fused projection output, like QKVParallelLinear's
-    qkv = (torch.randn(n, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen) * 3).to(DEVICE, dtype)
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
-    q = q.view(n, num_heads, head_dim)
-    k = k.view(n, num_kv_heads, head_dim)
-    v = v.view(n, num_kv_heads, head_dim)
+    q, k, v = qkv_views(n, num_heads, num_kv_heads, head_dim, dtype, gen, spread=3.0)
     cos64, sin64 = rope_tables(n, head_dim, gen)
     cos, sin = cos64.to(DEVICE, dtype), sin64.to(DEVICE, dtype)
     num_blocks = -(-n // bs) + 3
@@ -280,11 +297,7 @@ def test_decode_with_rope_and_store_matches_the_two_launches(
     if n > 2:
         slots[1] = -1  # not stored: the kernel reads whatever the slot held
     slot_t = torch.tensor(slots, device=DEVICE)
-    qkv = (torch.randn(n, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen) * 2).to(DEVICE, dtype)
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
-    q = q.view(n, num_heads, head_dim)
-    k = k.view(n, num_kv_heads, head_dim)
-    v = v.view(n, num_kv_heads, head_dim)
+    q, k, v = qkv_views(n, num_heads, num_kv_heads, head_dim, dtype, gen, spread=2.0)
     cos64, sin64 = rope_tables(n, head_dim, gen)
     cos, sin = cos64.to(DEVICE, dtype), sin64.to(DEVICE, dtype)
     fill = torch.randn(next_block, bs, num_kv_heads, head_dim, generator=gen)

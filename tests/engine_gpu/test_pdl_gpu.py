@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_engine_helpers import batch_for
-from llmdeploy_engine.config import EngineConfig
+from gpu_engine_helpers import batch_for, qwen_runner
 from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
-from llmdeploy_engine.model_runner import ModelRunner
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,16 +21,7 @@ def test_pdl_graphs_match_graphs_without_pdl(monkeypatch: pytest.MonkeyPatch) ->
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
-    runner = ModelRunner(
-        EngineConfig(
-            model="random:Qwen/Qwen2.5-0.5B",
-            device="cuda",
-            dtype="bfloat16",
-            max_model_len=1024,
-            max_num_seqs=4,
-            gpu_memory_utilization=0.3,
-        )
-    )
+    runner = qwen_runner(max_model_len=1024, max_num_seqs=4)
     probe = torch.empty(1, device="cuda")
     monkeypatch.setattr(triton_pdl, "_switched_on", lambda: True)
     assert triton_pdl.enabled(probe)
