@@ -21,7 +21,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -102,18 +102,11 @@ class Case:
 
     def fused(self, i: int, cfg: GemvConfig) -> torch.Tensor:
         s, w = self.s, self.w[i % self.copies]
-        kw = dict(
-            block_n=cfg.block_n,
-            block_k=cfg.block_k,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-            mode=cfg.mode,
-            prefetch=cfg.prefetch,
-        )
+        kw = asdict(cfg)
         if s.kind == "plain":
-            return triton_gemv.linear(self.h, w, **kw)  # type: ignore[arg-type]
+            return triton_gemv.linear(self.h, w, **kw)
         if s.kind == "silu":
-            return triton_gemv.silu_mul_linear(self.gate_up, w, **kw)  # type: ignore[arg-type]
+            return triton_gemv.silu_mul_linear(self.gate_up, w, **kw)
         out_dtype = torch.float32 if s.kind == "head" else None
         y, _ = triton_gemv.add_rms_norm_linear(
             self.h,
@@ -123,7 +116,7 @@ class Case:
             w,
             self.bias,
             out_dtype,
-            **kw,  # type: ignore[arg-type]
+            **kw,
         )
         return y
 

@@ -16,7 +16,7 @@ variance is recomputed per program and only program 0 writes the residual sum.
 
 Launch parameters come from `TUNED` (filled from benchmarks/gpu_gemv.py's sweep on the H200) or a
 heuristic; every function takes `block_n`, `block_k`, `num_warps`, `num_stages`, `mode`, `prefetch`
-keywords to override them. `mode`: "reduce" (reduce over K every step, for each row), "defer"
+keywords (the GemvConfig fields) to override them. `mode`: "reduce" (reduce over K every step, for each row), "defer"
 (keep [BLOCK_N, BLOCK_K] partial sums, reduce once at the end; with more than one row the
 [M, BLOCK_N, BLOCK_K] products of the tile path), "dot" (tensor-core dot with the rows padded to 16,
 tile path). The row path ("reduce", and "defer" at one row) loads each input row in the layout of
@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import triton
@@ -448,11 +449,17 @@ def _launch(
     eps: float,
     up_off: int,
     k: int,
-    overrides: dict[str, int | str | bool | None],
+    tuning: dict[str, Any],
 ) -> None:
+    """`tuning`: the callers' keyword overrides of the GemvConfig fields (None: keep the default)."""
+    unknown = sorted(set(tuning) - set(GemvConfig.__dataclass_fields__))
+    if unknown:
+        raise TypeError(
+            f"unknown tuning keywords {unknown}; GemvConfig fields: {sorted(GemvConfig.__dataclass_fields__)}"
+        )
     m, n = y.shape
     cfg = default_config(m, n, k, _num_sms(x.device))
-    cfg = replace(cfg, **{key: v for key, v in overrides.items() if v is not None})
+    cfg = replace(cfg, **{key: v for key, v in tuning.items() if v is not None})
     if cfg.mode not in _MODES:
         raise ValueError(f"mode must be one of {sorted(_MODES)}, got {cfg.mode!r}")
     for name in ("block_n", "block_k"):
@@ -513,13 +520,7 @@ def linear(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    *,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    mode: str | None = None,
-    prefetch: bool | None = None,
+    **tuning: Any,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K].T (+ bias) with float32 accumulation, in out_dtype (default x's) or `out`."""
     what = "triton_gemv.linear"
@@ -530,15 +531,7 @@ def linear(
         raise ValueError(f"{what}: x {tuple(x.shape)} and w {tuple(w.shape)} disagree on K")
     _check_vec(bias, n, x, what, "bias")
     y = _output(m, n, x, out, out_dtype, what)
-    overrides = dict(
-        block_n=block_n,
-        block_k=block_k,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        mode=mode,
-        prefetch=prefetch,
-    )
-    _launch(_PLAIN, _unit_cols(x), w, bias, y, None, None, None, 0.0, 0, k, overrides)
+    _launch(_PLAIN, _unit_cols(x), w, bias, y, None, None, None, 0.0, 0, k, tuning)
     return y
 
 
@@ -550,13 +543,7 @@ def add_rms_norm_linear(
     w: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    *,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    mode: str | None = None,
-    prefetch: bool | None = None,
+    **tuning: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h + residual) @ w.T (+ bias), h + residual); residual None: (rms_norm(h) @ w.T, h).
     The norm rounds as ops.add_rms_norm's Triton kernel does."""
@@ -581,15 +568,7 @@ def add_rms_norm_linear(
     if residual is not None:
         residual = _unit_cols(residual)
         summed = torch.empty((m, k), dtype=h.dtype, device=h.device)
-    overrides = dict(
-        block_n=block_n,
-        block_k=block_k,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        mode=mode,
-        prefetch=prefetch,
-    )
-    _launch(_NORM, h, w, bias, y, residual, norm_weight, summed, float(eps), 0, k, overrides)
+    _launch(_NORM, h, w, bias, y, residual, norm_weight, summed, float(eps), 0, k, tuning)
     return y, (h if summed is None else summed)
 
 
@@ -597,13 +576,7 @@ def silu_mul_linear(
     gate_up: torch.Tensor,
     w: torch.Tensor,
     out: torch.Tensor | None = None,
-    *,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    mode: str | None = None,
-    prefetch: bool | None = None,
+    **tuning: Any,
 ) -> torch.Tensor:
     """(silu(gate) * up) @ w.T for gate_up [M, 2I] (gate the first I columns, up the last I; any row
     stride) and w [N, I]; the activation rounds as ops.silu_mul's Triton kernel does."""
@@ -614,13 +587,5 @@ def silu_mul_linear(
     if two_i != 2 * k:
         raise ValueError(f"{what}: gate_up {tuple(gate_up.shape)} must have 2 x w's K ({k}) columns")
     y = _output(m, n, gate_up, out, None, what)
-    overrides = dict(
-        block_n=block_n,
-        block_k=block_k,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        mode=mode,
-        prefetch=prefetch,
-    )
-    _launch(_SILU, _unit_cols(gate_up), w, None, y, None, None, None, 0.0, k, k, overrides)
+    _launch(_SILU, _unit_cols(gate_up), w, None, y, None, None, None, 0.0, k, k, tuning)
     return y

@@ -182,13 +182,13 @@ def test_config_overrides(config: dict[str, int | str | bool], rows: int, k: int
     x = rand(rows, k, gen=gen, dtype=dtype)
     w = rand(n, k, gen=gen, dtype=dtype, scale=k**-0.5)
     ref = x.double() @ w.double().T
-    assert rel_err(triton_gemv.linear(x, w, **config), ref) < tol(dtype)  # type: ignore[arg-type]
+    assert rel_err(triton_gemv.linear(x, w, **config), ref) < tol(dtype)
     norm_w = torch.ones(k, dtype=dtype, device=DEVICE)
-    got, _ = triton_gemv.add_rms_norm_linear(x, x, norm_w, EPS, w, **config)  # type: ignore[arg-type]
+    got, _ = triton_gemv.add_rms_norm_linear(x, x, norm_w, EPS, w, **config)
     normed, _ = ops.add_rms_norm(x, x, norm_w, EPS)
     assert rel_err(got, F.linear(normed, w)) < tol(dtype)
     gate_up = rand(rows, 2 * k, gen=gen, dtype=dtype)
-    got = triton_gemv.silu_mul_linear(gate_up, w, **config)  # type: ignore[arg-type]
+    got = triton_gemv.silu_mul_linear(gate_up, w, **config)
     gate, up = gate_up.split(k, dim=-1)
     assert rel_err(got, F.linear(F.silu(gate) * up, w)) < tol(dtype)
 
