@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|l2}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -313,8 +313,33 @@ elif [ "$phase" = tests6 ]; then
         "$g/test_triton_attention.py::test_paged_decode_split_kv_and_fp8" -v
     grep -a -c PASSED "$out/t_fused.log"
     grep -a -E "FAILED|ERROR|^E  |passed|failed|^exit" "$out/t_fused.log" | head -30
+elif [ "$phase" = l2 ]; then
+    # one call (~6 min, v7): GPU 0 the single streams (both models, own process each) with the GEMV's
+    # L2 weight prefetch at 0 / 32 / 16 / 48 / 0 MiB (0 again last: drift); GPU 1 the GEMV tests,
+    # gpu_fp8.py (2 repeats, one profiled window) and gpu_spec.py on the 8B with --continuing-model
+    g=tests/engine_gpu
+    (for mb in 0 32 16 48 0b; do
+        CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_GEMV_L2_PREFETCH_MB=${mb%b} timeout 110 python3 benchmarks/gpu_bench.py \
+            --no-peer --throughput-models none --out "$out/l2_$mb" ${ARGS:-} >"$out/gpu_bench_l2_$mb.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_l2_$mb.log"
+    done) &
+    (tests 1 gemv 150 $g/test_triton_gemv.py
+     CUDA_VISIBLE_DEVICES=1 timeout 240 python3 benchmarks/gpu_fp8.py --repeats 2 --profile-window 4 --out "$out" \
+        ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log"
+     CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/gpu_spec.py --models llama --continuing-model --repeats 2 \
+        --out "$out/gpu_spec.json" >"$out/gpu_spec.log" 2>&1; echo "exit $?" >>"$out/gpu_spec.log") &
+    wait
+    summary "$out"/t_*.log
+    for mb in 0 32 16 48 0b; do
+        echo "== L2 prefetch $mb MiB"
+        grep -a -E "switches|copy bandwidth|single stream:|^\[.*Error|^exit" "$out/gpu_bench_l2_$mb.log" | cut -c1-200
+    done
+    for f in gpu_fp8 gpu_spec; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -16
+    done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | l2)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

@@ -711,7 +711,13 @@ def main() -> None:
 
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, {name}")
-    switches = ("LLMDEPLOY_PDL", "LLMDEPLOY_FUSED_GEMV", "LLMDEPLOY_FUSED_DECODE", "LLMDEPLOY_DECODE_MERGE")
+    switches = (
+        "LLMDEPLOY_PDL",
+        "LLMDEPLOY_FUSED_GEMV",
+        "LLMDEPLOY_FUSED_DECODE",
+        "LLMDEPLOY_DECODE_MERGE",
+        "LLMDEPLOY_GEMV_L2_PREFETCH_MB",
+    )
     log("engine switches: " + ", ".join(f"{k}={os.environ.get(k, '(default)')}" for k in switches))
     bandwidth = copy_bandwidth_bytes_per_s(args.device, 2**32 if args.device == "cuda" else 2**26)
     log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")

@@ -10,9 +10,14 @@ prompts; the table gives each run's ratio to the first run.
 Each run also says which attention path served its pure-decode steps (counted at CUDA graph capture
 and in eager steps): the Triton decode kernel, or the pure-torch path (block gather + SDPA). Until
 the Triton kernel reads fp8 caches, fp8 decode runs the pure-torch path, so the ratio then compares
-two different attention implementations; the column keeps the figure honest. "bytes/step" is what
-one decode step must read (weights, minus the embedding table, plus every sequence's KV context) and
-"GB/s" that over the measured step time.
+two different attention implementations; the column keeps the figure honest. "ms/step" is per forward
+step (one token for every sequence: decode time / tokens per sequence, so a multi-step window of N
+steps counts N), "bytes/step" what one such step must read (weights, minus the embedding table, plus
+every sequence's KV context) and "GB/s" that over the step time. `--profile-window W` profiles engine
+step W of the timed decode (left out of the timing) and gives CUDA kernel time per forward step by
+kind (matmul, attention, other), so the part of the step the KV format does not touch is measured,
+not inferred. `--repeats R` times the decode R times per engine (fresh requests, same prompts) and
+reports the median, with every repeat in the JSON.
 
 Run from the repository root (GPU machine):
 
@@ -34,12 +39,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_path import import_engine
-from gpu_bench import log, sync
+from gpu_bench import log, profile_steps, sync
 
 import_engine()
 
 import torch  # noqa: E402
-from llmdeploy_engine import attention  # noqa: E402
+from llmdeploy_engine import attention, model  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
 from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
@@ -64,6 +69,8 @@ class PathCounter:
         if triton_attention is not None:
             kernel = triton_attention.paged_attention_triton
             self._patch(triton_attention, "paged_attention_triton", self._wrap_triton(kernel))
+        # RoPE + KV store + decode attention in one launch: the model calls it by its own name
+        self._patch(model, "fused_rope_decode", self._wrap_fused(model.fused_rope_decode))
         self._patch(attention, "_paged_attention", self._wrap_torch(attention._paged_attention))
 
     def uninstall(self) -> None:
@@ -99,6 +106,15 @@ class PathCounter:
 
         return counted
 
+    def _wrap_fused(self, fused: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            out = fused(*args, **kwargs)
+            if out is not None:  # None: not applicable, the two-launch path follows (and is counted)
+                self.triton += 1
+            return out
+
+        return counted
+
     def _wrap_torch(self, torch_path: Callable[..., Any]) -> Callable[..., Any]:
         def counted(q: Any, k: Any, v: Any, kv_cache: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
             if kv_cache is not None and meta.num_decodes and not meta.prefills:
@@ -128,16 +144,38 @@ def make_engine(args: argparse.Namespace, kv_cache_dtype: str) -> LLMEngine:
     return LLMEngine(config)
 
 
-def decode_run(engine: LLMEngine, prompts: list[list[int]], output_len: int, device: str) -> dict[str, Any]:
-    """All prompts at once; decode-only timing from the step that gives the last first token."""
+def decode_run(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    output_len: int,
+    device: str,
+    tag: str = "r",
+    profile_window: int | None = None,
+) -> dict[str, Any]:
+    """All prompts at once; decode-only timing from the step that gives the last first token. With
+    profile_window W, engine step W of the decode is profiled and its time left out (its tokens too)."""
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
     for i, ids in enumerate(prompts):
-        engine.add_request(f"r{i}", ids, params)
+        engine.add_request(f"{tag}{i}", ids, params)
     produced: dict[str, int] = {}
     t_prefill = time.perf_counter()
     t0: float | None = None
-    tokens_at_t0 = decode_steps = 0
+    tokens_at_t0 = engine_steps = 0
+    left_out_s = 0.0
+    left_out_tokens = 0
+    profile: dict[str, float] | None = None
     while engine.has_unfinished_requests():
+        if t0 is not None and engine_steps == profile_window:
+            sync(device)
+            t_p = time.perf_counter()
+            before = sum(produced.values())
+            profile, outs = profile_steps(engine, 1, device)
+            for out in outs:
+                produced[out.request_id] = len(out.outputs[0].token_ids)
+            left_out_tokens += sum(produced.values()) - before
+            left_out_s += time.perf_counter() - t_p
+            engine_steps += 1
+            continue
         outs = engine.step()
         for out in outs:
             produced[out.request_id] = len(out.outputs[0].token_ids)
@@ -147,21 +185,29 @@ def decode_run(engine: LLMEngine, prompts: list[list[int]], output_len: int, dev
                 t0 = time.perf_counter()
                 tokens_at_t0 = sum(produced.values())
         else:
-            decode_steps += 1
+            engine_steps += 1
     sync(device)
     t_end = time.perf_counter()
-    if produced != {f"r{i}": output_len for i in range(len(prompts))}:
+    if produced != {f"{tag}{i}": output_len for i in range(len(prompts))}:
         raise RuntimeError("the engine did not produce every request's output length exactly")
     assert t0 is not None
-    decode_tokens = sum(produced.values()) - tokens_at_t0
-    return {
+    decode_s = t_end - t0 - left_out_s
+    decode_tokens = sum(produced.values()) - tokens_at_t0 - left_out_tokens
+    forward_steps = decode_tokens / len(prompts)  # every sequence decodes one token a forward step
+    res: dict[str, Any] = {
         "prefill_s": t0 - t_prefill,
-        "decode_s": t_end - t0,
-        "decode_steps": decode_steps,
+        "decode_s": decode_s,
+        "engine_steps": engine_steps - (profile is not None),
+        "forward_steps": forward_steps,
         "decode_tokens": decode_tokens,
-        "decode_tok_s": decode_tokens / (t_end - t0),
-        "ms_per_step": (t_end - t0) / max(decode_steps, 1) * 1e3,
+        "decode_tok_s": decode_tokens / decode_s,
+        "ms_per_step": decode_s / max(forward_steps, 1e-9) * 1e3,
     }
+    if profile is not None:
+        # profile_steps divides by engine steps: back to forward steps (a window is several)
+        window_steps = left_out_tokens / len(prompts)
+        res["profile_ms_per_step"] = {k: v / window_steps for k, v in profile.items()}
+    return res
 
 
 def bench_dtype(args: argparse.Namespace, kv_cache_dtype: str, prompts: list[list[int]]) -> dict[str, Any]:
@@ -182,9 +228,21 @@ def bench_dtype(args: argparse.Namespace, kv_cache_dtype: str, prompts: list[lis
         at_start_up = counter.counts()  # CUDA graph capture and warm-up
         counter.reset()
         replays_before = getattr(engine.runner, "num_replays", 0)
-        res = decode_run(engine, prompts, args.output_len, args.device)
+        repeats = []
+        for r in range(args.repeats):
+            window = args.profile_window if r == 0 else None
+            repeats.append(decode_run(engine, prompts, args.output_len, args.device, f"r{r}_", window))
+            log(
+                f"  {kv_cache_dtype} repeat {r}: {repeats[-1]['decode_tok_s']:.0f} tok/s, "
+                f"{repeats[-1]['ms_per_step']:.2f} ms/step"
+            )
         replays = getattr(engine.runner, "num_replays", 0) - replays_before
         timed = counter.counts()
+        res = dict(sorted(repeats, key=lambda x: x["decode_tok_s"])[(len(repeats) - 1) // 2])
+        res["repeats_decode_tok_s"] = [x["decode_tok_s"] for x in repeats]
+        if "profile_ms_per_step" in repeats[0]:
+            res["profile_ms_per_step"] = repeats[0]["profile_ms_per_step"]
+            log(f"  {kv_cache_dtype} profile per forward step: {_fmt(res['profile_ms_per_step'])}")
     finally:
         counter.uninstall()
     if any(timed):
@@ -208,8 +266,9 @@ def bench_dtype(args: argparse.Namespace, kv_cache_dtype: str, prompts: list[lis
         achieved_gb_s=bytes_per_step / (res["ms_per_step"] / 1e3) / 1e9,
     )
     log(
-        f"  {kv_cache_dtype}: decode {res['decode_tok_s']:.0f} tok/s ({res['ms_per_step']:.2f} ms/step, "
-        f"{res['decode_steps']} steps), prefill {res['prefill_s']:.1f} s, path: {res['decode_attention_path']}"
+        f"  {kv_cache_dtype}: decode {res['decode_tok_s']:.0f} tok/s ({res['ms_per_step']:.2f} ms a forward step, "
+        f"{res['forward_steps']:.0f} steps in {res['engine_steps']} engine steps; median of "
+        f"{len(repeats)}), prefill {res['prefill_s']:.1f} s, path: {res['decode_attention_path']}"
     )
     del engine, runner
     gc.collect()
@@ -218,18 +277,30 @@ def bench_dtype(args: argparse.Namespace, kv_cache_dtype: str, prompts: list[lis
     return res
 
 
+def _fmt(profile: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in profile.items())
+
+
 def table(results: list[dict[str, Any]]) -> str:
     base = results[0]["decode_tok_s"]
     lines = [
         "| KV cache dtype | storage | decode attention path | KV tokens | decode tok/s | ms/step "
-        "| bytes/step | GB/s | vs first |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| bytes/step | GB/s | repeats (tok/s) | kernels ms/step: attention / matmul / other | vs first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        pr = r.get("profile_ms_per_step")
+        kernels = (
+            f"{pr['attention_ms']:.2f} / {pr['matmul_ms']:.2f} / {pr['other_ms'] + pr['kv_index_ms']:.2f}"
+            if pr
+            else "-"
+        )
+        reps = ", ".join(f"{x:.0f}" for x in r["repeats_decode_tok_s"])
         lines.append(
             f"| {r['kv_cache_dtype']} | {r['storage_dtype']} | {r['decode_attention_path']} | "
             f"{r['kv_cache_tokens']:,} | {r['decode_tok_s']:.0f} | {r['ms_per_step']:.2f} | "
-            f"{r['bytes_per_step'] / 1e9:.2f} GB | {r['achieved_gb_s']:.0f} | {r['decode_tok_s'] / base:.2f}x |"
+            f"{r['bytes_per_step'] / 1e9:.2f} GB | {r['achieved_gb_s']:.0f} | {reps} | {kernels} | "
+            f"{r['decode_tok_s'] / base:.2f}x |"
         )
     return "\n".join(lines)
 
@@ -251,9 +322,16 @@ def main() -> None:
         "--num-scheduler-steps",
         type=int,
         default=1,
-        help="decode steps per scheduler call (multi-step; ms_per_step is then per window)",
+        help="decode steps per scheduler call (multi-step; ms/step stays per forward step)",
     )
     parser.add_argument("--no-calculate-kv-scales", action="store_true", help="fp8 scales stay 1.0")
+    parser.add_argument("--repeats", type=int, default=1, help="timed decodes per engine (median reported)")
+    parser.add_argument(
+        "--profile-window",
+        type=int,
+        default=None,
+        help="profile this engine step of the first timed decode (left out of its timing)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny CPU dry run of the script")
     parser.add_argument("--out", default=None, help="folder for gpu_fp8.json")
     parser.add_argument(

@@ -9,6 +9,14 @@ greedy speculation is exact), CUDA graph replays used, and the speed-up over spe
 
 Random weights: whether the greedy output repeats (and so how much an n-gram proposal can match) is a
 property of the random model, not of the engine; the acceptance columns say how much was matched.
+A random 8B never continues the prompt (acceptance 0), so `--continuing-model` adds a stated
+substitution for a trained model that continues a repetitive prompt: after loading, every layer's
+o_proj and down_proj weights are scaled by --branch-scale (the residual stream stays close to the
+input token's embedding) and the LM head's row of each prompt-unit token's successor is set to that
+token's embedding (other rows: the embedding itself), so the greedy output continues the prompt's
+cycle. Only weight values change: shapes, bytes read and kernels per step are those of the model,
+so the speed-up is what the engine's speculation gives at the acceptance such a prompt produces. Its
+rows are reported under the model name + "cont" next to the plain random model's.
 Verification steps (query_len > 1) run eagerly unless the CUDA graph runner captures them.
 
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_spec.py --out $OUT/spec.json           # GPU
@@ -120,6 +128,27 @@ def run_once(engine: LLMEngine, prompt: list[int], output_len: int, device: str,
     }
 
 
+def make_continuing(base: LLMEngine, unit: list[int], branch_scale: float) -> None:
+    """Weights-only change (see the module doc): residual branches scaled down, LM head = embedding
+    with each unit token's successor row set to that token's embedding."""
+    inner = getattr(base.runner, "runner", base.runner)
+    m = inner.model
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.o_proj.weight.mul_(branch_scale)
+            layer.mlp.down_proj.weight.mul_(branch_scale)
+        embed = m.model.embed_tokens.weight
+        head = m.lm_head.weight
+        if head.data_ptr() == embed.data_ptr():
+            raise ValueError("--continuing-model needs an untied LM head (the embedding must stay as is)")
+        head.copy_(embed)
+        successor: dict[int, int] = {}
+        for i, t in enumerate(unit):
+            successor.setdefault(t, unit[(i + 1) % len(unit)])
+        for t, nxt in successor.items():
+            head[nxt] = embed[t]
+
+
 def bench_model(name: str, model: str, device: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     log(f"{name}: loading {model}")
     base = LLMEngine(config_for(model, device, args, None))
@@ -135,6 +164,13 @@ def bench_model(name: str, model: str, device: str, args: argparse.Namespace) ->
     # prompt ids must be valid for the tokenizer (a random model gets a small byte-level one)
     vocab = int(getattr(base.tokenizer, "vocab_size", None) or base.runner.model_config.vocab_size)
     prompt = repetitive_prompt(vocab, args.prompt_len, args.period)
+    if args.continuing_model:
+        make_continuing(base, prompt[: args.period], args.branch_scale)
+        name = f"{name}+cont"
+        log(
+            f"{name}: o_proj / down_proj x {args.branch_scale}, LM head continues the prompt's "
+            f"{args.period}-token cycle (--continuing-model)"
+        )
     configs: list[tuple[str, dict[str, Any] | None]] = [("off", None)]
     for k in args.ks:
         spec = {
@@ -192,14 +228,14 @@ def _repeats(token_ids: list[int]) -> float:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'model':11} {'config':11} {'tok/s':>8} {'decode':>8} {'x off':>6} {'tok/step':>8} "
+        f"{'model':13} {'config':11} {'tok/s':>8} {'decode':>8} {'x off':>6} {'tok/step':>8} "
         f"{'accept':>7} {'same':>5} {'replays':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         lines.append(
-            f"{r['model']:11} {r['config']:11} {r['tok_s']:8.1f} {r['decode_tok_s']:8.1f} {r['speedup_vs_off']:6.2f} "
+            f"{r['model']:13} {r['config']:11} {r['tok_s']:8.1f} {r['decode_tok_s']:8.1f} {r['speedup_vs_off']:6.2f} "
             f"{r['tokens_per_decode_step']:8.2f} {acc:>7} {r['same_output_as_off']!s:>5} {r['cuda_graph_replays']!s:>7}"
         )
     return "\n".join(lines)
@@ -220,6 +256,15 @@ def main() -> int:
         action="store_true",
         help="copy the input embedding into the LM head after loading (random weights that tend to repeat "
         "their input; a stated substitution for a trained model, reported under the model name +echo)",
+    )
+    parser.add_argument(
+        "--continuing-model",
+        action="store_true",
+        help="after loading, set weights so that the greedy output continues the prompt's cycle (a stated "
+        "substitution for a trained model on a repetitive prompt; rows under the model name +cont)",
+    )
+    parser.add_argument(
+        "--branch-scale", type=float, default=1e-3, help="--continuing-model: o_proj / down_proj weight scale"
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run of the script)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
