@@ -17,7 +17,11 @@ token's embedding (other rows: the embedding itself), so the greedy output conti
 cycle. Only weight values change: shapes, bytes read and kernels per step are those of the model,
 so the speed-up is what the engine's speculation gives at the acceptance such a prompt produces. Its
 rows are reported under the model name + "cont" next to the plain random model's.
-Verification steps (query_len > 1) run eagerly unless the CUDA graph runner captures them.
+Spec off runs on an engine built without speculation (its CUDA graphs fuse RoPE and the KV store into
+the decode kernel); the n-gram rows on one built with a speculative_config, as a deployment with
+speculation is (its graphs replay verification steps: RoPE and the KV store stay separate launches),
+same seed and weights. (Before v7 the n-gram rows shared the spec-off engine's runner: after v6's
+fused decode its graphs no longer replayed verification, which then ran eagerly.)
 
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_spec.py --out $OUT/spec.json           # GPU
     python benchmarks/gpu_spec.py --quick --device cpu                                # CPU dry run
@@ -149,23 +153,35 @@ def make_continuing(base: LLMEngine, unit: list[int], branch_scale: float) -> No
             head[nxt] = embed[t]
 
 
-def bench_model(name: str, model: str, device: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    log(f"{name}: loading {model}")
-    base = LLMEngine(config_for(model, device, args, None))
+def load(
+    name: str, model: str, device: str, args: argparse.Namespace, spec: dict[str, Any] | None
+) -> LLMEngine:
+    """An engine as deployed with `spec` (its CUDA graphs follow its speculative_config), weights seeded
+    as every other load of the model, then the stated weight changes of --echo-lm-head or
+    --continuing-model."""
+    engine = LLMEngine(config_for(model, device, args, spec))
     if args.echo_lm_head:
         # weights-only change: the LM head becomes a copy of the input embedding (the architecture stays
         # untied), so the random model tends to continue the token it reads, as a tied one does
-        inner = getattr(base.runner, "runner", base.runner)
-        model_ = inner.model
+        inner = getattr(engine.runner, "runner", engine.runner)
         with torch.no_grad():
-            model_.lm_head.weight.copy_(model_.model.embed_tokens.weight)
+            inner.model.lm_head.weight.copy_(inner.model.model.embed_tokens.weight)
+    if args.continuing_model:
+        make_continuing(engine, prompt_for(engine, args)[: args.period], args.branch_scale)
+    return engine
+
+
+def prompt_for(engine: LLMEngine, args: argparse.Namespace) -> list[int]:
+    # prompt ids must be valid for the tokenizer (a random model gets a small byte-level one)
+    vocab = int(getattr(engine.tokenizer, "vocab_size", None) or engine.runner.model_config.vocab_size)
+    return repetitive_prompt(vocab, args.prompt_len, args.period)
+
+
+def bench_model(name: str, model: str, device: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.echo_lm_head:
         name = f"{name}+echo"
         log(f"{name}: lm_head weights set to a copy of embed_tokens (--echo-lm-head)")
-    # prompt ids must be valid for the tokenizer (a random model gets a small byte-level one)
-    vocab = int(getattr(base.tokenizer, "vocab_size", None) or base.runner.model_config.vocab_size)
-    prompt = repetitive_prompt(vocab, args.prompt_len, args.period)
     if args.continuing_model:
-        make_continuing(base, prompt[: args.period], args.branch_scale)
         name = f"{name}+cont"
         log(
             f"{name}: o_proj / down_proj x {args.branch_scale}, LM head continues the prompt's "
@@ -182,13 +198,26 @@ def bench_model(name: str, model: str, device: str, args: argparse.Namespace) ->
         configs.append((f"ngram k={k}", spec))
     rows = []
     reference = None
+    base: LLMEngine | None = None
+    engine: LLMEngine | None = None
     for label, spec in configs:
-        if spec is None:
-            engine = base
+        if base is None or (spec is None) != (base.config.speculative_config is None):
+            # spec off: an engine built without speculation (its graphs fuse RoPE and the KV store into
+            # the decode kernel); speculation: one built with it (graphs that replay verification),
+            # whose runner the other k share
+            if base is not None:
+                del base, engine
+                gc.collect()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            log(f"{name}: loading {model} ({'speculative graphs' if spec else 'no speculation'})")
+            base = engine = load(name, model, device, args, spec)
         else:  # same weights, KV cache and CUDA graphs; a fresh scheduler and speculator
             engine = LLMEngine(
                 config_for(model, device, args, spec), runner=base.runner, tokenizer=base.tokenizer
             )
+        assert engine is not None
+        prompt = prompt_for(base, args)
         run_once(engine, prompt[: args.prompt_len // 2], min(16, args.output_len), device, f"{label}-warm")
         results = [
             run_once(engine, prompt, args.output_len, device, f"{label}-{i}") for i in range(args.repeats)
@@ -208,7 +237,7 @@ def bench_model(name: str, model: str, device: str, args: argparse.Namespace) ->
     off = rows[0]["tok_s"]
     for row in rows:
         row["speedup_vs_off"] = row["tok_s"] / off
-    del base
+    del base, engine
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
