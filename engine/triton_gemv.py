@@ -44,14 +44,6 @@ _16BIT = (torch.float16, torch.bfloat16)
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MODES = {"reduce": 0, "defer": 1, "dot": 2}
 _PLAIN, _NORM, _SILU = 0, 1, 2
-# L2 prefetch under PDL: a GEMV's programs become resident while the kernel before them still runs
-# (the decode attention and its merge move few bytes, so HBM idles), and before `griddepcontrol.wait`
-# each program asks L2 for the first columns of its weight rows (`prefetch.global.L2`, one 128-byte
-# line an element), at most this many bytes a launch (so that one GEMV's prefetch does not evict
-# itself: the H200's L2 is 50 MB). LLMDEPLOY_GEMV_L2_PREFETCH_MB=0 turns it off; never without PDL
-# (without it the program starts only after its predecessor, and the loads follow at once).
-L2_PREFETCH_BYTES = int(float(os.environ.get("LLMDEPLOY_GEMV_L2_PREFETCH_MB", "0")) * 2**20)
-L2_LINE = 128
 
 
 @dataclass(frozen=True)
@@ -128,14 +120,6 @@ def _load_masked(ptrs, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """prefetch.global.L2 of the 128-byte line at each pointer (no registers, no wait)."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
 def _x_row(
     x_ptr,
     r_ptr,
@@ -202,7 +186,6 @@ def _gemv_kernel(
     stride_ym,
     up_off,
     eps,
-    l2_k,  # columns of each weight row to prefetch into L2 before the PDL wait (L2_LINES > 0)
     PROLOGUE: tl.constexpr,  # 0: x as is, 1: add + RMSNorm, 2: SiLU(gate) * up
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -216,8 +199,6 @@ def _gemv_kernel(
     PREFETCH: tl.constexpr,  # load the next weight tile before using this one
     IEEE: tl.constexpr,  # float32 inputs (the interpreter's tests): no tf32 in the dot
     USE_PDL: tl.constexpr,  # programmatic dependent launch (triton_pdl)
-    L2_LINES: tl.constexpr,  # 0, or lines (a power of two covering l2_k) prefetched per weight row
-    L2_STEP: tl.constexpr,  # weight elements in one 128-byte line
 ):
     triton_pdl.trigger(USE_PDL)
     pid = tl.program_id(0)
@@ -229,11 +210,6 @@ def _gemv_kernel(
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     r_rows = r_ptr + rows[:, None].to(tl.int64) * stride_rm
     w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_wn
-    if L2_LINES > 0:
-        # clamped to the last line and the last row: repeats of a line, never past the weights
-        line_cols = tl.minimum(tl.arange(0, L2_LINES) * L2_STEP, l2_k - 1)
-        last_rows = w_ptr + tl.minimum(cols, N - 1)[:, None].to(tl.int64) * stride_wn
-        _prefetch_l2(last_rows + line_cols[None, :])
     if PREFETCH:
         # the first tile is in flight while the norm's variance is computed
         w_next = _load_w(w_rows, ks, cmask, K, not EVEN_N, not EVEN_K)
@@ -497,8 +473,6 @@ def _launch(
     else:
         block_m = triton.next_power_of_2(m)
     dummy = y
-    pdl = triton_pdl.launch_args(x)
-    l2_k, l2_lines, l2_step = _l2_prefetch(n, k, w.element_size(), bool(pdl["USE_PDL"]))
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x,
         w,
@@ -517,7 +491,6 @@ def _launch(
         y.stride(0),
         up_off,
         eps,
-        l2_k,
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
@@ -533,22 +506,8 @@ def _launch(
         IEEE=x.dtype == torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        L2_LINES=l2_lines,
-        L2_STEP=l2_step,
-        **pdl,
+        **triton_pdl.launch_args(x),
     )
-
-
-def _l2_prefetch(n: int, k: int, element_size: int, pdl: bool) -> tuple[int, int, int]:
-    """(columns of each weight row to prefetch into L2, lines a row as a power of two (0: none),
-    elements a line): the leading columns of all N rows within L2_PREFETCH_BYTES, whole lines."""
-    step = L2_LINE // element_size
-    if not pdl or L2_PREFETCH_BYTES <= 0:
-        return 1, 0, step
-    cols = min(k, L2_PREFETCH_BYTES // (n * element_size)) // step * step
-    if cols == 0:
-        return 1, 0, step
-    return cols, triton.next_power_of_2(cols // step), step
 
 
 def _unit_cols(t: torch.Tensor) -> torch.Tensor:

@@ -62,39 +62,6 @@ def test_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
     assert rel_err(got, F.linear(x, w, bias)) < tol(dtype)
 
 
-@pytest.mark.skipif(INTERPRET, reason="the L2 prefetch runs only under PDL on a GPU")
-@pytest.mark.parametrize("shape", [(4096, 4096), (896, 4864)])
-def test_l2_prefetch_leaves_the_result_unchanged(
-    monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int]
-) -> None:
-    """The weight prefetch into L2 before the PDL wait (whole rows, part of them, or off) gives the
-    same bits as the launch without it, for the plain, norm and SiLU prologues."""
-    from llmdeploy_engine import triton_gemv, triton_pdl
-
-    n, k = shape
-    gen = torch.Generator().manual_seed(7)
-    x = rand(1, k, gen=gen, dtype=torch.bfloat16)
-    res = rand(1, k, gen=gen, dtype=torch.bfloat16)
-    nw = rand(k, gen=gen, dtype=torch.bfloat16)
-    w = rand(n, k, gen=gen, dtype=torch.bfloat16, scale=k**-0.5)
-    gate_up = rand(1, 2 * k, gen=gen, dtype=torch.bfloat16)
-
-    def run() -> list[torch.Tensor]:
-        y1 = triton_gemv.linear(x, w)
-        y2, s2 = triton_gemv.add_rms_norm_linear(x, res, nw, EPS, w)
-        y3 = triton_gemv.silu_mul_linear(gate_up, w)
-        return [y1, y2, s2, y3]
-
-    monkeypatch.setattr(triton_gemv, "L2_PREFETCH_BYTES", 0)
-    want = run()
-    for budget in (2**20, 64 * 2**20):
-        monkeypatch.setattr(triton_gemv, "L2_PREFETCH_BYTES", budget)
-        if triton_pdl.enabled(x):
-            assert triton_gemv._l2_prefetch(n, k, 2, True)[1] > 0
-        for got, ref in zip(run(), want, strict=True):
-            assert torch.equal(got, ref)
-
-
 @pytest.mark.parametrize("rows", [1, 5])
 def test_linear_float32_logits(rows: int) -> None:
     """The LM head: 16-bit weights, float32 logits accumulated and written without a 16-bit round."""
