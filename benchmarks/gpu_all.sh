@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|l2}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -313,35 +313,33 @@ elif [ "$phase" = tests6 ]; then
         "$g/test_triton_attention.py::test_paged_decode_split_kv_and_fp8" -v
     grep -a -c PASSED "$out/t_fused.log"
     grep -a -E "FAILED|ERROR|^E  |passed|failed|^exit" "$out/t_fused.log" | head -30
-elif [ "$phase" = l2 ]; then
-    # one call (~5 min, v7): GPU 0 the 8B single stream (own process each) with the GEMV's L2 weight
-    # prefetch at 0 / 32 / 16 / 0 MiB (0 again last: drift; run 18 measured the 0.5B: slower at every
-    # size); GPU 1 gpu_fp8.py (full-batch timing, 2 repeats, one profiled window) and gpu_spec.py
-    # (the 8B with --continuing-model, then both random models as before)
-    (for mb in 0 32 16 0b; do
-        mkdir -p "$out/l2_$mb"
-        CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_GEMV_L2_PREFETCH_MB=${mb%b} timeout 90 python3 benchmarks/gpu_bench.py \
-            --models llama --no-peer --throughput-models none --out "$out/l2_$mb" ${ARGS:-} \
-            >"$out/gpu_bench_l2_$mb.log" 2>&1
-        echo "exit $?" >>"$out/gpu_bench_l2_$mb.log"
-    done) &
-    (CUDA_VISIBLE_DEVICES=1 timeout 240 python3 benchmarks/gpu_fp8.py --repeats 2 --profile-window 4 --out "$out" \
-        ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log"
-     CUDA_VISIBLE_DEVICES=1 timeout 100 python3 benchmarks/gpu_spec.py --models llama --continuing-model --repeats 2 \
-        --out "$out/gpu_spec_cont.json" >"$out/gpu_spec_cont.log" 2>&1; echo "exit $?" >>"$out/gpu_spec_cont.log"
-     CUDA_VISIBLE_DEVICES=1 timeout 100 python3 benchmarks/gpu_spec.py --repeats 1 \
-        --out "$out/gpu_spec.json" >"$out/gpu_spec.log" 2>&1; echo "exit $?" >>"$out/gpu_spec.log") &
+elif [ "$phase" = fp8diag ]; then
+    # one call (~5 min, v7): gpu_fp8.py, full-batch timing, 3 repeats, a profiled window and each
+    # window's split (GPU span, host inside and outside the runner call): GPU 0 with 256 output
+    # tokens, GPU 1 with 128 (v0-v6's length); then GPU 1 gpu_spec.py with spec off in multi-step
+    # windows (the 8B with --continuing-model, then both random models). (Runs 18-19 used an `l2`
+    # phase here for the GEMV L2 prefetch, measured slower and reverted: commit f7dc493.)
+    (CUDA_VISIBLE_DEVICES=0 timeout 270 python3 benchmarks/gpu_fp8.py --repeats 3 --profile-window 4 \
+        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log") &
+    (mkdir -p "$out/len128"
+     CUDA_VISIBLE_DEVICES=1 timeout 200 python3 benchmarks/gpu_fp8.py --repeats 3 --output-len 128 \
+        --out "$out/len128" ${ARGS:-} >"$out/gpu_fp8_len128.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8_len128.log"
+     CUDA_VISIBLE_DEVICES=1 timeout 80 python3 benchmarks/gpu_spec.py --models llama --continuing-model --repeats 2 \
+        --out "$out/gpu_spec_cont.json" ${ARGS:-} >"$out/gpu_spec_cont.log" 2>&1
+     echo "exit $?" >>"$out/gpu_spec_cont.log"
+     CUDA_VISIBLE_DEVICES=1 timeout 90 python3 benchmarks/gpu_spec.py --repeats 1 --out "$out/gpu_spec.json" \
+        ${ARGS:-} >"$out/gpu_spec.log" 2>&1; echo "exit $?" >>"$out/gpu_spec.log") &
     wait
-    for mb in 0 32 16 0b; do
-        echo "== L2 prefetch $mb MiB"
-        grep -a -E "copy bandwidth|single stream:|^\[.*Error|^exit" "$out/gpu_bench_l2_$mb.log" | cut -c1-170
-    done
-    for f in gpu_fp8 gpu_spec_cont gpu_spec; do
+    for f in gpu_fp8 gpu_fp8_len128; do
         echo "== $f"
-        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -14
+        grep -a -E "repeat|profile per|\| |^exit" "$out/$f.log" | cut -c1-330
+    done
+    for f in gpu_spec_cont gpu_spec; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -11
     done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | l2)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

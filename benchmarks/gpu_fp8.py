@@ -149,6 +149,61 @@ def make_engine(args: argparse.Namespace, kv_cache_dtype: str) -> LLMEngine:
     return LLMEngine(config)
 
 
+class WindowTimer:
+    """Wraps the engine runner's `execute_multi_step`: per decode window its host wall time inside the
+    call and the GPU's span from the window's first launch to its end (CUDA events), so the step's
+    time splits into kernels, GPU idle inside the window (the host launching replays) and host
+    work between windows (scheduling, output processing)."""
+
+    def __init__(self, engine: LLMEngine, device: str) -> None:
+        self.records: list[tuple[float, float, int]] = []  # (host s in the call, GPU span s, steps)
+        self.paused = False
+        self._runner = engine.runner
+        self._orig = getattr(engine.runner, "execute_multi_step", None)
+        if self._orig is None:
+            return
+        orig = self._orig
+        cuda = device == "cuda"
+
+        def timed(batch: Any, num_steps: int, *args: Any, **kwargs: Any) -> Any:
+            if self.paused:
+                return orig(batch, num_steps, *args, **kwargs)
+            if cuda:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+            t = time.perf_counter()
+            out = orig(batch, num_steps, *args, **kwargs)
+            host = time.perf_counter() - t
+            gpu = 0.0
+            if cuda:
+                e1.record()
+                e1.synchronize()
+                gpu = e0.elapsed_time(e1) / 1e3
+            self.records.append((host, gpu, num_steps))
+            return out
+
+        engine.runner.execute_multi_step = timed  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self._orig is not None:
+            self._runner.execute_multi_step = self._orig  # type: ignore[method-assign]
+
+    def summary(self, start: int, end: int, wall_s: float) -> dict[str, float]:
+        """Per forward step over records[start:end], whose engine steps took wall_s in all."""
+        recs = self.records[start:end]
+        steps = sum(r[2] for r in recs)
+        if not steps:
+            return {}
+        return {
+            "windows": len(recs),
+            "steps": steps,
+            "wall_ms": wall_s / steps * 1e3,
+            "gpu_span_ms": sum(r[1] for r in recs) / steps * 1e3,
+            "host_in_window_call_ms": sum(r[0] for r in recs) / steps * 1e3,
+            "host_outside_ms": (wall_s - sum(r[0] for r in recs)) / steps * 1e3,
+        }
+
+
 def decode_run(
     engine: LLMEngine,
     prompts: list[list[int]],
@@ -156,6 +211,7 @@ def decode_run(
     device: str,
     tag: str = "r",
     profile_window: int | None = None,
+    timer: WindowTimer | None = None,
 ) -> dict[str, Any]:
     """All prompts at once. The clock starts after the step that gives the last sequence its first
     token (every prefill done). "Full batch": until the end of the first engine step in which a
@@ -177,7 +233,11 @@ def decode_run(
     while engine.has_unfinished_requests():
         profiling = t0 is not None and engine_steps == profile_window
         if profiling:
+            if timer is not None:
+                timer.paused = True
             profile, outs = profile_steps(engine, 1, device)
+            if timer is not None:
+                timer.paused = False
         else:
             outs = engine.step()
         new = 0
@@ -191,6 +251,7 @@ def decode_run(
             if len(produced) == len(prompts) and all(produced.values()):
                 sync(device)
                 t0 = last = time.perf_counter()
+                first_window = len(timer.records) if timer is not None else 0
             continue
         sync(device)
         now = time.perf_counter()
@@ -203,6 +264,7 @@ def decode_run(
         last = now
         if finished and full is None:
             full = (clock, tokens, engine_steps - (profile is not None))
+            full_windows = len(timer.records) if timer is not None else 0
     if produced != {f"{tag}{i}": output_len for i in range(len(prompts))}:
         raise RuntimeError("the engine did not produce every request's output length exactly")
     assert t0 is not None and full is not None
@@ -219,6 +281,8 @@ def decode_run(
         "decode_all_s": clock,
         "decode_all_tok_s": tokens / clock,
     }
+    if timer is not None:
+        res["window_split_ms_per_step"] = timer.summary(first_window, full_windows, full_s)
     if profile is not None:
         # profile_steps gives figures per engine step: back to forward steps (a window is several)
         window_steps = max(profiled_tokens / len(prompts), 1e-9)
@@ -245,13 +309,20 @@ def bench_dtype(args: argparse.Namespace, kv_cache_dtype: str, prompts: list[lis
         counter.reset()
         replays_before = getattr(engine.runner, "num_replays", 0)
         repeats = []
-        for r in range(args.repeats):
-            window = args.profile_window if r == 0 else None
-            repeats.append(decode_run(engine, prompts, args.output_len, args.device, f"r{r}_", window))
-            log(
-                f"  {kv_cache_dtype} repeat {r}: {repeats[-1]['decode_tok_s']:.0f} tok/s, "
-                f"{repeats[-1]['ms_per_step']:.2f} ms/step"
-            )
+        timer = WindowTimer(engine, args.device)
+        try:
+            for r in range(args.repeats):
+                window = args.profile_window if r == 0 else None
+                repeats.append(
+                    decode_run(engine, prompts, args.output_len, args.device, f"r{r}_", window, timer)
+                )
+                log(
+                    f"  {kv_cache_dtype} repeat {r}: {repeats[-1]['decode_tok_s']:.0f} tok/s, "
+                    f"{repeats[-1]['ms_per_step']:.2f} ms/step; windows, per step: "
+                    f"{_fmt(repeats[-1].get('window_split_ms_per_step', {}))}"
+                )
+        finally:
+            timer.uninstall()
         replays = getattr(engine.runner, "num_replays", 0) - replays_before
         timed = counter.counts()
         res = dict(sorted(repeats, key=lambda x: x["decode_tok_s"])[(len(repeats) - 1) // 2])

@@ -79,6 +79,8 @@ def config_for(
         gpu_memory_utilization=0.85,
         seed=0,
         speculative_config=spec,
+        # multi-step windows serve spec off only (the engine runs speculative steps one at a time)
+        num_scheduler_steps=args.num_scheduler_steps if spec is None else 1,
     )
 
 
@@ -280,6 +282,12 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per config (best is reported)")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=1,
+        help="spec off's multi-step decoding (decode steps per scheduler call); speculation runs one step at a time",
+    )
     parser.add_argument(
         "--echo-lm-head",
         action="store_true",
