@@ -140,16 +140,23 @@ class BlockManager:
         child.num_computed_tokens = num_full * self.block_size
         child.num_cached_tokens = child.num_computed_tokens
         child.block_hashes = list(parent.block_hashes[:num_full])
+        child.num_registered_blocks = 0  # its first cache_full_blocks looks at the shared blocks once
 
     # ---- after a step -------------------------------------------------------------------------
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the sequence's computed full blocks under their chained hashes."""
+        """Register the sequence's computed full blocks under their chained hashes. Each block is looked
+        at once (from seq.num_registered_blocks on): the cost per call is the new blocks, not the
+        context (an 8k-token sequence has 500 blocks, and a decode step calls this every 16 tokens).
+        A block left out because an identical one was registered stays out, even once that one is
+        evicted."""
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size
         self._extend_hashes(seq, num_full)
         bs = self.block_size
-        for i in range(num_full):
+        start = min(seq.num_registered_blocks, num_full)
+        seq.num_registered_blocks = num_full
+        for i in range(start, num_full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is not None:
                 continue
@@ -173,6 +180,7 @@ class BlockManager:
                     self.free_ids.move_to_end(block_id, last=False)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_registered_blocks = 0
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Give back trailing blocks beyond the first `num_tokens` slots (speculative lookahead that was

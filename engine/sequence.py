@@ -59,6 +59,9 @@ class Sequence:
         # n > 1: children wait until the parent's prompt is computed, then share its full blocks
         self.parent = parent
         self.block_hashes: list[int] = []  # chained hashes of this sequence's full blocks, in order
+        # full blocks BlockManager.cache_full_blocks has already looked at (registered, or left out as
+        # a copy of a registered block); the next call starts there
+        self.num_registered_blocks = 0
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
         # speculative decoding: tokens proposed for this step, fed after the last sampled one; the

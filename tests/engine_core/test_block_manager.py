@@ -154,3 +154,52 @@ def test_reset_prefix_cache_forgets_free_blocks_only() -> None:
     bm.free(a)
     bm.reset_prefix_cache()
     assert list(bm.hash_to_block.values()) == [b.block_table[0]]
+
+
+class _CountingBlocks(list):  # type: ignore[type-arg]
+    """The block list, counting lookups by index."""
+
+    lookups = 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        type(self).lookups += 1
+        return super().__getitem__(i)
+
+
+def test_cache_full_blocks_looks_at_each_block_once() -> None:
+    """Decode calls cache_full_blocks at every block boundary: the work is the new block, not the
+    whole context (a long sequence would otherwise rescan hundreds of blocks every 16 tokens)."""
+    bm = BlockManager(64, 4)
+    bm.blocks = _CountingBlocks(bm.blocks)
+    seq = seq_of(list(range(40)))
+    compute_all(bm, seq)  # 10 full blocks
+    assert seq.num_registered_blocks == 10 and len(bm.hash_to_block) == 10
+    looked = 0
+    for t in range(40, 80):  # one token a step, as decode appends them
+        seq.append_token(t)
+        assert bm.allocate_slots(seq, 1)
+        seq.num_computed_tokens += 1
+        _CountingBlocks.lookups = 0
+        bm.cache_full_blocks(seq)
+        looked += _CountingBlocks.lookups
+    assert len(bm.hash_to_block) == 20 and seq.num_registered_blocks == 20
+    assert looked == 10  # one lookup per new full block (the old code: 10 + 11 + ... + 20 = 165)
+    assert all(bm.blocks[b].block_hash is not None for b in seq.block_table[:20])
+
+
+def test_a_preempted_sequence_registers_its_blocks_again() -> None:
+    """free() resets the watermark: recomputed blocks are registered again (here after the cache
+    forgot them), and a re-admitted sequence that hits the cache leaves the hit blocks as they are."""
+    bm = BlockManager(16, 4)
+    seq = seq_of(list(range(12)))
+    compute_all(bm, seq)
+    registered = set(bm.hash_to_block)
+    bm.free(seq)
+    assert seq.num_registered_blocks == 0
+    bm.reset_prefix_cache()
+    assert not bm.hash_to_block
+    compute_all(bm, seq)
+    assert set(bm.hash_to_block) == registered
+    bm.free(seq)
+    compute_all(bm, seq)  # a hit on the first two blocks, the third recomputed
+    assert seq.num_cached_tokens == 8 and set(bm.hash_to_block) == registered
