@@ -158,8 +158,8 @@ class WindowTimer:
     def __init__(self, engine: LLMEngine, device: str) -> None:
         self.records: list[tuple[float, float, int]] = []  # (host s in the call, GPU span s, steps)
         self.paused = False
-        self._runner = engine.runner
-        self._orig = getattr(engine.runner, "execute_multi_step", None)
+        self._runner: Any = engine.runner
+        self._orig: Any = getattr(engine.runner, "execute_multi_step", None)
         if self._orig is None:
             return
         orig = self._orig
@@ -185,8 +185,10 @@ class WindowTimer:
         engine.runner.execute_multi_step = timed  # type: ignore[method-assign]
 
     def uninstall(self) -> None:
+        """Back to the class's method; no reference to the runner is kept (the engine can be freed)."""
         if self._orig is not None:
-            self._runner.execute_multi_step = self._orig  # type: ignore[method-assign]
+            del self._runner.execute_multi_step
+        self._runner = self._orig = None
 
     def summary(self, start: int, end: int, wall_s: float) -> dict[str, float]:
         """Per forward step over records[start:end], whose engine steps took wall_s in all."""
