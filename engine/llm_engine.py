@@ -357,10 +357,31 @@ class LLMEngine:
         touched: dict[str, _Request] = {}
         finished_any = False
         num_appended = 0
+        columns: list[tuple[int, ...]] | None = None
         for i, entry in enumerate(out.scheduled):
             seq = entry.seq
             req = requests[seq.request_id]
             checker = req.checkers[seq.index]
+            if checker.deferred:
+                # no stop strings and no per-token text: the window's tokens in one call, the same
+                # outcome as the loop below (StopChecker.on_window_tokens)
+                if columns is None:
+                    columns = list(zip(*sampled, strict=True))
+                tokens = columns[i]
+                kept, status = checker.on_window_tokens(tokens, seq.num_output_tokens, seq.num_tokens)
+                seq.token_ids.extend(tokens[:kept])  # first: the blocks registered below hash them
+                before = seq.num_computed_tokens
+                seq.num_computed_tokens += kept
+                if seq.num_computed_tokens // bs != before // bs:
+                    bm.cache_full_blocks(seq)
+                num_appended += kept
+                if status is not None:
+                    seq.stop_reason = checker.stop_reason
+                    self.scheduler.finish(seq, status)
+                    finished_any = True
+                req.metrics.last_token_time = now
+                touched[req.request_id] = req
+                continue
             num_prompt = seq.num_prompt_tokens
             for step_tokens in sampled:
                 seq.num_computed_tokens += 1

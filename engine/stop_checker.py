@@ -11,6 +11,7 @@ stop string that later turns out to end the text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
@@ -99,6 +100,37 @@ class StopChecker:
             self.text += self.decoder.flush()
             return SequenceStatus.FINISHED_LENGTH
         return None
+
+    def on_window_tokens(
+        self, tokens: Sequence[int], num_output_tokens: int, num_tokens: int
+    ) -> tuple[int, SequenceStatus | None]:
+        """A decode window's tokens for this sequence at once, in deferred mode (no stop strings,
+        FINAL_ONLY) and past min_tokens (windows start there): (how many the sequence keeps, its
+        finished status or None), what `on_token` on each in turn gives, which keeps the tokens up
+        to the one that stops the sequence. num_output_tokens / num_tokens: the counts before the
+        window's first token is appended."""
+        assert self.deferred and num_output_tokens >= self.params.min_tokens
+        p = self.params
+        # the k-th token (from 1) ends the sequence by length
+        length_k = max(1, min(self.max_tokens - num_output_tokens, self.max_model_len - num_tokens))
+        n = min(len(tokens), length_k)
+        stops = self.stop_token_ids if p.ignore_eos else self.stop_token_ids | self.eos_token_ids
+        if stops:
+            for k in range(n):
+                token_id = tokens[k]
+                if token_id in stops:
+                    self._pending.extend(tokens[:k])
+                    if p.include_stop_str_in_output:
+                        self._pending.append(token_id)
+                    if token_id in self.stop_token_ids:
+                        self.stop_reason = token_id
+                    self._finish_deferred(flush=False)
+                    return k + 1, SequenceStatus.FINISHED_STOPPED
+        self._pending.extend(tokens[:n])
+        if n == length_k:
+            self._finish_deferred(flush=True)
+            return n, SequenceStatus.FINISHED_LENGTH
+        return n, None
 
     def _on_token_deferred(
         self, token_id: int, is_stop_token: bool, num_output_tokens: int, num_tokens: int

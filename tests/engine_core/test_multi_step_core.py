@@ -253,12 +253,14 @@ def test_no_window_while_a_request_waits() -> None:
     assert sched.reserve_decode_window(out, 8) == (out, 1)
 
 
-def test_blocks_filled_inside_a_window_are_registered_for_later_hits() -> None:
+@pytest.mark.parametrize("kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY])
+def test_blocks_filled_inside_a_window_are_registered_for_later_hits(kind: RequestOutputKind) -> None:
+    """(FINAL_ONLY: through the one-call path of StopChecker.on_window_tokens.)"""
     prompt = [(5 * j) % 29 + 1 for j in range(6)]
     hits = []
     for n in (1, 8):
         eng, _ = engine(n, num_kv_blocks=64)
-        eng.add_request("a", prompt, greedy(max_tokens=17, ignore_eos=True))
+        eng.add_request("a", prompt, greedy(max_tokens=17, ignore_eos=True, output_kind=kind))
         first = run_all(eng)[0]["a"].outputs[0].token_ids
         eng.add_request("b", prompt + first, greedy(max_tokens=3, ignore_eos=True))
         run_all(eng)
@@ -330,3 +332,45 @@ def test_num_scheduler_steps_flag() -> None:
     assert config_from_args(args, parser).num_scheduler_steps == 1
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "0"])
+
+
+def test_final_only_windows_take_each_sequences_tokens_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FINAL_ONLY requests without stop strings go through StopChecker.on_window_tokens (a window's
+    tokens per sequence in one call): the same outputs, stop reasons, counters and registered
+    blocks as one step per call, for EOS, stop token ids (kept with include_stop_str_in_output),
+    max_tokens, max_model_len, prefix-cache hits and preemption in a small pool."""
+    from llmdeploy_engine.stop_checker import StopChecker
+
+    calls = []
+    original = StopChecker.on_window_tokens
+
+    def counted(self, tokens, num_output_tokens, num_tokens):  # type: ignore[no-untyped-def]
+        calls.append(len(tokens))
+        return original(self, tokens, num_output_tokens, num_tokens)
+
+    monkeypatch.setattr(StopChecker, "on_window_tokens", counted)
+    final = RequestOutputKind.FINAL_ONLY
+    reqs = [
+        ("eos", [24], greedy(max_tokens=20, output_kind=final)),  # "x" -> "yz ab\n" then EOS
+        ("ids", [1], greedy(max_tokens=20, stop_token_ids=[7], output_kind=final)),
+        (
+            "ids-in",
+            [1],
+            greedy(max_tokens=20, stop_token_ids=[5], include_stop_str_in_output=True, output_kind=final),
+        ),
+        ("len", [3], greedy(max_tokens=11, ignore_eos=True, output_kind=final)),
+        ("ctx", [2] * 20, greedy(max_tokens=None, ignore_eos=True, output_kind=final)),
+        ("same", [24], greedy(max_tokens=20, output_kind=final)),  # a prefix hit on "eos"'s blocks
+    ]
+    compare(reqs, rule=successor_rule, max_model_len=40, num_kv_blocks=64, block_size=4)
+    assert calls and max(calls) == 8
+    prompts = [[(3 * i + j) % 29 + 1 for j in range(10)] for i in range(4)]
+    small = [
+        (str(i), p, greedy(max_tokens=20, ignore_eos=True, output_kind=final)) for i, p in enumerate(prompts)
+    ]
+    compare(small, num_kv_blocks=16, block_size=4, max_model_len=32)
+    eng, _ = engine(8, rule=successor_rule)
+    done, _ = run_all(eng, {0: reqs[:3]})
+    assert done["ids"].outputs[0].token_ids == [2, 3, 4, 5, 6, 7] and done["ids"].outputs[0].stop_reason == 7
+    assert done["ids-in"].outputs[0].token_ids == [2, 3, 4, 5] and done["ids-in"].outputs[0].stop_reason == 5
+    assert done["eos"].outputs[0].finish_reason == "stop"

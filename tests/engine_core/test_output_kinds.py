@@ -181,3 +181,42 @@ def test_async_delta_stream_hands_over_every_delta() -> None:
     assert [t for o in deltas for t in o.outputs[0].token_ids] == list(range(2, 10))
     assert cumulative[-1].outputs[0].text == "bcdefghi"
     assert len(final) == 1 and final[0].outputs[0].text == "bcdefghi"
+
+
+def test_window_tokens_at_once_match_token_by_token() -> None:
+    """StopChecker.on_window_tokens (a decode window's tokens for one sequence in one call) against
+    on_token on each: the tokens kept, the status, stop_reason and the final text, over random
+    windows with EOS, stop token ids (with and without include_stop_str_in_output), ignore_eos,
+    max_tokens and max_model_len."""
+    import random
+
+    rng = random.Random(0)
+    eos = 10
+    for case in range(400):
+        window = [rng.choice([10, 11, 12, 65, 66, 0xC3, 0xA9]) for _ in range(rng.randint(1, 8))]
+        params = SamplingParams(
+            max_tokens=rng.randint(1, 12),
+            ignore_eos=rng.random() < 0.3,
+            stop_token_ids=rng.choice([[], [11], [11, 12]]),
+            include_stop_str_in_output=rng.random() < 0.5,
+            output_kind=FINAL,
+        )
+        max_model_len = rng.randint(4, 16)
+        done_out = rng.randint(0, min(params.max_tokens or 0, max_model_len) - 1) if case % 2 else 0
+        num_prompt = rng.randint(1, max(1, max_model_len - done_out - 1))
+        checkers = [
+            StopChecker(params, _ByteDecoder(), {eos}, params.max_tokens or 0, max_model_len) for _ in "ab"
+        ]
+        assert checkers[0].deferred
+        # token by token, as the per-token path calls it (counts after each append)
+        kept_a, status_a = 0, None
+        for k, t in enumerate(window, start=1):
+            kept_a = k
+            status_a = checkers[0].on_token(t, done_out + k, num_prompt + done_out + k)
+            if status_a is not None:
+                break
+        kept_b, status_b = checkers[1].on_window_tokens(window, done_out, num_prompt + done_out)
+        assert (kept_b, status_b) == (kept_a, status_a), (case, window, params, max_model_len)
+        assert checkers[1].stop_reason == checkers[0].stop_reason
+        if status_a is not None:
+            assert checkers[1].visible_text(True) == checkers[0].visible_text(True)
