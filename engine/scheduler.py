@@ -287,10 +287,13 @@ class Scheduler:
             steps -= 1
         if steps <= 1:
             return output, 1
-        for seq in seqs:
-            reserved = bm.allocate_slots(seq, slots(seq, steps))
-            assert reserved, "the window's blocks were counted as free"
-        batch = dataclasses.replace(output.batch, block_tables=[list(s.block_table) for s in seqs])
+        # step 0's batch copied every table after this step's slot was allocated: only the tables
+        # that grow for the window are copied again
+        tables = list(output.batch.block_tables)
+        for i, seq in enumerate(seqs):
+            if bm.grow(seq, slots(seq, steps)):
+                tables[i] = list(seq.block_table)
+        batch = dataclasses.replace(output.batch, block_tables=tables)
         return SchedulerOutput(scheduled, batch, output.preempted), steps
 
     # ---- after the forward pass ---------------------------------------------------------------
