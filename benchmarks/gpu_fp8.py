@@ -7,7 +7,8 @@ decode is timed: the clock starts after the step in which the last sequence got 
 step in which a sequence finishes: chunked prefill staggers the sequences (the first ones decode while
 later prompts are prefilled, and finish ~30 tokens earlier), so after that the batch drains and the
 steps no longer hold 32 streams. "With the drain" runs to the last sequence's end, as v0-v6 measured
-with 128 output tokens. One engine per KV dtype (default: auto = bf16, fp8_e4m3, fp8_e5m2), same
+with 128 output tokens. Requests ask for FINAL_ONLY outputs, as `LLM.generate` and gpu_bench.py do
+(v0-v6 here: cumulative outputs, with per-token text); progress is read from the engine's sequences. One engine per KV dtype (default: auto = bf16, fp8_e4m3, fp8_e5m2), same
 process, same prompts; the table gives each run's ratio to the first run.
 
 Each run also says which attention path served its pure-decode steps (counted at CUDA graph capture
@@ -52,7 +53,7 @@ import torch  # noqa: E402
 from llmdeploy_engine import attention, model  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
-from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
+from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
 TARGET_MODEL = "random:meta-llama/Llama-3.1-8B"
 QUICK_MODEL = "random:HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -221,7 +222,11 @@ def decode_run(
     staggers the sequences: the first ones finish earlier and the batch then drains); "all": until
     the last one finishes, the drain included. With profile_window W, engine step W after the start
     is profiled, and its time and tokens are left out of both."""
-    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    # as LLM.generate drives the engine (and gpu_bench.py): outputs only at the end, no per-token
+    # text; progress is read from the engine's sequences
+    params = SamplingParams(
+        max_tokens=output_len, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY
+    )
     for i, ids in enumerate(prompts):
         engine.add_request(f"{tag}{i}", ids, params)
     produced: dict[str, int] = {}
@@ -244,11 +249,12 @@ def decode_run(
             outs = engine.step()
         new = 0
         finished = False
-        for out in outs:
-            n = len(out.outputs[0].token_ids)
-            new += n - produced.get(out.request_id, 0)
-            produced[out.request_id] = n
-            finished = finished or out.finished
+        counts = [(out.request_id, len(out.outputs[0].token_ids)) for out in outs]
+        counts += [(rid, req.seqs[0].num_output_tokens) for rid, req in engine.requests.items()]
+        for rid, n in counts:
+            new += n - produced.get(rid, 0)
+            produced[rid] = n
+        finished = any(out.finished for out in outs)
         if t0 is None:
             if len(produced) == len(prompts) and all(produced.values()):
                 sync(device)
