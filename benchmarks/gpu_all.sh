@@ -339,22 +339,23 @@ elif [ "$phase" = fp8diag ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -11
     done
 elif [ "$phase" = v7 ]; then
-    # one call (~6 min, v7): GPU 0 gpu_fp8.py (FINAL_ONLY, full-batch timing, 3 repeats, a profiled
-    # window) then the engine GPU tests (multi-step windows, graphs, speculation); GPU 1 gpu_bench.py
-    # (both models, single stream and 256 requests, no transformers peer)
+    # one call on one GPU (~8 min, v7): gpu_fp8.py (FINAL_ONLY, full-batch timing, 2 repeats, a
+    # profiled window), gpu_bench.py (both models, single stream and 256 requests, no transformers
+    # peer), then the engine GPU tests (multi-step windows, graphs, speculation)
     g=tests/engine_gpu
-    (CUDA_VISIBLE_DEVICES=0 timeout 270 python3 benchmarks/gpu_fp8.py --repeats 3 --profile-window 4 \
-        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log"
-     tests 0 engine 150 $g/test_multi_step_gpu.py $g/test_triton_engine.py $g/test_cuda_graph_runner.py \
-        $g/test_spec_decode_gpu.py $g/test_graph_pick.py) &
-    (CUDA_VISIBLE_DEVICES=1 timeout 330 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
-        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
-    wait
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_fp8.py --repeats 2 --profile-window 4 \
+        --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_fp8.log"
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    tests 0 engine 110 $g/test_multi_step_gpu.py $g/test_triton_engine.py $g/test_cuda_graph_runner.py \
+        $g/test_spec_decode_gpu.py $g/test_graph_pick.py
     summary "$out"/t_*.log
     echo "== gpu_fp8"
     grep -a -E "repeat|profile per|\| |^exit" "$out/gpu_fp8.log" | cut -c1-330
     echo "== gpu_bench"
-    grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |single stream:|throughput|^exit" | tail -40
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |single stream:|^exit" | tail -40
 else
     echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7)" >&2
     exit 2
