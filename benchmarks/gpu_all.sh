@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -356,8 +356,46 @@ elif [ "$phase" = v7 ]; then
     grep -a -E "repeat|profile per|\| |^exit" "$out/gpu_fp8.log" | cut -c1-330
     echo "== gpu_bench"
     grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |single stream:|^exit" | tail -40
+elif [ "$phase" = v7b ]; then
+    # one call (~6 min on one GPU, less on two): the argmax and engine GPU tests; the single streams
+    # (both models) with torch's argmax (LLMDEPLOY_FAST_ARGMAX=0) and with the two-stage Triton one;
+    # gpu_fp8.py again; gpu_spec.py on the 8B with --continuing-model; with a second GPU, gpu_tp.py
+    g=tests/engine_gpu
+    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    other=$([ "$gpus" -gt 1 ] && echo 1 || echo 0)
+    mkdir -p "$out/torch_argmax"
+    (tests 0 engine 120 "$g/test_triton_ops.py::test_argmax_rows_matches_torch" $g/test_multi_step_gpu.py \
+        $g/test_triton_engine.py $g/test_cuda_graph_runner.py
+     CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_FAST_ARGMAX=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer \
+        --throughput-models none --out "$out/torch_argmax" ${ARGS:-} >"$out/gpu_bench_torch_argmax.log" 2>&1
+     echo "exit $?" >>"$out/gpu_bench_torch_argmax.log"
+     CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --throughput-models none \
+        --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1
+     echo "exit $?" >>"$out/gpu_bench.log") &
+    [ "$other" = 0 ] && wait
+    (CUDA_VISIBLE_DEVICES=$other timeout 200 python3 benchmarks/gpu_fp8.py --repeats 2 --out "$out" ${ARGS:-} \
+        >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log"
+     CUDA_VISIBLE_DEVICES=$other timeout 80 python3 benchmarks/gpu_spec.py --models llama --continuing-model \
+        --repeats 2 --out "$out/gpu_spec_cont.json" ${ARGS:-} >"$out/gpu_spec_cont.log" 2>&1
+     echo "exit $?" >>"$out/gpu_spec_cont.log") &
+    wait
+    if [ "$gpus" -gt 1 ]; then
+        CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
+            --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
+        echo "exit $?" >>"$out/gpu_tp.log"
+    fi
+    summary "$out"/t_*.log
+    for f in gpu_bench_torch_argmax gpu_bench; do
+        echo "== $f"
+        grep -a -E "switches|copy bandwidth|single stream:|^exit" "$out/$f.log" | cut -c1-170
+    done
+    echo "== gpu_fp8"
+    grep -a -E "\| |^exit" "$out/gpu_fp8.log" | cut -c1-330
+    for f in gpu_spec_cont gpu_tp; do
+        [ -f "$out/$f.log" ] && { echo "== $f"; grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -10; }
+    done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

@@ -716,6 +716,7 @@ def main() -> None:
         "LLMDEPLOY_FUSED_GEMV",
         "LLMDEPLOY_FUSED_DECODE",
         "LLMDEPLOY_DECODE_MERGE",
+        "LLMDEPLOY_FAST_ARGMAX",
     )
     log("engine switches: " + ", ".join(f"{k}={os.environ.get(k, '(default)')}" for k in switches))
     bandwidth = copy_bandwidth_bytes_per_s(args.device, 2**32 if args.device == "cuda" else 2**26)

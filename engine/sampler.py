@@ -19,7 +19,11 @@ so their tokens do not depend on which other requests share the batch.
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from llmdeploy_engine.outputs import Logprob
@@ -245,7 +249,11 @@ class WindowSampler:
     def sample(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         """Write one token per row of float32 logits [n, vocab] into out [n] (long, same device)."""
         if not self.random:
-            torch.argmax(logits, dim=-1, out=out)
+            fast = _argmax_rows() if logits.is_cuda else None
+            if fast is not None and logits.stride(-1) == 1:
+                fast(logits, out)
+            else:
+                torch.argmax(logits, dim=-1, out=out)
             return
         chosen = logits.argmax(dim=-1)
         x = logits / self.temperatures
@@ -254,3 +262,17 @@ class WindowSampler:
         probs = torch.softmax(x, dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         torch.where(self.greedy, chosen, (probs / noise).argmax(dim=-1), out=out)
+
+
+@functools.cache
+def _argmax_rows() -> Callable[..., Any] | None:
+    """triton_ops.argmax_rows (the greedy pick in two launches over the whole GPU; torch's argmax
+    reduces a 128k-entry row on few SMs) where Triton is installed; LLMDEPLOY_FAST_ARGMAX=0 keeps
+    torch.argmax. Read once per process."""
+    if os.environ.get("LLMDEPLOY_FAST_ARGMAX", "1") == "0":
+        return None
+    try:
+        from llmdeploy_engine import triton_ops
+    except ImportError:
+        return None
+    return triton_ops.argmax_rows

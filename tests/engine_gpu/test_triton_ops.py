@@ -94,3 +94,32 @@ def test_ops_dispatch_matches_torch_in_a_decoder_layer_pattern() -> None:
     assert torch.equal(
         ops.rms_norm(cuda[0], cuda[2], 1e-5), ops.add_rms_norm(cuda[0], None, cuda[2], 1e-5)[0]
     )
+
+
+@pytest.mark.parametrize("rows", [1, 3, 256])
+@pytest.mark.parametrize("vocab", [1, 7, 1024, 5000, 151936])
+def test_argmax_rows_matches_torch(rows: int, vocab: int) -> None:
+    """The two-stage argmax (the greedy pick) against torch.argmax on CPU copies: random rows, rows
+    whose maximum repeats (the first one wins, also across chunks), all -inf rows, a NaN (ranks
+    highest), float32 and bf16; into an `out` row view as the window sampler passes it."""
+    from llmdeploy_engine import triton_ops
+
+    if INTERPRET and rows * vocab > 300_000:
+        pytest.skip("large shapes only on the GPU (interpreter time)")
+    gen = torch.Generator().manual_seed(rows * 7 + vocab)
+    x = torch.randn(rows, vocab, generator=gen)
+    if rows > 1:
+        x[1] = 0.0
+        x[1, vocab // 2 :] = 3.0  # equal maxima from the middle on: the first is at vocab // 2
+    if rows > 2:
+        x[2] = float("-inf")
+    if rows > 3 and vocab > 1:
+        x[3, vocab - 1] = float("nan")
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        got = triton_ops.argmax_rows(xd.to(DEVICE))
+        assert got.dtype == torch.long and got.shape == (rows,)
+        assert torch.equal(got.cpu(), torch.argmax(xd, dim=-1)), dtype
+    out = torch.full((2, rows), -1, dtype=torch.long, device=DEVICE)
+    triton_ops.argmax_rows(x.to(DEVICE), out=out[1])
+    assert torch.equal(out[1].cpu(), torch.argmax(x, dim=-1)) and bool((out[0] == -1).all())
