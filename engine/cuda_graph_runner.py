@@ -25,6 +25,13 @@ the float cast) into one float32 buffer shared by those graphs, so a single-stre
 nothing but the copy and the replay; the returned logits are a view of that buffer, valid until the
 next `execute`. Larger graphs return hidden states and the logits are computed eagerly (one matmul).
 
+Short prefills (and other uniform multi-token steps) when the decode graphs take one token per
+sequence: a second set of graphs, captured with RoPE, the KV store and attention as two launches,
+serves batches of up to `PREFILL_GRAPH_ROWS` rows whose contexts fit the bucket of that many tokens
+(a 128-token prompt is one replay of the 128-row graph instead of ~15 us of host time for each of
+its ~400 eager launches); the logits of the rows that need them are computed after the replay. Its
+largest row count is the largest decode batch size, so the planner's graph memory still covers it.
+
 Multi-step decoding (`execute_multi_step`, num_scheduler_steps > 1): a decode window replays one
 graph, picked for the context of the window's LAST step, once per step. Every step's positions,
 slots and context lengths (and the block tables, once) are known on the host, packed into a second
@@ -60,6 +67,7 @@ from llmdeploy.planner.builtin_rule import (
 )
 
 DEFAULT_BATCH_SIZES = CUDA_GRAPH_BATCH_SIZES
+PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")
 
 
@@ -68,11 +76,13 @@ class CaptureReport:
     num_graphs: int
     capture_time_s: float
     memory_bytes: int  # device memory reserved by the graphs' pool (and capture) beyond what was there
+    num_prefill_graphs: int = 0  # of num_graphs: the multi-token-row graphs for short prefills
 
     def log_line(self) -> str:
+        prefill = f" (+{self.num_prefill_graphs} for short prefills)" if self.num_prefill_graphs else ""
         return (
-            f"Captured {self.num_graphs} CUDA graphs for decode in {self.capture_time_s:.2f} s, "
-            f"{self.memory_bytes / 2**30:.2f} GiB"
+            f"Captured {self.num_graphs - self.num_prefill_graphs} CUDA graphs for decode{prefill} in "
+            f"{self.capture_time_s:.2f} s, {self.memory_bytes / 2**30:.2f} GiB"
         )
 
 
@@ -122,11 +132,15 @@ class CudaGraphRunner:
         max_blocks: int | None = None,
         logits_max_batch: int = CUDA_GRAPH_LOGITS_MAX_BATCH,
         multi_token_rows: bool | None = None,
+        prefill_rows: tuple[int, ...] | None = None,
     ) -> None:
         """multi_token_rows: whether steps of several new tokens per sequence (speculative verification)
         replay the graphs; None: when the runner's config has a speculative_config. Graphs without
         them run RoPE, the KV store and decode attention in one kernel (attention.fused_rope_decode);
-        with them those stay two launches, as a row reads the K/V other rows store."""
+        with them those stay two launches, as a row reads the K/V other rows store.
+        prefill_rows: row counts of the extra multi-token-row graphs for short prefills when the decode
+        graphs take one token per sequence (None: PREFILL_GRAPH_ROWS up to the largest batch size;
+        () for none); each is captured for the context buckets up to its own number of tokens."""
         if runner.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         if multi_token_rows is None:
@@ -143,6 +157,12 @@ class CudaGraphRunner:
         self.batch_sizes = tuple(b for b in batch_sizes if b <= runner.config.max_num_seqs)
         self.logits_max_batch = logits_max_batch
         self.graphs: dict[tuple[int, int], _DecodeGraph] = {}
+        if multi_token_rows:
+            prefill_rows = ()  # the decode graphs take multi-token steps themselves
+        elif prefill_rows is None:
+            prefill_rows = tuple(r for r in PREFILL_GRAPH_ROWS if r <= max(self.batch_sizes, default=0))
+        self.prefill_rows = tuple(sorted(prefill_rows))
+        self.prefill_graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self.num_replays = 0
         size = max(b * (4 + nb) for b in self.batch_sizes for nb in self.block_buckets)
         self._host = torch.zeros(size, dtype=torch.long, pin_memory=True)
@@ -163,10 +183,11 @@ class CudaGraphRunner:
     def release_graphs(self) -> None:
         """Drop the captured graphs (before a tensor-parallel group is destroyed); execute runs eagerly
         afterwards."""
-        for g in self.graphs.values():
+        for g in (*self.graphs.values(), *self.prefill_graphs.values()):
             g.graph.reset()
         self.graphs.clear()
-        self.batch_sizes = ()
+        self.prefill_graphs.clear()
+        self.batch_sizes = self.prefill_rows = ()
 
     def close(self) -> None:
         """Release the graphs, then close the wrapped runner (tensor-parallel workers and group)."""
@@ -226,31 +247,58 @@ class CudaGraphRunner:
                         g.logits = self._logits[:b]
                         g.logits.copy_(self.runner.model.compute_logits(g.hidden))
                 self.graphs[(b, nb)] = g
+        for b, nb in sorted(self.prefill_keys(), reverse=True):
+            g = _DecodeGraph(b, nb, self.block_size, device, one_token_per_seq=False)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                self._forward(g)
+            torch.cuda.current_stream(device).wait_stream(side)
+            with torch.cuda.graph(g.graph, pool=pool):
+                g.hidden = self._forward(g)  # logits after the replay, for the rows that need them
+            self.prefill_graphs[(b, nb)] = g
         torch.cuda.synchronize(device)
         return CaptureReport(
-            len(self.graphs), time.perf_counter() - start, torch.cuda.memory_reserved(device) - before
+            len(self.graphs) + len(self.prefill_graphs),
+            time.perf_counter() - start,
+            torch.cuda.memory_reserved(device) - before,
+            len(self.prefill_graphs),
         )
+
+    def prefill_keys(self) -> list[tuple[int, int]]:
+        """(rows, context blocks) of the short-prefill graphs: each row count with the buckets up to
+        the one that holds that many tokens."""
+        keys = []
+        for b in self.prefill_rows:
+            need = -(-b // self.block_size)
+            top = next((nb for nb in self.block_buckets if nb >= need), self.block_buckets[-1])
+            keys += [(b, nb) for nb in self.block_buckets if nb <= top]
+        return keys
 
     def _forward(self, g: _DecodeGraph) -> torch.Tensor:
         out: torch.Tensor = self.runner.model(g.ids, g.positions, g.meta(), self.runner.kv_caches)
         return out
 
     def _pick(self, batch: ForwardBatch) -> _DecodeGraph | None:
-        """The graph for a uniform batch (every sequence feeds q new tokens after at least one cached
-        token, every sequence samples), or None. A graph of batch size B serves n sequences x q tokens
-        when n * q <= B: each token is a row that attends to its own prefix (speculative verification
-        replays the decode graphs this way)."""
+        """The graph for a uniform batch (every sequence feeds q new tokens, every sequence samples;
+        one new token: after at least one cached token), or None. A graph of batch size B serves n
+        sequences x q tokens when n * q <= B: each token is a row that attends to its own prefix
+        (speculative verification replays the decode graphs this way, and a prompt's prefill the
+        short-prefill graphs when the decode graphs take one token per sequence)."""
         n = batch.num_seqs
         if n == 0:
             return None
         q = batch.query_len[0]
-        if any(x != q for x in batch.query_len) or any(c <= q for c in batch.context_len):
+        if any(x != q for x in batch.query_len) or (q == 1 and any(c <= 1 for c in batch.context_len)):
             return None
-        if q > 1 and not self.multi_token_rows:
-            return None  # these graphs fuse the KV store into attention: one token per sequence only
         if batch.sample_indices != list(range(n)):
             return None
         need = -(-max(batch.context_len) // self.block_size)
+        if q > 1 and not self.multi_token_rows:
+            # the decode graphs fuse the KV store into attention (one token per sequence): the
+            # short-prefill graphs, where they hold the step
+            b = next((s for s in self.prefill_rows if s >= n * q), None)
+            nb = next((s for s in self.block_buckets if s >= need), None)
+            return self.prefill_graphs.get((b, nb)) if b is not None and nb is not None else None
         b = next((s for s in self.batch_sizes if s >= n * q), None)
         nb = next((s for s in self.block_buckets if s >= need), None)
         return None if b is None or nb is None else self.graphs[(b, nb)]

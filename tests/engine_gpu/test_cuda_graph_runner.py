@@ -123,3 +123,44 @@ def test_graphs_without_multi_token_rows_send_verification_steps_to_the_eager_ru
     assert torch.equal(ours, ref)
     graphs.execute(batch_for([[int(ours[1].argmax())], [int(ours[3].argmax())]], [7, 5], tables, bs))
     assert graphs.num_replays == 1
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 3e-2)])
+def test_short_prefill_replays_its_graph_and_matches_eager(dtype: str, tol: float) -> None:
+    """One-token decode graphs plus the short-prefill graphs: a 12-token prompt (and two 7-token
+    ones) prefill in one replay of the 16-row graph, give the eager runner's last-token logits, touch
+    no other sequence's blocks, and the decode step after it matches the eager path."""
+    runner = ModelRunner(
+        EngineConfig(
+            model="random:Qwen/Qwen2.5-0.5B",
+            device="cuda",
+            dtype=dtype,
+            max_model_len=512,
+            max_num_seqs=16,
+            gpu_memory_utilization=0.3,
+        )
+    )
+    graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4, 8, 16))
+    assert not graphs.multi_token_rows and graphs.prefill_rows == (16,)
+    assert graphs.report.num_prefill_graphs == 1 and (16, 8) in graphs.prefill_graphs
+    bs = runner.block_size
+    gen = torch.Generator().manual_seed(3)
+    for lengths in ([12], [7, 7]):
+        n = len(lengths)
+        prompts = [torch.randint(0, 1000, (k,), generator=gen).tolist() for k in lengths]
+        tables = [list(range(i, 2 * 4, 2)) for i in range(n)]  # interleaved, 4 blocks each
+        idle = [b for b in range(8, 16)]
+        before = [(k[idle].clone(), v[idle].clone()) for k, v in runner.kv_caches]
+        replays = graphs.num_replays
+        ours = graphs.execute(batch_for(prompts, [0] * n, tables, bs)).clone()
+        assert graphs.num_replays == replays + 1
+        for (k, v), (k0, v0) in zip(runner.kv_caches, before, strict=True):
+            assert torch.equal(k[idle], k0) and torch.equal(v[idle], v0), "graph wrote outside its batch"
+        ref = runner.execute(batch_for(prompts, [0] * n, tables, bs))  # eager, same slots rewritten
+        assert ours.shape == ref.shape == (n, runner.model_config.vocab_size)
+        assert rel_err(ours, ref) < tol, rel_err(ours, ref)
+        nxt = [[int(t)] for t in ref.argmax(-1).tolist()]
+        step = batch_for(nxt, lengths, tables, bs)
+        ours = graphs.execute(step).clone()
+        assert graphs.num_replays == replays + 2  # the decode graph
+        assert rel_err(ours, runner.execute(step)) < tol

@@ -14,6 +14,8 @@ def picker(multi_token_rows: bool = True) -> CudaGraphRunner:
     r.batch_sizes = (1, 2, 4, 8)
     r.block_buckets = (8, 16, 32)
     r.graphs = {(b, nb): (b, nb) for b in r.batch_sizes for nb in r.block_buckets}  # type: ignore[misc]
+    r.prefill_rows = ()
+    r.prefill_graphs = {}
     return r
 
 
@@ -103,7 +105,8 @@ def test_uniform_multi_token_batches_use_the_graph_of_n_times_q_rows() -> None:
     assert r._pick(uniform([20], 2, [2])) == (2, 8)
     assert r._pick(uniform([20, 40], 2, None)) == (4, 8)  # only the last token's logits
     assert r._pick(uniform([20, 40, 50], 3, [3, 3, 3])) is None  # 9 rows > 8
-    assert r._pick(uniform([3, 40], 3, [3, 3])) is None  # no cached token before the first new one
+    # no cached token before the first new one: a 3-token prompt's prefill, same rows
+    assert r._pick(uniform([3, 40], 3, [3, 3])) == (8, 8)
 
 
 def test_graphs_for_one_token_per_sequence_take_only_decodes() -> None:
@@ -134,3 +137,20 @@ def test_pack_uniform_multi_token_rows() -> None:
     # a decode batch after it: no multi-token state is left behind in the rows it uses
     pack_decode_inputs(out, decode([5, 17]), 2, 4)
     assert out[8:16].reshape(2, 4).tolist() == [[0, 0, 0, 0], [0, 0, 0, 0]]  # decode() uses block 0
+
+
+def test_short_prefills_replay_the_multi_token_row_graphs() -> None:
+    """With one-token decode graphs, uniform multi-token steps (a prompt's prefill, a verification
+    step) replay the short-prefill graphs of n * q rows where their contexts fit; decodes keep
+    the decode graphs."""
+    r = picker(multi_token_rows=False)
+    r.prefill_rows = (16, 32)
+    r.prefill_graphs = {(b, nb): ("prefill", b, nb) for b, nb in [(16, 8), (32, 8)]}  # type: ignore[misc]
+    assert r._pick(uniform([12], 12, None)) == ("prefill", 16, 8)  # a 12-token prompt, last logits only
+    assert r._pick(uniform([20, 20], 10, None)) == ("prefill", 32, 8)  # 10 new tokens after 10 cached
+    assert r._pick(uniform([20, 40], 3, [3, 3])) == ("prefill", 16, 8)  # verification shape
+    assert r._pick(uniform([40], 40, None)) is None  # 40 rows: more than the largest graph
+    assert r._pick(uniform([200], 20, None)) is None  # a context past the captured buckets
+    assert r._pick(decode([5, 200])) == (2, 16)
+    r.prefill_rows = (16, 32, 256)
+    assert r.prefill_keys() == [(16, 8), (32, 8), (256, 8), (256, 16)]
