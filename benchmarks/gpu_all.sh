@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -394,8 +394,39 @@ elif [ "$phase" = v7b ]; then
     for f in gpu_spec_cont gpu_tp; do
         [ -f "$out/$f.log" ] && { echo "== $f"; grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -10; }
     done
+elif [ "$phase" = final7 ]; then
+    # one call (~6 min, v7 final): GPU 0 the graph / engine GPU tests (short-prefill graphs, multi-step
+    # windows, speculation) then gpu_bench.py (both models, single stream and 256 requests, no peer);
+    # with a second GPU, GPU 1 gpu_spec.py (the 8B with --continuing-model, then both random models)
+    # and afterwards gpu_tp.py on both
+    g=tests/engine_gpu
+    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    (tests 0 engine 150 $g/test_cuda_graph_runner.py $g/test_graph_pick.py $g/test_triton_engine.py \
+        $g/test_multi_step_gpu.py $g/test_spec_decode_gpu.py -v
+     CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
+    if [ "$gpus" -gt 1 ]; then
+        (CUDA_VISIBLE_DEVICES=1 timeout 80 python3 benchmarks/gpu_spec.py --models llama --continuing-model \
+            --repeats 2 --out "$out/gpu_spec_cont.json" ${ARGS:-} >"$out/gpu_spec_cont.log" 2>&1
+         echo "exit $?" >>"$out/gpu_spec_cont.log"
+         CUDA_VISIBLE_DEVICES=1 timeout 100 python3 benchmarks/gpu_spec.py --repeats 1 --out "$out/gpu_spec.json" \
+            ${ARGS:-} >"$out/gpu_spec.log" 2>&1; echo "exit $?" >>"$out/gpu_spec.log") &
+    fi
+    wait
+    if [ "$gpus" -gt 1 ]; then
+        CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
+            --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
+        echo "exit $?" >>"$out/gpu_tp.log"
+    fi
+    summary "$out"/t_*.log
+    grep -a -E "PASSED|FAILED|ERROR" "$out/t_engine.log" | cut -c1-150 | head -40
+    echo "== gpu_bench"
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |^exit|Captured" | tail -34
+    for f in gpu_spec_cont gpu_spec gpu_tp; do
+        [ -f "$out/$f.log" ] && { echo "== $f"; grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -12; }
+    done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
