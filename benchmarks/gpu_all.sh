@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -425,8 +425,18 @@ elif [ "$phase" = final7 ]; then
     for f in gpu_spec_cont gpu_spec gpu_tp; do
         [ -f "$out/$f.log" ] && { echo "== $f"; grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -12; }
     done
+elif [ "$phase" = first ]; then
+    # one short call (v7): the graph runner tests, then the single streams (both models) after the
+    # start-up replay of every graph (the first launch of a graph uploads it)
+    g=tests/engine_gpu
+    tests 0 engine 100 $g/test_cuda_graph_runner.py $g/test_graph_pick.py $g/test_multi_step_gpu.py
+    CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --throughput-models none \
+        --out "$out" ${ARGS:-} >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    summary "$out"/t_*.log
+    grep -a -E "Captured|single stream:|^exit" "$out/gpu_bench.log" | cut -c1-170
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
