@@ -426,8 +426,9 @@ elif [ "$phase" = final7 ]; then
         [ -f "$out/$f.log" ] && { echo "== $f"; grep -v -E "Warning|enable\(self" "$out/$f.log" | tail -12; }
     done
 elif [ "$phase" = first ]; then
-    # one short call (v7): the graph runner tests, then the single streams (both models) after the
-    # start-up replay of every graph (the first launch of a graph uploads it)
+    # one short call (v7, run 24): the graph runner tests, then the single streams (both models) after
+    # a start-up replay of every graph (the first launch of a graph uploads it). The replay did not
+    # shorten gpu_bench's first step and was removed after this run.
     g=tests/engine_gpu
     tests 0 engine 100 $g/test_cuda_graph_runner.py $g/test_graph_pick.py $g/test_multi_step_gpu.py
     CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --throughput-models none \

@@ -256,11 +256,6 @@ class CudaGraphRunner:
             with torch.cuda.graph(g.graph, pool=pool):
                 g.hidden = self._forward(g)  # logits after the replay, for the rows that need them
             self.prefill_graphs[(b, nb)] = g
-        # one replay of each (static inputs: every row writes slot 0 of block 0, which no sequence
-        # holds yet), so that a graph's first launch, which uploads it, happens here and not in the
-        # first request that needs it
-        for g in (*self.graphs.values(), *self.prefill_graphs.values()):
-            g.graph.replay()
         torch.cuda.synchronize(device)
         return CaptureReport(
             len(self.graphs) + len(self.prefill_graphs),
