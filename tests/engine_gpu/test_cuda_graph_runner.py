@@ -130,16 +130,7 @@ def test_short_prefill_replays_its_graph_and_matches_eager(dtype: str, tol: floa
     """One-token decode graphs plus the short-prefill graphs: a 12-token prompt (and two 7-token
     ones) prefill in one replay of the 16-row graph, give the eager runner's last-token logits, touch
     no other sequence's blocks, and the decode step after it matches the eager path."""
-    runner = ModelRunner(
-        EngineConfig(
-            model="random:Qwen/Qwen2.5-0.5B",
-            device="cuda",
-            dtype=dtype,
-            max_model_len=512,
-            max_num_seqs=16,
-            gpu_memory_utilization=0.3,
-        )
-    )
+    runner = qwen_runner(max_model_len=512, max_num_seqs=16, dtype=dtype)
     graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4, 8, 16))
     assert not graphs.multi_token_rows and graphs.prefill_rows == (16,)
     assert graphs.report.num_prefill_graphs == 1 and (16, 8) in graphs.prefill_graphs
