@@ -16,7 +16,12 @@ like a streaming server (`--output-kind cumulative`, the engine's behaviour befo
 
 With `--num-scheduler-steps N` > 1 the engine runs decode windows of up to N steps through the
 runner's `execute_multi_step` (the same next-token rule, fed forward in the runner), so scheduling,
-batch building and the output path run once per window instead of once per step.
+batch building and the output path run once per window instead of once per step. `--decode-only`
+times only the steps after every prompt is prefilled, and adds ms per engine step (a window) with its
+reservation (`Scheduler.reserve_decode_window`) and output (`LLMEngine._process_window`) parts:
+
+    python benchmarks/host_overhead.py --num-requests 256 --prompt-len 560 --output-len 560 \
+        --num-scheduler-steps 8 --output-kind final --decode-only
 """
 
 from __future__ import annotations
@@ -105,16 +110,32 @@ def run(args: argparse.Namespace, kind: RequestOutputKind, num_scheduler_steps: 
 
         return wrapper
 
+    finals = 0
+    tokens_before = 0
+    if args.decode_only:
+        # every prompt prefilled and decoding, nothing waiting: only decode steps (windows) are timed
+        scheduler = engine.scheduler
+        while scheduler.waiting or any(s.num_output_tokens == 0 for s in scheduler.running):
+            for out in engine.step():
+                finals += out.finished
+        tokens_before = sum(s.num_output_tokens for s in scheduler.running) + finals * args.output_len
+        runner.seconds = 0.0
     engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)  # type: ignore[method-assign]
     engine.sampler.sample = timed("sample", engine.sampler.sample)  # type: ignore[method-assign]
-    finals = 0
+    engine.scheduler.reserve_decode_window = timed(  # type: ignore[method-assign]
+        "reserve", engine.scheduler.reserve_decode_window
+    )
+    engine._process_window = timed("process_window", engine._process_window)  # type: ignore[method-assign]
+    timers.update(reserve=0.0, process_window=0.0)
+    engine_steps = 0
     start = time.perf_counter()
     while engine.has_unfinished_requests():
+        engine_steps += 1
         for out in engine.step():
             finals += out.finished
     total = time.perf_counter() - start
     assert finals == args.num_requests
-    tokens = args.num_requests * args.output_len
+    tokens = args.num_requests * args.output_len - tokens_before
     host = total - runner.seconds
     rest = host - timers["schedule"] - timers["sample"]
     return {
@@ -125,6 +146,10 @@ def run(args: argparse.Namespace, kind: RequestOutputKind, num_scheduler_steps: 
         "rest_us": rest / tokens * 1e6,
         "runner_s": runner.seconds,
         "total_s": total,
+        "engine_steps": engine_steps,
+        "host_ms_per_engine_step": host / engine_steps * 1e3,
+        "reserve_ms_per_engine_step": timers["reserve"] / engine_steps * 1e3,
+        "process_window_ms_per_engine_step": timers["process_window"] / engine_steps * 1e3,
     }
 
 
@@ -139,6 +164,12 @@ def main() -> None:
         default="1",
         help="comma-separated values of the engine's num_scheduler_steps to compare, e.g. 1,8",
     )
+    parser.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="time only the steps after every prompt is prefilled (decode windows); adds ms per engine "
+        "step and its window reservation / window processing parts",
+    )
     args = parser.parse_args()
     steps = [int(x) for x in args.num_scheduler_steps.split(",")]
     torch.set_num_threads(1)
@@ -149,7 +180,7 @@ def main() -> None:
     )
     print(
         f"{'output kind':<12} {'steps':>5} {'host us/tok':>11} {'schedule':>9} {'sample':>8} {'rest':>8} "
-        f"{'runner s':>9}"
+        f"{'runner s':>9} {'ms/eng step':>11} {'reserve':>8} {'process':>8}"
     )
     for name in kinds:
         for n in steps:
@@ -157,7 +188,9 @@ def main() -> None:
             r = run(args, KINDS[name], n)
             print(
                 f"{name:<12} {n:>5} {r['host_us_per_token']:>11.1f} {r['schedule_us']:>9.1f} "
-                f"{r['sample_us']:>8.1f} {r['rest_us']:>8.1f} {r['runner_s']:>9.2f}"
+                f"{r['sample_us']:>8.1f} {r['rest_us']:>8.1f} {r['runner_s']:>9.2f} "
+                f"{r['host_ms_per_engine_step']:>11.2f} {r['reserve_ms_per_engine_step']:>8.2f} "
+                f"{r['process_window_ms_per_engine_step']:>8.2f}"
             )
 
 
