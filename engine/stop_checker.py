@@ -50,6 +50,8 @@ class StopChecker:
         self.decoder = decoder
         self.eos_token_ids = eos_token_ids
         self.stop_token_ids = set(params.stop_token_ids or [])
+        # what ends a sequence in a decode window (on_window_tokens), built once
+        self._window_stops = self.stop_token_ids if params.ignore_eos else self.stop_token_ids | eos_token_ids
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
         self.text = ""
@@ -114,7 +116,7 @@ class StopChecker:
         # the k-th token (from 1) ends the sequence by length
         length_k = max(1, min(self.max_tokens - num_output_tokens, self.max_model_len - num_tokens))
         n = min(len(tokens), length_k)
-        stops = self.stop_token_ids if p.ignore_eos else self.stop_token_ids | self.eos_token_ids
+        stops = self._window_stops
         if stops:
             for k in range(n):
                 token_id = tokens[k]
