@@ -130,19 +130,6 @@ class BlockManager:
             seq.block_table.append(self._take_fresh())
         return True
 
-    def grow(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Fresh blocks for `num_new_tokens` slots after the computed ones, for a running sequence
-        whose caller has counted them against the free blocks (a decode window's reservation):
-        allocate_slots without its checks. Returns how many blocks were added."""
-        assert seq.block_table or seq.num_computed_tokens == 0
-        total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
-        table = seq.block_table
-        added = max(0, total - len(table))
-        assert added <= self.num_free_blocks, "the window's blocks were counted as free"
-        for _ in range(added):
-            table.append(self._take_fresh())
-        return added
-
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let a fresh child share the parent's full computed blocks (n > 1 sampling)."""
         assert not child.block_table and child.num_computed_tokens == 0

@@ -291,7 +291,10 @@ class Scheduler:
         # that grow for the window are copied again
         tables = list(output.batch.block_tables)
         for i, seq in enumerate(seqs):
-            if bm.grow(seq, slots(seq, steps)):
+            had = len(seq.block_table)
+            reserved = bm.allocate_slots(seq, slots(seq, steps))
+            assert reserved, "the window's blocks were counted as free"
+            if len(seq.block_table) != had:
                 tables[i] = list(seq.block_table)
         batch = dataclasses.replace(output.batch, block_tables=tables)
         return SchedulerOutput(scheduled, batch, output.preempted), steps

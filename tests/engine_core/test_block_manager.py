@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from llmdeploy_engine.block_manager import BlockManager, chain_hash
 from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.sequence import Sequence
@@ -204,17 +203,3 @@ def test_a_preempted_sequence_registers_its_blocks_again() -> None:
     bm.free(seq)
     compute_all(bm, seq)  # a hit on the first two blocks, the third recomputed
     assert seq.num_cached_tokens == 8 and set(bm.hash_to_block) == registered
-
-
-def test_grow_adds_the_window_blocks_without_checks() -> None:
-    """grow (a decode window's reservation, counted by the scheduler): fresh blocks up to the slots
-    asked for, how many it added; asking for more than is free is a bug (assertion)."""
-    bm = BlockManager(6, 4, enable_prefix_caching=False)
-    seq = seq_of(list(range(5)))
-    assert bm.allocate_slots(seq, 5)
-    seq.num_computed_tokens = 5
-    assert bm.grow(seq, 3) == 0  # slots 5..7 are in block 1
-    assert bm.grow(seq, 8) == 2 and len(seq.block_table) == 4 and bm.num_free_blocks == 2
-    with pytest.raises(AssertionError, match="counted as free"):
-        bm.grow(seq, 20)
-    assert len(seq.block_table) == 4
