@@ -293,15 +293,13 @@ class CudaGraphRunner:
         if batch.sample_indices != list(range(n)):
             return None
         need = -(-max(batch.context_len) // self.block_size)
-        if q > 1 and not self.multi_token_rows:
-            # the decode graphs fuse the KV store into attention (one token per sequence): the
-            # short-prefill graphs, where they hold the step
-            b = next((s for s in self.prefill_rows if s >= n * q), None)
-            nb = next((s for s in self.block_buckets if s >= need), None)
-            return self.prefill_graphs.get((b, nb)) if b is not None and nb is not None else None
-        b = next((s for s in self.batch_sizes if s >= n * q), None)
+        # the decode graphs fuse the KV store into attention (one token per sequence) unless they take
+        # multi-token rows: other steps go to the short-prefill graphs, where they hold the step
+        short = q > 1 and not self.multi_token_rows
+        sizes, graphs = (self.prefill_rows, self.prefill_graphs) if short else (self.batch_sizes, self.graphs)
+        b = next((s for s in sizes if s >= n * q), None)
         nb = next((s for s in self.block_buckets if s >= need), None)
-        return None if b is None or nb is None else self.graphs[(b, nb)]
+        return None if b is None or nb is None else graphs.get((b, nb))
 
     def _fill(self, g: _DecodeGraph, batch: ForwardBatch) -> int:
         """Write the graph's packed inputs into the pinned host buffer; returns their length."""
