@@ -249,7 +249,7 @@ class WindowSampler:
     def sample(self, logits: torch.Tensor, out: torch.Tensor) -> None:
         """Write one token per row of float32 logits [n, vocab] into out [n] (long, same device)."""
         if not self.random:
-            fast = _argmax_rows() if logits.is_cuda else None
+            fast = fast_argmax_rows() if logits.is_cuda else None
             if fast is not None and logits.stride(-1) == 1:
                 fast(logits, out)
             else:
@@ -265,7 +265,7 @@ class WindowSampler:
 
 
 @functools.cache
-def _argmax_rows() -> Callable[..., Any] | None:
+def fast_argmax_rows() -> Callable[..., Any] | None:
     """triton_ops.argmax_rows (the greedy pick in two launches over the whole GPU; torch's argmax
     reduces a 128k-entry row on few SMs) where Triton is installed; LLMDEPLOY_FAST_ARGMAX=0 keeps
     torch.argmax. Read once per process."""

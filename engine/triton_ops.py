@@ -477,8 +477,11 @@ ARGMAX_BLOCK = 1024
 ARGMAX_MAX_PARTS = 128
 
 
-@triton.jit
-def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, chunk, PARTS: tl.constexpr, BLOCK: tl.constexpr,
+# `parts` varies with the row count and `out` may be any row of a window's [steps, rows] tensor (8-byte
+# aligned for odd row counts): neither may pick a compiled variant, or a batch size or step seen first
+# mid-run compiles one there (v7 run 23: five compilations, ~0.6 s, inside the 0.5B's throughput run)
+@triton.jit(do_not_specialize=["parts"])
+def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, chunk, parts, BLOCK: tl.constexpr,
                         USE_PDL: tl.constexpr):  # fmt: skip
     """Stage 1: the first maximum of one chunk of one row (NaN counts as +inf, as torch.argmax ranks
     NaN highest); an empty chunk leaves (-inf, V)."""
@@ -499,28 +502,38 @@ def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, chunk, PARTS: tl.c
         take = (m > best) | (best_idx == V)
         best_idx = tl.where(take, start + i, best_idx)
         best = tl.where(take, m, best)
-    tl.store(val_ptr + row * PARTS + part, best)
-    tl.store(idx_ptr + row * PARTS + part, best_idx)
+    tl.store(val_ptr + row * parts + part, best)
+    tl.store(idx_ptr + row * parts + part, best_idx)
 
 
-@triton.jit
-def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, V, PARTS: tl.constexpr, USE_PDL: tl.constexpr):
-    """Stage 2: the largest chunk maximum, the smallest index among equal ones."""
+@triton.jit(do_not_specialize=["parts"], do_not_specialize_on_alignment=["out_ptr"])
+def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, V, parts, MAX_PARTS: tl.constexpr, USE_PDL: tl.constexpr):
+    """Stage 2: the largest chunk maximum, the smallest index among equal ones (the `parts` chunks of
+    the row; the masked tail counts as (-inf, V), which never wins)."""
     triton_pdl.start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
-    p = tl.arange(0, PARTS)
-    vals = tl.load(val_ptr + row * PARTS + p)
-    idxs = tl.load(idx_ptr + row * PARTS + p)
+    p = tl.arange(0, MAX_PARTS)
+    live = p < parts
+    vals = tl.load(val_ptr + row * parts + p, mask=live, other=float("-inf"))
+    idxs = tl.load(idx_ptr + row * parts + p, mask=live, other=V)
     top = tl.max(vals, 0)
     idx = tl.min(tl.where((vals == top) & (idxs < V), idxs, V), 0)
     tl.store(out_ptr + row, idx.to(out_ptr.dtype.element_ty))
+
+
+def argmax_parts(rows: int, vocab: int) -> int:
+    """Chunks per row of argmax_rows: up to ARGMAX_MAX_PARTS, about 4,096 programs in all."""
+    return triton.next_power_of_2(
+        max(1, min(ARGMAX_MAX_PARTS, triton.cdiv(vocab, ARGMAX_BLOCK), 4096 // rows))
+    )
 
 
 def argmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """torch.argmax(x, dim=-1) for a 2-D float CUDA tensor (the greedy pick from the logits), in two
     launches spread over the GPU: torch's reduction runs one row on few SMs (the 8B's 128k-entry
     LM-head row: ~27 us on the H200). The first maximum of each row (NaN ranks highest, as in
-    torch); into `out` (int64 [rows]) when given."""
+    torch); into `out` (int64 [rows]) when given. One compiled variant per input dtype serves every
+    row count and any `out`."""
     assert x.dim() == 2 and x.stride(-1) == 1, "argmax_rows takes [rows, V] with unit column stride"
     n, v = x.shape
     if out is None:
@@ -528,6 +541,16 @@ def argmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     assert out.shape == (n,) and out.dtype == torch.long
     if n == 0:
         return out
+    if v == 0:
+        raise ValueError("argmax of an empty row")
+    parts = argmax_parts(n, v)
+    chunk = triton.cdiv(triton.cdiv(v, parts), ARGMAX_BLOCK) * ARGMAX_BLOCK
+    vals = torch.empty((n, parts), dtype=torch.float32, device=x.device)
+    idxs = torch.empty((n, parts), dtype=torch.int32, device=x.device)
+    pdl = triton_pdl.launch_args(x)
+    _argmax_part_kernel[(n, parts)](x, vals, idxs, v, x.stride(0), chunk, parts, BLOCK=ARGMAX_BLOCK, **pdl)
+    _argmax_merge_kernel[(n,)](vals, idxs, out, v, parts, MAX_PARTS=ARGMAX_MAX_PARTS, num_warps=1, **pdl)
+    return out
     if v == 0:
         raise ValueError("argmax of an empty row")
     parts = max(1, min(ARGMAX_MAX_PARTS, triton.cdiv(v, ARGMAX_BLOCK), 4096 // n))

@@ -96,7 +96,7 @@ def test_ops_dispatch_matches_torch_in_a_decoder_layer_pattern() -> None:
     )
 
 
-@pytest.mark.parametrize("rows", [1, 3, 256])
+@pytest.mark.parametrize("rows", [1, 3, 100, 256])
 @pytest.mark.parametrize("vocab", [1, 7, 1024, 5000, 151936])
 def test_argmax_rows_matches_torch(rows: int, vocab: int) -> None:
     """The two-stage argmax (the greedy pick) against torch.argmax on CPU copies: random rows, rows
@@ -123,3 +123,32 @@ def test_argmax_rows_matches_torch(rows: int, vocab: int) -> None:
     out = torch.full((2, rows), -1, dtype=torch.long, device=DEVICE)
     triton_ops.argmax_rows(x.to(DEVICE), out=out[1])
     assert torch.equal(out[1].cpu(), torch.argmax(x, dim=-1)) and bool((out[0] == -1).all())
+
+
+def _compiled_variants(fn: object) -> int:
+    caches = getattr(fn, "device_caches", {})
+    return sum(len(c[0]) for c in caches.values() if isinstance(c, tuple) and isinstance(c[0], dict))
+
+
+@pytest.mark.skipif(INTERPRET, reason="compiled variants exist on the GPU only")
+def test_argmax_rows_one_variant_for_every_row_count() -> None:
+    """Every row count (128 down to 16 chunks a row) and an `out` row at any offset of a window's
+    [steps, rows] tensor (8-byte aligned for odd row counts) reuse the first call's compiled kernels:
+    no batch size compiles a variant in the middle of a run."""
+    from llmdeploy_engine import triton_ops
+
+    vocab = 151936
+    triton_ops.argmax_rows(torch.randn(1, vocab, device=DEVICE))
+    kernels = (triton_ops._argmax_part_kernel, triton_ops._argmax_merge_kernel)
+    before = [_compiled_variants(k) for k in kernels]
+    assert all(count >= 1 for count in before)
+    gen = torch.Generator().manual_seed(5)
+    seen_parts = set()
+    for rows in (1, 2, 3, 33, 64, 100, 129, 255, 256):
+        seen_parts.add(triton_ops.argmax_parts(rows, vocab))
+        x = torch.randn(rows, vocab, generator=gen)
+        out = torch.full((3, rows), -1, dtype=torch.long, device=DEVICE)
+        triton_ops.argmax_rows(x.to(DEVICE), out=out[1])
+        assert torch.equal(out[1].cpu(), torch.argmax(x, dim=-1)), rows
+    assert seen_parts == {128, 64, 32, 16}
+    assert [_compiled_variants(k) for k in kernels] == before
