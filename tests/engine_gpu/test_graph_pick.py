@@ -3,7 +3,8 @@ fall back to the eager runner. No capture happens here."""
 
 from __future__ import annotations
 
-from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+import torch
+from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner, spaced_rows
 from llmdeploy_engine.forward_batch import ForwardBatch
 
 
@@ -154,3 +155,15 @@ def test_short_prefills_replay_the_multi_token_row_graphs() -> None:
     assert r._pick(decode([5, 200])) == (2, 16)
     r.prefill_rows = (16, 32, 256)
     assert r.prefill_keys() == [(16, 8), (32, 8), (256, 8), (256, 16)]
+
+
+def test_spaced_rows_select_the_same_rows_as_an_index() -> None:
+    """The logit rows a replay returns are a slice of the graph's output when evenly spaced (every
+    token; the last of each sequence's q tokens), and only then."""
+    table = torch.arange(40.0).view(20, 2)
+    for rows in ([5], [0, 1, 2, 3], [3, 7, 11, 15], [15, 19], list(range(20))):
+        picked = spaced_rows(rows)
+        assert picked is not None, rows
+        assert torch.equal(table[picked], table[torch.tensor(rows)]), rows
+    for rows in ([], [0, 2, 3], [3, 1], [2, 2], [1, 4, 8]):
+        assert spaced_rows(rows) is None, rows
