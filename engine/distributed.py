@@ -49,16 +49,30 @@ class ParallelState:
 SINGLE = ParallelState()
 COLLECTIVE_TIMEOUT_S = 300
 # LLMDEPLOY_TP_ALLREDUCE picks the all-reduce of decode-sized tensors (up to the symmetric buffer's
-# bytes): `auto` (default) = on CUDA one kernel that reads every peer's buffer over NVLink (torch
-# symmetric memory, no multicast) when it sets up, else NCCL; `symm_mem` = that kernel or fail;
-# `nccl` = NCCL only. Larger tensors (prefill steps) always go through NCCL.
+# bytes), each reading every peer's buffer over NVLink (torch symmetric memory, no multicast):
+# `auto` (default) = on CUDA `p2p` when it sets up, else `symm_mem`, else NCCL; `p2p` = this
+# project's one-barrier Triton kernel, launched with PDL (triton_allreduce.py), or fail; `symm_mem`
+# = torch's `one_shot_all_reduce` (two barriers, no PDL) or fail; `nccl` = NCCL only. Larger tensors
+# (prefill steps) always go through NCCL.
 # CUDA graphs of tensor-parallel decode steps need the symmetric-memory path: on 2 H200s (torch 2.11,
 # NCCL 2.28) graphs with NCCL collectives inside replayed correctly but destroy_process_group() never
 # returned afterwards (benchmarks/tp_graph_diag.py, docs/gpu-notes.md), so collectives are refused
 # during a capture (`all_reduce`/`all_gather` raise) and the engine runs eagerly without the fast path.
 ALLREDUCE_ENV = "LLMDEPLOY_TP_ALLREDUCE"
-ALLREDUCE_CHOICES = ("auto", "nccl", "symm_mem")
+ALLREDUCE_CHOICES = ("auto", "nccl", "symm_mem", "p2p")
 SYMM_MEM_MAX_BYTES = 1 << 20
+# P2PAllReduce's buffer slots, by caller: two all-reduces in a row never share one (a forward runs
+# embedding, then attention and MLP per layer: 2, 0, 1, 0, 1, ..., 0, 1; the next forward starts at 2)
+REDUCE_SLOTS = 3
+ATTENTION_SLOT, MLP_SLOT, EMBED_SLOT = 0, 1, 2
+_FAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_symm_mem_set_up = False  # whether this process has set up a symmetric-memory all-reduce
+
+
+def symm_mem_set_up() -> bool:
+    """Whether this process has set up a symmetric-memory all-reduce (a later tensor-parallel group
+    in it gets NCCL only: see init_parallel)."""
+    return _symm_mem_set_up
 
 
 def free_port() -> int:
@@ -76,6 +90,7 @@ def init_parallel(
 ) -> ParallelState:
     """Join (rank 0: create) the tensor-parallel group on 127.0.0.1:port; returns the state for layers.
     symm_mem_bytes: size of the symmetric buffer (the largest all-reduce the fast path takes)."""
+    global _symm_mem_set_up
     if world_size == 1:
         return SINGLE
     for key, value in SAFE_NCCL_ENV.items():
@@ -105,28 +120,126 @@ def init_parallel(
     choice = os.environ.get(ALLREDUCE_ENV, "auto")
     if choice not in ALLREDUCE_CHOICES:
         raise ValueError(f"{ALLREDUCE_ENV}={choice!r}: use {', '.join(ALLREDUCE_CHOICES)}")
-    if choice == "symm_mem" and device.type != "cuda":
-        raise ValueError(f"{ALLREDUCE_ENV}=symm_mem needs CUDA devices")
+    if choice in ("symm_mem", "p2p") and device.type != "cuda":
+        raise ValueError(f"{ALLREDUCE_ENV}={choice} needs CUDA devices")
     if choice == "nccl" or device.type != "cuda":
         return state
-    try:
-        fast = SymmMemAllReduce(state, device, max(symm_mem_bytes, 8 * 4))
-        fast_state = ParallelState(rank, world_size, state.group, fast)
-        probe = torch.ones(8, device=device)
-        ok = float(all_reduce(probe, fast_state).sum()) == 8 * world_size
-    except Exception as exc:  # every rank fails the same way (same build, same devices)
-        if choice == "symm_mem":
-            raise
-        logger.warning("symmetric-memory all-reduce unavailable (%s); using NCCL only", exc)
+    # a second tensor-parallel group with symmetric memory in one process hung on 2 H200s (torch 2.11;
+    # gpu-notes v8): any rank whose process has set one up before makes every rank use NCCL alone
+    seen = torch.tensor([int(_symm_mem_set_up)], device=device)
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=state.group)
+    if int(seen.item()):
+        if choice != "auto":
+            raise RuntimeError(
+                f"{ALLREDUCE_ENV}={choice}: a tensor-parallel group with symmetric memory was already set "
+                "up in this process, and a second one hangs; start the engine in a new process"
+            )
+        logger.warning(
+            "symmetric memory was set up by an earlier tensor-parallel engine in this process (a second "
+            "set-up hangs); this engine uses NCCL only and runs eagerly at tp > 1"
+        )
         return state
-    if not ok:
-        raise RuntimeError("tensor-parallel symmetric-memory all-reduce check failed")
-    return fast_state
+    kinds = {"auto": ("p2p", "symm_mem"), "p2p": ("p2p",), "symm_mem": ("symm_mem",)}[choice]
+    for kind in kinds:
+        _symm_mem_set_up = True
+        try:
+            made = P2PAllReduce if kind == "p2p" else SymmMemAllReduce
+            fast = made(state, device, max(symm_mem_bytes, 8 * 4))
+            fast_state = ParallelState(rank, world_size, state.group, fast)
+            probe = torch.ones(8, device=device)
+            ok = float(all_reduce(probe, fast_state).sum()) == 8 * world_size
+        except Exception as exc:  # every rank fails the same way (same build, same devices)
+            if choice != "auto":
+                raise
+            logger.warning("tensor-parallel all-reduce %s unavailable (%s)", kind, exc)
+            continue
+        if not ok:
+            raise RuntimeError(f"tensor-parallel {kind} all-reduce check failed")
+        logger.info("tensor-parallel all-reduce of decode-sized tensors: %s", kind)
+        return fast_state
+    logger.warning("no symmetric-memory all-reduce; using NCCL only")
+    return state
+
+
+class P2PAllReduce:
+    """One-shot all-reduce of small tensors (triton_allreduce.py): the partial sums go into one of
+    `REDUCE_SLOTS` slots of this rank's symmetric buffer (a row-parallel GEMV writes its product there), then
+    one Triton kernel with one barrier sums every rank's slot. `slot`: the caller's; two all-reduces in
+    a row must not share one (the model: embedding 2, attention 0, MLP 1)."""
+
+    def __init__(
+        self, state: ParallelState, device: torch.device, max_bytes: int = SYMM_MEM_MAX_BYTES
+    ) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+        from llmdeploy_engine import triton_allreduce
+
+        self.kernels = triton_allreduce
+        self.rank, self.world_size = state.rank, state.world_size
+        self.max_bytes = -(-max_bytes // 256) * 256
+        group = state.group.group_name
+        self.buffer = symm_mem.empty(REDUCE_SLOTS * self.max_bytes, dtype=torch.uint8, device=device)
+        self.flags = symm_mem.empty(
+            triton_allreduce.MAX_PROGRAMS * state.world_size, dtype=torch.int32, device=device
+        )
+        self.flags.zero_()
+        addresses = []
+        for t in (self.buffer, self.flags):
+            handle = symm_mem.rendezvous(t, group)
+            offset = t.data_ptr() - handle.buffer_ptrs[state.rank]  # t may start inside the block
+            addresses.append([base + offset for base in handle.buffer_ptrs])
+        self.buf_ptrs = torch.tensor(addresses[0], dtype=torch.int64, device=device)
+        self.flag_ptrs = torch.tensor(addresses[1], dtype=torch.int64, device=device)
+        torch.cuda.synchronize(device)
+        dist.barrier(group=state.group)  # every rank's flags are zero before any signal
+
+    def fits(self, x: torch.Tensor) -> bool:
+        return x.dtype in _FAST_DTYPES and x.numel() * x.element_size() <= self.max_bytes
+
+    def _slot(self, slot: int, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+        """The slot's first numel elements as a dtype tensor, and its offset in elements of dtype."""
+        if not 0 <= slot < REDUCE_SLOTS:
+            raise ValueError(f"all-reduce slot {slot} outside 0..{REDUCE_SLOTS - 1}")
+        start = slot * self.max_bytes
+        return self.buffer[start : start + numel * dtype.itemsize].view(dtype), start // dtype.itemsize
+
+    def _reduce(self, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.kernels.one_shot_all_reduce(
+            self.buf_ptrs, self.flag_ptrs, self.rank, self.world_size, offset, numel, dtype
+        )
+
+    def __call__(self, x: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        staging, offset = self._slot(slot, x.numel(), x.dtype)
+        staging.copy_(x.reshape(-1))
+        return self._reduce(offset, x.numel(), x.dtype).view(x.shape)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, slot: int = 0
+    ) -> torch.Tensor | None:
+        """all-reduce of x @ weight.T (with `silu_mul`: of SiLU(gate) * up @ weight.T, x the merged
+        gate_up output), the product written by its kernel into the slot; None when it does not fit
+        (the caller goes through NCCL)."""
+        from llmdeploy_engine import ops
+
+        rows, cols = x.shape[0], weight.shape[0]
+        if (
+            x.dtype != weight.dtype
+            or x.dtype not in _FAST_DTYPES
+            or rows * cols * x.element_size() > self.max_bytes
+        ):
+            return None
+        staging, offset = self._slot(slot, rows * cols, x.dtype)
+        product = staging.view(rows, cols)
+        if silu_mul:
+            ops.silu_mul_linear(x, weight, out=product)
+        else:
+            ops.linear(x, weight, out=product)
+        return self._reduce(offset, rows * cols, x.dtype).view(rows, cols)
 
 
 class SymmMemAllReduce:
-    """One-shot all-reduce of small tensors: copy into this rank's symmetric buffer, then one kernel
-    sums every rank's buffer (barriers on both sides, so the buffer is reusable right after)."""
+    """One-shot all-reduce of small tensors: copy into this rank's symmetric buffer, then torch's
+    kernel sums every rank's buffer (barriers on both sides, so the buffer is reusable right after;
+    `slot` is accepted and not needed)."""
 
     def __init__(
         self, state: ParallelState, device: torch.device, max_bytes: int = SYMM_MEM_MAX_BYTES
@@ -144,13 +257,15 @@ class SymmMemAllReduce:
     def fits(self, x: torch.Tensor) -> bool:
         return x.dtype in (torch.bfloat16, torch.float32) and x.numel() * x.element_size() <= self.max_bytes
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, slot: int = 0) -> torch.Tensor:
         staging = self.buffer[: x.numel() * x.element_size()].view(x.dtype)
         staging.copy_(x.reshape(-1))
         out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging, "sum", self.group_name)
         return out.view(x.shape)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> torch.Tensor | None:
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, slot: int = 0
+    ) -> torch.Tensor | None:
         """all-reduce of x @ weight.T (with `silu_mul`: of SiLU(gate) * up @ weight.T, x the merged
         gate_up output) with the product written by its kernel into this rank's buffer (no staging
         copy); None when the product does not fit (the caller goes through NCCL)."""
@@ -187,14 +302,15 @@ def _refuse_in_capture(what: str, x: torch.Tensor) -> None:
         )
 
 
-def all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Sum over ranks; use the result (NCCL sums x in place and returns it, the symmetric-memory path
-    returns a new tensor). x itself at world size 1."""
+def all_reduce(x: torch.Tensor, state: ParallelState, slot: int = 0) -> torch.Tensor:
+    """Sum over ranks; use the result (NCCL sums x in place and returns it, the symmetric-memory paths
+    return a new tensor). x itself at world size 1. `slot`: the symmetric buffer's slot (P2PAllReduce:
+    two all-reduces in a row must not share one)."""
     if not state.is_parallel:
         return x
     fast = state.fast_all_reduce
     if fast is not None and x.is_cuda and fast.fits(x):
-        result: torch.Tensor = fast(x)
+        result: torch.Tensor = fast(x, slot)
         return result
     _refuse_in_capture("all-reduce", x)
     dist.all_reduce(x, group=state.group)

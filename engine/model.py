@@ -15,7 +15,7 @@ import torch
 from llmdeploy_engine import ops
 from llmdeploy_engine.attention import AttentionMetadata, fused_rope_decode, paged_attention
 from llmdeploy_engine.config import ModelConfig, RopeScaling
-from llmdeploy_engine.distributed import SINGLE, ParallelState
+from llmdeploy_engine.distributed import ATTENTION_SLOT, MLP_SLOT, SINGLE, ParallelState
 from llmdeploy_engine.kv_cache import KVAmaxObserver
 from llmdeploy_engine.parallel_layers import (
     MergedColumnParallelLinear,
@@ -74,7 +74,7 @@ class Attention(nn.Module):
         )
         # this rank's heads (all of them at tensor_parallel_size 1)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(config.q_size, h, "o_proj", parallel)
+        self.o_proj = RowParallelLinear(config.q_size, h, "o_proj", parallel, reduce_slot=ATTENTION_SLOT)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -145,7 +145,7 @@ class MLP(nn.Module):
         super().__init__()
         h, inter = config.hidden_size, config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(h, inter, ("gate_proj", "up_proj"), parallel)
-        self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel)
+        self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel, reduce_slot=MLP_SLOT)
 
     def forward(
         self, h: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm

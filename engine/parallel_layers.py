@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine import ops
-from llmdeploy_engine.distributed import SINGLE, ParallelState, all_gather, all_reduce
+from llmdeploy_engine.distributed import EMBED_SLOT, SINGLE, ParallelState, all_gather, all_reduce
 from torch import nn
 
 
@@ -173,10 +173,16 @@ class RowParallelLinear(ParallelModule):
     """Input features split over ranks; each rank's partial product is all-reduced (summed)."""
 
     def __init__(
-        self, in_features: int, out_features: int, name: str, parallel: ParallelState = SINGLE
+        self,
+        in_features: int,
+        out_features: int,
+        name: str,
+        parallel: ParallelState = SINGLE,
+        reduce_slot: int = 0,
     ) -> None:
         super().__init__()
         self.parallel, self.name = parallel, name
+        self.reduce_slot = reduce_slot  # the symmetric buffer's slot (distributed.REDUCE_SLOTS)
         self.in_features, self.out_features = in_features, out_features
         self.local_in = divide(in_features, parallel.world_size, f"{name} input width")
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
@@ -202,11 +208,11 @@ class RowParallelLinear(ParallelModule):
         fast = self.parallel.fast_all_reduce
         if fast is not None and x.dim() == 2 and x.is_cuda:
             # the product written straight into the shared buffer
-            reduced = fast.linear(x, self.weight, silu_mul=silu_mul)
+            reduced = fast.linear(x, self.weight, silu_mul=silu_mul, slot=self.reduce_slot)
             if reduced is not None:
                 return reduced
         product = ops.silu_mul_linear(x, self.weight) if silu_mul else ops.linear(x, self.weight)
-        return all_reduce(product, self.parallel)
+        return all_reduce(product, self.parallel, self.reduce_slot)
 
 
 class _VocabParallel(ParallelModule):
@@ -252,7 +258,7 @@ class VocabParallelEmbedding(_VocabParallel):
         mine = (local >= 0) & (local < self.local_vocab)
         out = F.embedding(torch.where(mine, local, 0), self.weight)
         out = out * mine.unsqueeze(-1).to(out.dtype)
-        return all_reduce(out, self.parallel)
+        return all_reduce(out, self.parallel, EMBED_SLOT)
 
 
 class ParallelLMHead(_VocabParallel):

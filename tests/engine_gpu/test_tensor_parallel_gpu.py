@@ -3,6 +3,10 @@
 Random Qwen2.5-0.5B (14 heads, 2 KV heads: one KV head per rank) in float32, so tp=2 can be held to
 tp=1's logits; through LLMEngine with CUDA graphs (all-reduces captured in the graphs) the greedy
 tokens must be identical, the graphs must actually be replayed, and the worker must exit on close.
+All three all-reduce paths (NCCL, torch's symmetric-memory one-shot, this project's p2p kernel), and
+the p2p kernel on its own between two spawned ranks. A process sets up symmetric memory once (a
+second set-up hung), so the tests that need it skip after the first: run them one per process
+(benchmarks/gpu_all.sh does).
 """
 
 from __future__ import annotations
@@ -24,6 +28,16 @@ pytestmark = [
 ]
 
 MODEL = "random:Qwen/Qwen2.5-0.5B"
+
+
+def needs_fresh_symm_mem(allreduce: str = "auto") -> None:
+    """Skip a test that sets up a symmetric-memory all-reduce when this process already has one: a
+    second set-up hung (gpu-notes v8), so init_parallel then gives NCCL only. gpu_all.sh runs each of
+    these tests in its own pytest process."""
+    from llmdeploy_engine.distributed import symm_mem_set_up
+
+    if allreduce != "nccl" and symm_mem_set_up():
+        pytest.skip("symmetric memory already set up in this process: run this test in a process of its own")
 
 
 def config(tp: int, eager: bool, dtype: str = "float32") -> EngineConfig:
@@ -92,13 +106,14 @@ def eager_reference() -> tuple[list[torch.Tensor], int]:
     return ref, vocab
 
 
-@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem"])
+@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem", "p2p"])
 def test_tp2_logits_match_tp1_eager(
     allreduce: str, eager_reference: tuple[list[torch.Tensor], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from llmdeploy_engine.distributed import ALLREDUCE_ENV
     from llmdeploy_engine.tp_worker import TensorParallelDriver
 
+    needs_fresh_symm_mem(allreduce)
     ref, vocab = eager_reference
     monkeypatch.setenv(ALLREDUCE_ENV, allreduce)  # the worker inherits it
     runner = ModelRunner(config(2, True))
@@ -120,6 +135,7 @@ def test_tp2_bf16_logits_within_bf16_rounding_of_tp1(num_seqs: int) -> None:
     symmetric-memory buffer at tp=2)."""
     from llmdeploy_engine.tp_worker import TensorParallelDriver
 
+    needs_fresh_symm_mem()
     ref_runner = ModelRunner(config(1, True, "bfloat16"))
     vocab = ref_runner.model_config.vocab_size
     ref = steps(ref_runner, vocab, num_seqs)
@@ -167,7 +183,7 @@ def graph_reference() -> list[list[int]]:
     return _run_engine(1)[0]
 
 
-@pytest.mark.parametrize("allreduce", ["auto", "symm_mem", "nccl"])
+@pytest.mark.parametrize("allreduce", ["auto", "p2p", "symm_mem", "nccl"])
 def test_tp2_greedy_with_cuda_graphs_matches_tp1(
     allreduce: str, graph_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,6 +192,7 @@ def test_tp2_greedy_with_cuda_graphs_matches_tp1(
     workers exit (with NCCL collectives captured, destroying the process group hung)."""
     from llmdeploy_engine.distributed import ALLREDUCE_ENV
 
+    needs_fresh_symm_mem(allreduce)
     monkeypatch.setenv(ALLREDUCE_ENV, allreduce)
     ref = graph_reference
     got, replays, pids = _run_engine(2)
@@ -196,3 +213,71 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _p2p_rank(rank: int, port: int) -> None:
+    """One rank of test_p2p_all_reduce_two_gpus (a spawned process; raises on a wrong sum)."""
+    os.environ["LLMDEPLOY_TP_ALLREDUCE"] = "p2p"
+    from llmdeploy_engine.distributed import (
+        ATTENTION_SLOT,
+        EMBED_SLOT,
+        MLP_SLOT,
+        all_reduce,
+        destroy_parallel,
+        init_parallel,
+    )
+
+    device = torch.device("cuda", rank)
+    state = init_parallel(rank, 2, port, device, 64 * 4096 * 4)
+    assert type(state.fast_all_reduce).__name__ == "P2PAllReduce"
+    gen = torch.Generator().manual_seed(0)  # the same draws on both ranks: each knows both parts
+    slots = (EMBED_SLOT, ATTENTION_SLOT, MLP_SLOT)
+    shapes = [(1, 896), (3, 4096), (64, 4096), (7, 100), (1, 8), (33, 4096)]
+    for i, (shape, dtype) in enumerate((s, d) for s in shapes for d in (torch.float32, torch.bfloat16)):
+        parts = [torch.randn(shape, generator=gen).to(dtype) for _ in range(2)]
+        got = all_reduce(parts[rank].to(device), state, slots[i % 3])
+        assert torch.equal(got.cpu(), (parts[0].float() + parts[1].float()).to(dtype)), (shape, dtype)
+    # captured: three all-reduces in the model's slot order, replayed with new inputs each time
+    x = torch.zeros(4, 4096, device=device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        all_reduce(x, state, EMBED_SLOT)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a = all_reduce(x, state, EMBED_SLOT)
+        b = all_reduce(a * 0.5, state, ATTENTION_SLOT)
+        c = all_reduce(b + 1.0, state, MLP_SLOT)
+    for _ in range(200):
+        parts = [torch.randn(4, 4096, generator=gen) for _ in range(2)]
+        x.copy_(parts[rank])
+        graph.replay()
+        want_a = parts[0] + parts[1]
+        want_b = want_a * 0.5 + want_a * 0.5
+        assert torch.equal(a.cpu(), want_a) and torch.equal(b.cpu(), want_b)
+        assert torch.equal(c.cpu(), (want_b + 1.0) * 2)
+    destroy_parallel(state)
+
+
+def test_p2p_all_reduce_two_gpus() -> None:
+    """P2PAllReduce on two GPUs: sums of several shapes and dtypes, bit-exact (rank order, float32);
+    then a CUDA graph of three all-reduces in a row (slots 2, 0, 1), replayed 200 times back to back
+    with new inputs: one barrier per call and no closing barrier, so a slot reused too early would
+    show here as a wrong sum (or a hang, which the timeout turns into a failure)."""
+    import multiprocessing
+
+    from llmdeploy_engine.distributed import free_port
+
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_p2p_rank, args=(rank, port)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert codes == [0, 0], codes
