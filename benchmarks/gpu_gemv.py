@@ -56,6 +56,13 @@ def model_shapes() -> list[Shape]:
             Shape(f"{model}-down", "silu", hidden, inter, 1),
             Shape(f"{model}-lm_head", "head", vocab, hidden, 1),
         ]
+    # Llama-3.1-8B at tensor_parallel_size 2: each rank's half (the LM head's half runs on cuBLAS)
+    shapes += [
+        Shape("8b-tp2-qkv", "norm", 3072, 4096, 1),
+        Shape("8b-tp2-o_proj", "plain", 4096, 2048, 1),
+        Shape("8b-tp2-gate_up", "norm", 14336, 4096, 1),
+        Shape("8b-tp2-down", "silu", 4096, 7168, 1),
+    ]
     shapes += [
         Shape("0.5b-qkv", "norm", 1152, 896, 4, True),
         Shape("0.5b-down", "silu", 896, 4864, 4),
