@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -436,8 +436,136 @@ elif [ "$phase" = first ]; then
     echo "exit $?" >>"$out/gpu_bench.log"
     summary "$out"/t_*.log
     grep -a -E "Captured|single stream:|^exit" "$out/gpu_bench.log" | cut -c1-170
+elif [ "$phase" = diag8 ]; then
+    # one call (v8): single streams under one engine setting changed at a time (gpu_single_diag.py,
+    # separate processes, GPU 0), with the GPU's clocks and power logged every 0.5 s; then the graph
+    # runner tests (the _pick rewrite of 8d40d31 had not run on a GPU)
+    g=tests/engine_gpu
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 \
+        >"$out/smi.log" 2>&1 &
+    smi=$!
+    diag() {  # label, args
+        local label=$1
+        shift
+        CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_single_diag.py --label "$label" --out "$out" \
+            "$@" >>"$out/diag.log" 2>&1
+        echo "exit $? ($label)" >>"$out/diag.log"
+    }
+    diag bench --model qwen --cprofile-first
+    diag tp-like --model qwen --max-num-seqs 1 --max-model-len 1024 --gpu-memory-utilization 0.3 --warmup tp \
+        --output-kind cumulative --cprofile-first
+    diag bench --model llama
+    diag tp-like --model llama --max-num-seqs 1 --max-model-len 1024 --gpu-memory-utilization 0.3 --warmup tp \
+        --output-kind cumulative
+    diag util0.3 --model llama --gpu-memory-utilization 0.3
+    diag seqs1 --model llama --max-num-seqs 1
+    diag warm-tp --model llama --warmup tp
+    diag len1024 --model llama --max-model-len 1024
+    kill $smi
+    tests 0 engine 100 $g/test_cuda_graph_runner.py $g/test_graph_pick.py $g/test_multi_step_gpu.py
+    summary "$out"/t_*.log
+    grep -a -E "^\| |^exit|request [0-9]|engine up" "$out/diag.log" | cut -c1-300
+    grep -a -E "^ +[0-9]+(/[0-9]+)? +[0-9.]+ +[0-9.]+ +[0-9.]+" "$out/diag.log" | head -130 | cut -c1-160
+    awk -F, 'NR % 10 == 2' "$out/smi.log" | head -60
+elif [ "$phase" = first8 ]; then
+    # one call (v8): the first request's one-time costs: its first two engine steps under
+    # torch.profiler, the same without the profiler, and with every CUDA module loaded at start-up
+    diag() {  # label, args
+        local label=$1
+        shift
+        CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_single_diag.py --label "$label" --out "$out" \
+            "$@" >>"$out/diag.log" 2>&1
+        echo "exit $? ($label)" >>"$out/diag.log"
+    }
+    diag trace --model qwen --trace-first 2 --cprofile-lines 40
+    diag plain --model qwen
+    CUDA_MODULE_LOADING=EAGER diag eager-modules --model qwen
+    diag trace --model llama --trace-first 2 --cprofile-lines 30 --requests 2
+    grep -a -E "^\| |^exit|request [0-9]|engine up" "$out/diag.log" | cut -c1-300
+    grep -a -E "longest events| ms own" "$out/diag.log" | cut -c1-200
+elif [ "$phase" = v8 ]; then
+    # one call (v8, ~6 min on x2): GPU 0 the graph / engine / argmax tests then gpu_bench.py (both
+    # models, no peer); GPU 1 the all-reduce kernel test; then on both GPUs the p2p all-reduce tests
+    # and gpu_tp.py with the p2p kernel (auto) and torch's one-shot (symm_mem) side by side
+    g=tests/engine_gpu
+    (tests 0 engine 150 $g/test_triton_ops.py $g/test_graph_pick.py $g/test_cuda_graph_runner.py \
+        $g/test_multi_step_gpu.py $g/test_triton_engine.py
+     CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
+    tests 1 allreduce 100 $g/test_triton_allreduce.py
+    wait
+    tests 0,1 tp 200 $g/test_tensor_parallel_gpu.py -k "p2p" -v
+    CUDA_VISIBLE_DEVICES=0,1 timeout 150 python3 benchmarks/gpu_tp.py --allreduce auto,symm_mem --profile-steps 4 \
+        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
+    echo "exit $?" >>"$out/gpu_tp.log"
+    summary "$out"/t_*.log
+    grep -a -E "PASSED|FAILED|ERROR" "$out/t_tp.log" | cut -c1-150 | head -20
+    echo "== gpu_bench"
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |^exit|Captured|compiled during" | cut -c1-300 | tail -34
+    echo "== gpu_tp"
+    grep -v -E "Warning|enable\(self" "$out/gpu_tp.log" | tail -12
+elif [ "$phase" = tp8 ]; then
+    # one call (v8, ~6 min on x2): gpu_tp.py with each all-reduce in its own process (p2p, torch's
+    # one-shot, p2p again; no profiler), then p2p with PDL off and the profiler (kernel times without
+    # early-launched kernels waiting inside them); then each p2p tensor-parallel test in its own pytest
+    # process (run v8 timed out running them in one)
+    tp() {  # label, args
+        local label=$1
+        shift
+        CUDA_VISIBLE_DEVICES=0,1 timeout 100 python3 benchmarks/gpu_tp.py --out "$out/gpu_tp_$label.json" ${ARGS:-} "$@" \
+            >"$out/gpu_tp_$label.log" 2>&1
+        echo "exit $?" >>"$out/gpu_tp_$label.log"
+    }
+    tp p2p --allreduce p2p
+    tp symm --allreduce symm_mem
+    tp p2p2 --allreduce p2p
+    LLMDEPLOY_PDL=0 tp nopdl --allreduce p2p --profile-steps 4
+    g=tests/engine_gpu/test_tensor_parallel_gpu.py
+    tests 0,1 tp_kernel 100 "$g::test_p2p_all_reduce_two_gpus"
+    tests 0,1 tp_eager 100 "$g::test_tp2_logits_match_tp1_eager[p2p]"
+    tests 0,1 tp_graphs 150 "$g::test_tp2_greedy_with_cuda_graphs_matches_tp1[p2p]"
+    summary "$out"/t_*.log
+    for f in p2p symm p2p2 nopdl; do
+        echo "== gpu_tp $f"
+        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit|us/step" | cut -c1-150
+    done
+elif [ "$phase" = gemv8 ]; then
+    # one call (v8, ~3 min on x2): GPU 0 the GEMV sweep of the 8B's tensor-parallel halves; GPU 1
+    # gpu_bench.py alone (both models, no peer)
+    (CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_gemv.py --shapes 8b-tp2 --budget-s 150 \
+        >"$out/gpu_gemv.log" 2>&1; echo "exit $?" >>"$out/gpu_gemv.log") &
+    (CUDA_VISIBLE_DEVICES=1 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1; echo "exit $?" >>"$out/gpu_bench.log") &
+    wait
+    grep -a -v "^ *File\|^Traceback" "$out/gpu_gemv.log" | tail -40 | cut -c1-220
+    echo "== gpu_bench"
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
+elif [ "$phase" = final8 ]; then
+    # one call (v8 final, ~4 min on x2): GPU 0 the engine / graph / argmax tests, GPU 1 the all-reduce
+    # kernel and GEMV config tests; then each tensor-parallel test that sets up symmetric memory in its
+    # own pytest process; then gpu_tp.py with the p2p kernel and with torch's one-shot, one process each
+    g=tests/engine_gpu
+    tests 0 engine 150 $g/test_triton_ops.py $g/test_graph_pick.py $g/test_cuda_graph_runner.py \
+        $g/test_multi_step_gpu.py $g/test_triton_engine.py &
+    tests 1 allreduce 100 $g/test_triton_allreduce.py $g/test_triton_gemv.py -k "allreduce or measured or one_shot"
+    wait
+    t=$g/test_tensor_parallel_gpu.py
+    tests 0,1 tp_kernel 100 "$t::test_p2p_all_reduce_two_gpus"
+    tests 0,1 tp_eager 100 "$t::test_tp2_logits_match_tp1_eager[p2p]"
+    tests 0,1 tp_graphs 120 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
+    tests 0,1 tp_bf16 100 "$t::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]"
+    for v in p2p symm_mem; do
+        CUDA_VISIBLE_DEVICES=0,1 timeout 100 python3 benchmarks/gpu_tp.py --allreduce $v --out "$out/gpu_tp_$v.json" \
+            ${ARGS:-} >"$out/gpu_tp_$v.log" 2>&1
+        echo "exit $?" >>"$out/gpu_tp_$v.log"
+    done
+    summary "$out"/t_*.log
+    for v in p2p symm_mem; do
+        echo "== gpu_tp $v"
+        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$v.log" | grep -a -E "^ *[12] |^exit" | cut -c1-150
+    done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
