@@ -103,6 +103,8 @@ class BlockManager:
         num_computed = seq.num_computed_tokens + len(cached_block_ids) * self.block_size
         total = self.blocks_needed(num_computed + num_new_tokens)
         fresh = max(0, total - len(seq.block_table) - len(cached_block_ids))
+        if not cached_block_ids:  # every decode step of every sequence: skip the generator
+            return fresh
         revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         return fresh + revived
 

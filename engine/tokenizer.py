@@ -12,6 +12,7 @@ says eos = `<|im_end|>` = 2; its `<|endoftext|>` = 0 is not written by the templ
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -100,7 +101,24 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        backend = self._backend
+        if backend is not None:
+            return str(backend.decode(ids, skip_special_tokens=skip_special_tokens))
         return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    @functools.cached_property
+    def _backend(self) -> Any:
+        """The fast tokenizer's Rust tokenizer when decoding through it gives what `hf.decode` gives
+        (no clean-up of tokenization spaces): `hf.decode` first checks every id's type in Python,
+        which was ~40 % of the engine's final detokenization (benchmarks/host_overhead.py)."""
+        backend = getattr(self.hf, "_tokenizer", None)
+        if (
+            backend is None
+            or not hasattr(backend, "decode")
+            or getattr(self.hf, "clean_up_tokenization_spaces", True)
+        ):
+            return None
+        return backend
 
     def token_text(self, token_id: int) -> str:
         """How one token reads on its own (for logprobs' decoded_token)."""

@@ -97,3 +97,28 @@ def test_random_models_get_the_byte_level_tokenizer() -> None:
     assert "".join(decoder.add([i]) for i in ids) + decoder.flush() == text
     chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
     assert chat == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("which", ["gguf", "byte_level"])
+def test_decode_through_the_rust_tokenizer_matches_transformers(tokenizer: Tokenizer, which: str) -> None:
+    """Tokenizer.decode skips transformers' Python wrapper (it type-checks every id) when that gives
+    the same text: random ids with special ones among them, with and without skipping those."""
+    import random
+
+    tok = tokenizer if which == "gguf" else Tokenizer.byte_level()
+    assert tok._backend is not None  # the fast path is what is tested here
+    rng = random.Random(which)
+    special = sorted(tok.all_special_ids)
+    for n in (0, 1, 7, 300):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(n)]
+        ids[::5] = [rng.choice(special) for _ in ids[::5]]
+        for skip in (True, False):
+            assert tok.decode(ids, skip) == tok.hf.decode(ids, skip_special_tokens=skip), (n, skip)
+
+
+def test_decode_keeps_transformers_path_when_it_cleans_up_spaces() -> None:
+    tok = Tokenizer.byte_level()
+    tok.hf.clean_up_tokenization_spaces = True
+    assert tok._backend is None
+    ids = tok.encode("a , b .")
+    assert tok.decode(ids) == tok.hf.decode(ids, skip_special_tokens=True)
