@@ -29,6 +29,13 @@ tests() {  # gpu, log name, timeout, test paths
         -p no:cacheprovider "$@" >"$out/t_$name.log" 2>&1
     echo "exit $? (124: timed out)" >>"$out/t_$name.log"
 }
+diag() {  # label, gpu_single_diag.py args: one engine setting per process on GPU 0 (v8)
+    local label=$1
+    shift
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_single_diag.py --label "$label" --out "$out" \
+        "$@" >>"$out/diag.log" 2>&1
+    echo "exit $? ($label)" >>"$out/diag.log"
+}
 summary() {
     for f in "$@"; do
         echo "== $f"
@@ -444,13 +451,6 @@ elif [ "$phase" = diag8 ]; then
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 \
         >"$out/smi.log" 2>&1 &
     smi=$!
-    diag() {  # label, args
-        local label=$1
-        shift
-        CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_single_diag.py --label "$label" --out "$out" \
-            "$@" >>"$out/diag.log" 2>&1
-        echo "exit $? ($label)" >>"$out/diag.log"
-    }
     diag bench --model qwen --cprofile-first
     diag tp-like --model qwen --max-num-seqs 1 --max-model-len 1024 --gpu-memory-utilization 0.3 --warmup tp \
         --output-kind cumulative --cprofile-first
@@ -470,13 +470,6 @@ elif [ "$phase" = diag8 ]; then
 elif [ "$phase" = first8 ]; then
     # one call (v8): the first request's one-time costs: its first two engine steps under
     # torch.profiler, the same without the profiler, and with every CUDA module loaded at start-up
-    diag() {  # label, args
-        local label=$1
-        shift
-        CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_single_diag.py --label "$label" --out "$out" \
-            "$@" >>"$out/diag.log" 2>&1
-        echo "exit $? ($label)" >>"$out/diag.log"
-    }
     diag trace --model qwen --trace-first 2 --cprofile-lines 40
     diag plain --model qwen
     CUDA_MODULE_LOADING=EAGER diag eager-modules --model qwen
