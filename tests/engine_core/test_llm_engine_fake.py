@@ -192,3 +192,33 @@ def test_stats_count_tokens() -> None:
     s = eng.stats()
     assert s.prompt_tokens_total == 3 and s.generation_tokens_total == 4 and s.num_requests_finished == 1
     assert s.startup_report == {"num_kv_blocks": 64}
+
+
+@pytest.fixture
+def gc_threshold():  # type: ignore[no-untyped-def]
+    import gc
+
+    saved = gc.get_threshold()
+    gc.set_threshold(700, *saved[1:])
+    yield
+    gc.set_threshold(*saved)
+
+
+def test_engine_raises_the_collectors_young_threshold(gc_threshold, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Building an engine raises Python's young-generation GC threshold (the step loop's passes cost a
+    third of a decode window's host time); LLMDEPLOY_GC_GEN0 sets it, 0 leaves it, never lower."""
+    import gc
+
+    from llmdeploy_engine.llm_engine import GC_GEN0_ENV, GC_GEN0_THRESHOLD, raise_gc_threshold
+
+    monkeypatch.delenv(GC_GEN0_ENV, raising=False)
+    engine()
+    assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD
+    monkeypatch.setenv(GC_GEN0_ENV, "1000")  # lower than now: left as it is
+    assert raise_gc_threshold() == GC_GEN0_THRESHOLD
+    gc.set_threshold(700, *gc.get_threshold()[1:])
+    monkeypatch.setenv(GC_GEN0_ENV, "0")
+    assert raise_gc_threshold() == 700
+    monkeypatch.setenv(GC_GEN0_ENV, "lots")
+    with pytest.raises(ValueError, match=GC_GEN0_ENV):
+        engine()
