@@ -140,8 +140,8 @@ def init_parallel(
         )
         return state
     kinds = {"auto": ("p2p", "symm_mem"), "p2p": ("p2p",), "symm_mem": ("symm_mem",)}[choice]
+    _symm_mem_set_up = True
     for kind in kinds:
-        _symm_mem_set_up = True
         try:
             made = P2PAllReduce if kind == "p2p" else SymmMemAllReduce
             fast = made(state, device, max(symm_mem_bytes, 8 * 4))
@@ -161,11 +161,58 @@ def init_parallel(
     return state
 
 
-class P2PAllReduce:
+class _OneShotAllReduce:
+    """What both symmetric-memory all-reduces share: the partial sums are written into a staging view
+    of this rank's symmetric buffer (copied there, or written there by the row-parallel GEMV itself),
+    then one kernel sums every rank's staging view. Subclasses give the view (`_staging`) and the sum
+    (`_sum`); `slot` is the caller's (P2PAllReduce: two all-reduces in a row must not share one)."""
+
+    dtypes: tuple[torch.dtype, ...] = _FAST_DTYPES
+    max_bytes: int
+
+    def _staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _sum(self, staging: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fits(self, x: torch.Tensor) -> bool:
+        return x.dtype in self.dtypes and x.numel() * x.element_size() <= self.max_bytes
+
+    def __call__(self, x: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        staging = self._staging(slot, x.numel(), x.dtype)
+        staging.copy_(x.reshape(-1))
+        return self._sum(staging).view(x.shape)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, slot: int = 0
+    ) -> torch.Tensor | None:
+        """all-reduce of x @ weight.T (with `silu_mul`: of SiLU(gate) * up @ weight.T, x the merged
+        gate_up output), the product written by its kernel into the staging view (no copy); None when
+        it does not fit (the caller goes through NCCL)."""
+        from llmdeploy_engine import ops
+
+        rows, cols = x.shape[0], weight.shape[0]
+        if (
+            x.dtype != weight.dtype
+            or x.dtype not in self.dtypes
+            or rows * cols * x.element_size() > self.max_bytes
+        ):
+            return None
+        staging = self._staging(slot, rows * cols, x.dtype)
+        product = staging.view(rows, cols)
+        if silu_mul:
+            ops.silu_mul_linear(x, weight, out=product)
+        else:
+            ops.linear(x, weight, out=product)
+        return self._sum(staging).view(rows, cols)
+
+
+class P2PAllReduce(_OneShotAllReduce):
     """One-shot all-reduce of small tensors (triton_allreduce.py): the partial sums go into one of
-    `REDUCE_SLOTS` slots of this rank's symmetric buffer (a row-parallel GEMV writes its product there), then
-    one Triton kernel with one barrier sums every rank's slot. `slot`: the caller's; two all-reduces in
-    a row must not share one (the model: embedding 2, attention 0, MLP 1)."""
+    `REDUCE_SLOTS` slots of this rank's symmetric buffer, then one Triton kernel with one barrier sums
+    every rank's slot. Two all-reduces in a row must not share a slot (the model: embedding 2,
+    attention 0, MLP 1)."""
 
     def __init__(
         self, state: ParallelState, device: torch.device, max_bytes: int = SYMM_MEM_MAX_BYTES
@@ -192,54 +239,24 @@ class P2PAllReduce:
         torch.cuda.synchronize(device)
         dist.barrier(group=state.group)  # every rank's flags are zero before any signal
 
-    def fits(self, x: torch.Tensor) -> bool:
-        return x.dtype in _FAST_DTYPES and x.numel() * x.element_size() <= self.max_bytes
-
-    def _slot(self, slot: int, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
-        """The slot's first numel elements as a dtype tensor, and its offset in elements of dtype."""
+    def _staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         if not 0 <= slot < REDUCE_SLOTS:
             raise ValueError(f"all-reduce slot {slot} outside 0..{REDUCE_SLOTS - 1}")
         start = slot * self.max_bytes
-        return self.buffer[start : start + numel * dtype.itemsize].view(dtype), start // dtype.itemsize
+        return self.buffer[start : start + numel * dtype.itemsize].view(dtype)
 
-    def _reduce(self, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _sum(self, staging: torch.Tensor) -> torch.Tensor:
+        offset = (staging.data_ptr() - self.buffer.data_ptr()) // staging.element_size()
         return self.kernels.one_shot_all_reduce(
-            self.buf_ptrs, self.flag_ptrs, self.rank, self.world_size, offset, numel, dtype
+            self.buf_ptrs, self.flag_ptrs, self.rank, self.world_size, offset, staging.numel(), staging.dtype
         )
 
-    def __call__(self, x: torch.Tensor, slot: int = 0) -> torch.Tensor:
-        staging, offset = self._slot(slot, x.numel(), x.dtype)
-        staging.copy_(x.reshape(-1))
-        return self._reduce(offset, x.numel(), x.dtype).view(x.shape)
 
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, slot: int = 0
-    ) -> torch.Tensor | None:
-        """all-reduce of x @ weight.T (with `silu_mul`: of SiLU(gate) * up @ weight.T, x the merged
-        gate_up output), the product written by its kernel into the slot; None when it does not fit
-        (the caller goes through NCCL)."""
-        from llmdeploy_engine import ops
+class SymmMemAllReduce(_OneShotAllReduce):
+    """One-shot all-reduce of small tensors through torch's kernel (barriers on both sides, so the
+    buffer is reusable right after; `slot` is accepted and not needed)."""
 
-        rows, cols = x.shape[0], weight.shape[0]
-        if (
-            x.dtype != weight.dtype
-            or x.dtype not in _FAST_DTYPES
-            or rows * cols * x.element_size() > self.max_bytes
-        ):
-            return None
-        staging, offset = self._slot(slot, rows * cols, x.dtype)
-        product = staging.view(rows, cols)
-        if silu_mul:
-            ops.silu_mul_linear(x, weight, out=product)
-        else:
-            ops.linear(x, weight, out=product)
-        return self._reduce(offset, rows * cols, x.dtype).view(rows, cols)
-
-
-class SymmMemAllReduce:
-    """One-shot all-reduce of small tensors: copy into this rank's symmetric buffer, then torch's
-    kernel sums every rank's buffer (barriers on both sides, so the buffer is reusable right after;
-    `slot` is accepted and not needed)."""
+    dtypes = (torch.bfloat16, torch.float32)
 
     def __init__(
         self, state: ParallelState, device: torch.device, max_bytes: int = SYMM_MEM_MAX_BYTES
@@ -254,38 +271,12 @@ class SymmMemAllReduce:
         self.buffer = symm_mem.empty(max_bytes, dtype=torch.uint8, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)
 
-    def fits(self, x: torch.Tensor) -> bool:
-        return x.dtype in (torch.bfloat16, torch.float32) and x.numel() * x.element_size() <= self.max_bytes
+    def _staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.buffer[: numel * dtype.itemsize].view(dtype)
 
-    def __call__(self, x: torch.Tensor, slot: int = 0) -> torch.Tensor:
-        staging = self.buffer[: x.numel() * x.element_size()].view(x.dtype)
-        staging.copy_(x.reshape(-1))
+    def _sum(self, staging: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging, "sum", self.group_name)
-        return out.view(x.shape)
-
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, slot: int = 0
-    ) -> torch.Tensor | None:
-        """all-reduce of x @ weight.T (with `silu_mul`: of SiLU(gate) * up @ weight.T, x the merged
-        gate_up output) with the product written by its kernel into this rank's buffer (no staging
-        copy); None when the product does not fit (the caller goes through NCCL)."""
-        from llmdeploy_engine import ops
-
-        rows, cols = x.shape[0], weight.shape[0]
-        nbytes = rows * cols * x.element_size()
-        if (
-            x.dtype != weight.dtype
-            or x.dtype not in (torch.bfloat16, torch.float32)
-            or nbytes > self.max_bytes
-        ):
-            return None
-        staging = self.buffer[:nbytes].view(x.dtype).view(rows, cols)
-        if silu_mul:
-            ops.silu_mul_linear(x, weight, out=staging)
-        else:
-            ops.linear(x, weight, out=staging)
-        out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging.view(-1), "sum", self.group_name)
-        return out.view(rows, cols)
+        return out
 
 
 def destroy_parallel(state: ParallelState) -> None:
