@@ -36,6 +36,13 @@ diag() {  # label, gpu_single_diag.py args: one engine setting per process on GP
         "$@" >>"$out/diag.log" 2>&1
     echo "exit $? ($label)" >>"$out/diag.log"
 }
+tp_bench() {  # log name, timeout, gpu_tp.py args: on both GPUs, JSON and log under $out
+    local name=$1 limit=$2
+    shift 2
+    CUDA_VISIBLE_DEVICES=0,1 timeout "$limit" python3 benchmarks/gpu_tp.py --out "$out/$name.json" "$@" \
+        >"$out/$name.log" 2>&1
+    echo "exit $?" >>"$out/$name.log"
+}
 summary() {
     for f in "$@"; do
         echo "== $f"
@@ -55,9 +62,7 @@ if [ "$phase" = check ]; then
     wait
     echo "single-GPU tests took $(($(date +%s) - start)) s"
     tests 0,1 tp 150 tests/engine_gpu/test_tensor_parallel_gpu.py
-    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python3 benchmarks/gpu_tp.py --allreduce auto,nccl --out "$out/gpu_tp.json" \
-        >"$out/gpu_tp.log" 2>&1
-    echo "exit $?" >>"$out/gpu_tp.log"
+    tp_bench "gpu_tp" 200 --allreduce auto,nccl
     summary "$out"/t_*.log
     echo "== gpu_tp"
     tail -20 "$out/gpu_tp.log"
@@ -91,9 +96,7 @@ elif [ "$phase" = final ]; then
     wait
     echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
     tests 0,1 tp 90 tests/engine_gpu/test_tensor_parallel_gpu.py
-    CUDA_VISIBLE_DEVICES=0,1 timeout 100 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
-        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-    echo "exit $?" >>"$out/gpu_tp.log"
+    tp_bench "gpu_tp" 100 --allreduce auto --profile-steps 4 ${ARGS:-}
     summary "$out"/t_*.log
     for f in gpu_fp8 gpu_spec gpu_spec_p1 gpu_tp gpu_bench; do
         echo "== $f"
@@ -180,9 +183,7 @@ elif [ "$phase" = final5 ]; then
     echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
     tests 0,1 tp 120 "$g/test_tensor_parallel_gpu.py::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]" \
         "$g/test_tensor_parallel_gpu.py::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]" -vv
-    CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
-        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-    echo "exit $?" >>"$out/gpu_tp.log"
+    tp_bench "gpu_tp" 105 --allreduce auto --profile-steps 4 ${ARGS:-}
     summary "$out"/t_*.log
     grep -a -E "PASSED|FAILED" "$out/t_tp.log" | tail -5
     for f in gpu_fp8 gpu_spec gpu_tp gpu_bench; do
@@ -226,9 +227,7 @@ elif [ "$phase" = pdl ]; then
     echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
     tests 0,1 tp 120 "$g/test_tensor_parallel_gpu.py::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]" \
         "$g/test_tensor_parallel_gpu.py::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]" -vv
-    CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
-        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-    echo "exit $?" >>"$out/gpu_tp.log"
+    tp_bench "gpu_tp" 105 --allreduce auto --profile-steps 4 ${ARGS:-}
     summary "$out"/t_*.log
     grep -a -E "PASSED|FAILED" "$out/t_tp.log" | tail -5
     grep -a -E "FAILED|ERROR" "$out/t_engine.log" | head -20
@@ -262,9 +261,7 @@ elif [ "$phase" = fused ]; then
      echo "exit $?" >>"$out/gpu_bench_mergelaunch.log") &
     wait
     echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
-    CUDA_VISIBLE_DEVICES=0,1 timeout 80 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
-        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-    echo "exit $?" >>"$out/gpu_tp.log"
+    tp_bench "gpu_tp" 80 --allreduce auto --profile-steps 4 ${ARGS:-}
     left=$((570 - $(date +%s) + start))
     tests 0,1 tp $((left > 30 ? left : 30)) "$g/test_tensor_parallel_gpu.py::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]" \
         "$g/test_tensor_parallel_gpu.py::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]" -vv
@@ -301,9 +298,7 @@ elif [ "$phase" = final6 ]; then
         --out "$out" ${ARGS:-} >"$out/gpu_fp8.log" 2>&1; echo "exit $?" >>"$out/gpu_fp8.log") &
     wait
     echo "GPU 0 / GPU 1 jobs took $(($(date +%s) - start)) s"
-    CUDA_VISIBLE_DEVICES=0,1 timeout 80 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
-        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-    echo "exit $?" >>"$out/gpu_tp.log"
+    tp_bench "gpu_tp" 80 --allreduce auto --profile-steps 4 ${ARGS:-}
     grep -a -c PASSED "$out/t_engine.log"
     grep -a -E "FAILED|ERROR|^E  |passed|failed|^exit" "$out/t_engine.log" | head -40
     for f in gpu_fp8 gpu_tp gpu_bench_unfused gpu_bench_mergelaunch gpu_bench; do
@@ -387,9 +382,7 @@ elif [ "$phase" = v7b ]; then
      echo "exit $?" >>"$out/gpu_spec_cont.log") &
     wait
     if [ "$gpus" -gt 1 ]; then
-        CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
-            --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-        echo "exit $?" >>"$out/gpu_tp.log"
+        tp_bench "gpu_tp" 105 --allreduce auto --profile-steps 4 ${ARGS:-}
     fi
     summary "$out"/t_*.log
     for f in gpu_bench_torch_argmax gpu_bench; do
@@ -421,9 +414,7 @@ elif [ "$phase" = final7 ]; then
     fi
     wait
     if [ "$gpus" -gt 1 ]; then
-        CUDA_VISIBLE_DEVICES=0,1 timeout 105 python3 benchmarks/gpu_tp.py --allreduce auto --profile-steps 4 \
-            --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-        echo "exit $?" >>"$out/gpu_tp.log"
+        tp_bench "gpu_tp" 105 --allreduce auto --profile-steps 4 ${ARGS:-}
     fi
     summary "$out"/t_*.log
     grep -a -E "PASSED|FAILED|ERROR" "$out/t_engine.log" | cut -c1-150 | head -40
@@ -488,9 +479,7 @@ elif [ "$phase" = v8 ]; then
     tests 1 allreduce 100 $g/test_triton_allreduce.py
     wait
     tests 0,1 tp 200 $g/test_tensor_parallel_gpu.py -k "p2p" -v
-    CUDA_VISIBLE_DEVICES=0,1 timeout 150 python3 benchmarks/gpu_tp.py --allreduce auto,symm_mem --profile-steps 4 \
-        --out "$out/gpu_tp.json" ${ARGS:-} >"$out/gpu_tp.log" 2>&1
-    echo "exit $?" >>"$out/gpu_tp.log"
+    tp_bench "gpu_tp" 150 --allreduce auto,symm_mem --profile-steps 4 ${ARGS:-}
     summary "$out"/t_*.log
     grep -a -E "PASSED|FAILED|ERROR" "$out/t_tp.log" | cut -c1-150 | head -20
     echo "== gpu_bench"
@@ -502,17 +491,10 @@ elif [ "$phase" = tp8 ]; then
     # one-shot, p2p again; no profiler), then p2p with PDL off and the profiler (kernel times without
     # early-launched kernels waiting inside them); then each p2p tensor-parallel test in its own pytest
     # process (run v8 timed out running them in one)
-    tp() {  # label, args
-        local label=$1
-        shift
-        CUDA_VISIBLE_DEVICES=0,1 timeout 100 python3 benchmarks/gpu_tp.py --out "$out/gpu_tp_$label.json" ${ARGS:-} "$@" \
-            >"$out/gpu_tp_$label.log" 2>&1
-        echo "exit $?" >>"$out/gpu_tp_$label.log"
-    }
-    tp p2p --allreduce p2p
-    tp symm --allreduce symm_mem
-    tp p2p2 --allreduce p2p
-    LLMDEPLOY_PDL=0 tp nopdl --allreduce p2p --profile-steps 4
+    tp_bench gpu_tp_p2p 100 --allreduce p2p ${ARGS:-}
+    tp_bench gpu_tp_symm 100 --allreduce symm_mem ${ARGS:-}
+    tp_bench gpu_tp_p2p2 100 --allreduce p2p ${ARGS:-}
+    LLMDEPLOY_PDL=0 tp_bench gpu_tp_nopdl 100 --allreduce p2p --profile-steps 4 ${ARGS:-}
     g=tests/engine_gpu/test_tensor_parallel_gpu.py
     tests 0,1 tp_kernel 100 "$g::test_p2p_all_reduce_two_gpus"
     tests 0,1 tp_eager 100 "$g::test_tp2_logits_match_tp1_eager[p2p]"
@@ -548,9 +530,7 @@ elif [ "$phase" = final8 ]; then
     tests 0,1 tp_graphs 120 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
     tests 0,1 tp_bf16 100 "$t::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]"
     for v in p2p symm_mem; do
-        CUDA_VISIBLE_DEVICES=0,1 timeout 100 python3 benchmarks/gpu_tp.py --allreduce $v --out "$out/gpu_tp_$v.json" \
-            ${ARGS:-} >"$out/gpu_tp_$v.log" 2>&1
-        echo "exit $?" >>"$out/gpu_tp_$v.log"
+        tp_bench "gpu_tp_$v" 100 --allreduce $v ${ARGS:-}
     done
     summary "$out"/t_*.log
     for v in p2p symm_mem; do
