@@ -402,28 +402,24 @@ class LLMEngine:
                 if seq.num_computed_tokens // bs != before // bs:
                     bm.cache_full_blocks(seq)
                 num_appended += kept
-                if status is not None:
-                    seq.stop_reason = checker.stop_reason
-                    self.scheduler.finish(seq, status)
-                    finished_any = True
-                req.metrics.last_token_time = now
-                touched[req.request_id] = req
-                continue
-            num_prompt = seq.num_prompt_tokens
-            for step_tokens in sampled:
-                seq.num_computed_tokens += 1
-                if seq.num_computed_tokens % bs == 0:
-                    bm.cache_full_blocks(seq)
-                token_id = step_tokens[i]
-                seq.append_token(token_id)
-                num_appended += 1
-                num_tokens = seq.num_tokens
-                status = checker.on_token(token_id, num_tokens - num_prompt, num_tokens)
-                if status is not None:
-                    seq.stop_reason = checker.stop_reason
-                    self.scheduler.finish(seq, status)
-                    finished_any = True
-                    break
+            else:
+                num_prompt = seq.num_prompt_tokens
+                status = None
+                for step_tokens in sampled:
+                    seq.num_computed_tokens += 1
+                    if seq.num_computed_tokens % bs == 0:
+                        bm.cache_full_blocks(seq)
+                    token_id = step_tokens[i]
+                    seq.append_token(token_id)
+                    num_appended += 1
+                    num_tokens = seq.num_tokens
+                    status = checker.on_token(token_id, num_tokens - num_prompt, num_tokens)
+                    if status is not None:
+                        break
+            if status is not None:
+                seq.stop_reason = checker.stop_reason
+                self.scheduler.finish(seq, status)
+                finished_any = True
             req.metrics.last_token_time = now
             touched[req.request_id] = req
         self._generation_tokens_total += num_appended
