@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|bench9}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -496,7 +496,7 @@ elif [ "$phase" = tp8 ]; then
     tp_bench gpu_tp_p2p2 100 --allreduce p2p ${ARGS:-}
     LLMDEPLOY_PDL=0 tp_bench gpu_tp_nopdl 100 --allreduce p2p --profile-steps 4 ${ARGS:-}
     g=tests/engine_gpu/test_tensor_parallel_gpu.py
-    tests 0,1 tp_kernel 100 "$g::test_p2p_all_reduce_two_gpus"
+    tests 0,1 tp_kernel 100 "$g::test_all_reduce_kernels_two_gpus[p2p]"
     tests 0,1 tp_eager 100 "$g::test_tp2_logits_match_tp1_eager[p2p]"
     tests 0,1 tp_graphs 150 "$g::test_tp2_greedy_with_cuda_graphs_matches_tp1[p2p]"
     summary "$out"/t_*.log
@@ -525,7 +525,7 @@ elif [ "$phase" = final8 ]; then
     tests 1 allreduce 100 $g/test_triton_allreduce.py $g/test_triton_gemv.py -k "allreduce or measured or one_shot"
     wait
     t=$g/test_tensor_parallel_gpu.py
-    tests 0,1 tp_kernel 100 "$t::test_p2p_all_reduce_two_gpus"
+    tests 0,1 tp_kernel 100 "$t::test_all_reduce_kernels_two_gpus[p2p]"
     tests 0,1 tp_eager 100 "$t::test_tp2_logits_match_tp1_eager[p2p]"
     tests 0,1 tp_graphs 120 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
     tests 0,1 tp_bf16 100 "$t::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]"
@@ -537,8 +537,52 @@ elif [ "$phase" = final8 ]; then
         echo "== gpu_tp $v"
         grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$v.log" | grep -a -E "^ *[12] |^exit" | cut -c1-150
     done
+elif [ "$phase" = tp9 ]; then
+    # one call (v9, ~6 min on x2): the all-reduce kernels in one process (GPU 0), then the push
+    # kernel between two ranks; if that passed, the push engine tests (eager, graphs with the logits'
+    # all-gather inside, bf16 through auto) and gpu_tp.py with push, p2p, push again (one process each)
+    g=tests/engine_gpu
+    t=$g/test_tensor_parallel_gpu.py
+    tests 0 allreduce 100 $g/test_triton_allreduce.py
+    tests 0,1 tp_kernel 100 "$t::test_all_reduce_kernels_two_gpus[push]"
+    if grep -q " passed" "$out/t_tp_kernel.log" && ! grep -q -E "failed|error" "$out/t_tp_kernel.log"; then
+        tests 0,1 tp_eager 100 "$t::test_tp2_logits_match_tp1_eager[push]"
+        tests 0,1 tp_graphs 120 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[push]"
+        tests 0,1 tp_bf16 100 "$t::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]"
+        tp_bench gpu_tp_push 100 --allreduce push ${ARGS:-}
+        tp_bench gpu_tp_p2p 100 --allreduce p2p ${ARGS:-}
+        tp_bench gpu_tp_push2 100 --allreduce push ${ARGS:-}
+    else
+        echo "push kernel test did not pass: the push engine tests and benchmarks were not run"
+        tp_bench gpu_tp_p2p 100 --allreduce p2p ${ARGS:-}
+    fi
+    summary "$out"/t_*.log
+    for f in push p2p push2; do
+        [ -f "$out/gpu_tp_$f.log" ] || continue
+        echo "== gpu_tp $f"
+        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit" | cut -c1-150
+    done
+elif [ "$phase" = bench9 ]; then
+    # one call (v9, ~7 min on one H200): the engine / graph / multi-step tests (the v8 host-path
+    # changes had not run on a GPU), gpu_bench.py (both models, no peer), then the 8B with the FP8 KV
+    # cache (single stream and 256 requests)
+    g=tests/engine_gpu
+    tests 0 engine 150 $g/test_triton_ops.py $g/test_graph_pick.py $g/test_cuda_graph_runner.py \
+        $g/test_multi_step_gpu.py $g/test_triton_engine.py $g/test_fp8_kv_cache_gpu.py
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    mkdir -p "$out/fp8"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" ${ARGS:-} >"$out/gpu_bench_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_fp8.log"
+    summary "$out"/t_*.log
+    for f in gpu_bench gpu_bench_fp8; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
+    done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | bench9)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

@@ -291,7 +291,13 @@ def profile_steps(
 
 
 def make_engine(
-    model: str, device: str, max_model_len: int, max_batched: int, eager: bool, num_scheduler_steps: int = 1
+    model: str,
+    device: str,
+    max_model_len: int,
+    max_batched: int,
+    eager: bool,
+    num_scheduler_steps: int = 1,
+    kv_cache_dtype: str = "auto",
 ) -> LLMEngine:
     config = EngineConfig(
         model=model,
@@ -304,6 +310,7 @@ def make_engine(
         seed=0,
         enforce_eager=eager,
         num_scheduler_steps=num_scheduler_steps,
+        kv_cache_dtype=kv_cache_dtype,
     )
     return LLMEngine(config)
 
@@ -433,7 +440,16 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     model = MODELS[key] if not args.quick else "random:HuggingFaceTB/SmolLM2-135M-Instruct"
     res: dict[str, Any] = {"model": model}
     dev = args.device
-    engine = make_engine(model, dev, 2048, args.max_num_batched_tokens, args.eager, args.num_scheduler_steps)
+    engine = make_engine(
+        model,
+        dev,
+        2048,
+        args.max_num_batched_tokens,
+        args.eager,
+        args.num_scheduler_steps,
+        args.kv_cache_dtype,
+    )
+    res["kv_cache_dtype"] = args.kv_cache_dtype
     runner: Any = getattr(engine.runner, "runner", engine.runner)  # the ModelRunner under any wrapper
     for line in runner.startup_report.log_lines():
         log("  " + line)
@@ -594,9 +610,9 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     return res
 
 
-def table(bandwidth: float, num_scheduler_steps: int = 1) -> str:
+def table(bandwidth: float, num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto") -> str:
     lines = [
-        f"built-in engine, num_scheduler_steps {num_scheduler_steps}"
+        f"built-in engine, num_scheduler_steps {num_scheduler_steps}, kv_cache_dtype {kv_cache_dtype}"
         + (" (per-step figures are per decode step)" if num_scheduler_steps > 1 else ""),
         "",
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read+write)",
@@ -692,6 +708,11 @@ def main() -> None:
         action="store_true",
         help="the default now (attention dispatches to the kernel); accepted for older command lines",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="the engine's kv_cache_dtype (auto: the model's bf16; fp8_e4m3 / fp8_e5m2: the FP8 KV cache)",
+    )
     parser.add_argument("--throughput-models", default="qwen,llama")
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     parser.add_argument(
@@ -731,7 +752,7 @@ def main() -> None:
                     indent=1,
                 )
             )
-    print(table(bandwidth, args.num_scheduler_steps))
+    print(table(bandwidth, args.num_scheduler_steps, args.kv_cache_dtype))
 
 
 if __name__ == "__main__":

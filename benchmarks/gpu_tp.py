@@ -200,7 +200,7 @@ def main() -> int:
     parser.add_argument(
         "--allreduce",
         default="auto",
-        help="comma-separated all-reduce paths to time at tp=N: auto, p2p, symm_mem, nccl (eager at tp > 1)",
+        help="comma-separated all-reduce paths to time at tp=N: auto, push, p2p, symm_mem, nccl (eager at tp > 1)",
     )
     parser.add_argument(
         "--num-scheduler-steps", type=int, default=1, help="decode steps per scheduler call (multi-step)"

@@ -49,19 +49,21 @@ class ParallelState:
 SINGLE = ParallelState()
 COLLECTIVE_TIMEOUT_S = 300
 # LLMDEPLOY_TP_ALLREDUCE picks the all-reduce of decode-sized tensors (up to the symmetric buffer's
-# bytes), each reading every peer's buffer over NVLink (torch symmetric memory, no multicast):
-# `auto` (default) = on CUDA `p2p` when it sets up, else `symm_mem`, else NCCL; `p2p` = this
-# project's one-barrier Triton kernel, launched with PDL (triton_allreduce.py), or fail; `symm_mem`
-# = torch's `one_shot_all_reduce` (two barriers, no PDL) or fail; `nccl` = NCCL only. Larger tensors
-# (prefill steps) always go through NCCL.
+# bytes), each over NVLink between buffers every rank maps (torch symmetric memory, no multicast):
+# `auto` (default) = on CUDA `push` when it sets up, else `p2p`, else `symm_mem`, else NCCL; `push` =
+# this project's flagless Triton kernel (each rank writes its part into every peer's buffer, the data
+# marks its own arrival; triton_allreduce.py), which also gathers the logits inside CUDA graphs, or
+# fail; `p2p` = this project's one-barrier kernel (reads every peer's buffer), or fail; `symm_mem` =
+# torch's `one_shot_all_reduce` (two barriers, no PDL) or fail; `nccl` = NCCL only. The Triton kernels
+# launch with PDL. Larger tensors (prefill steps) always go through NCCL.
 # CUDA graphs of tensor-parallel decode steps need the symmetric-memory path: on 2 H200s (torch 2.11,
 # NCCL 2.28) graphs with NCCL collectives inside replayed correctly but destroy_process_group() never
 # returned afterwards (benchmarks/tp_graph_diag.py, docs/gpu-notes.md), so collectives are refused
 # during a capture (`all_reduce`/`all_gather` raise) and the engine runs eagerly without the fast path.
 ALLREDUCE_ENV = "LLMDEPLOY_TP_ALLREDUCE"
-ALLREDUCE_CHOICES = ("auto", "nccl", "symm_mem", "p2p")
+ALLREDUCE_CHOICES = ("auto", "nccl", "symm_mem", "p2p", "push")
 SYMM_MEM_MAX_BYTES = 1 << 20
-# P2PAllReduce's buffer slots, by caller: two all-reduces in a row never share one (a forward runs
+# the p2p and push all-reduces' buffer slots, by caller: two all-reduces in a row never share one (a forward runs
 # embedding, then attention and MLP per layer: 2, 0, 1, 0, 1, ..., 0, 1; the next forward starts at 2)
 REDUCE_SLOTS = 3
 ATTENTION_SLOT, MLP_SLOT, EMBED_SLOT = 0, 1, 2
@@ -86,10 +88,16 @@ def backend_for(device: torch.device) -> str:
 
 
 def init_parallel(
-    rank: int, world_size: int, port: int, device: torch.device, symm_mem_bytes: int = SYMM_MEM_MAX_BYTES
+    rank: int,
+    world_size: int,
+    port: int,
+    device: torch.device,
+    symm_mem_bytes: int = SYMM_MEM_MAX_BYTES,
+    gather_bytes: int = 0,
 ) -> ParallelState:
     """Join (rank 0: create) the tensor-parallel group on 127.0.0.1:port; returns the state for layers.
-    symm_mem_bytes: size of the symmetric buffer (the largest all-reduce the fast path takes)."""
+    symm_mem_bytes: size of the symmetric buffer (the largest all-reduce the fast path takes);
+    gather_bytes: one rank's part of the largest all-gather the push path takes (0: none)."""
     global _symm_mem_set_up
     if world_size == 1:
         return SINGLE
@@ -120,7 +128,7 @@ def init_parallel(
     choice = os.environ.get(ALLREDUCE_ENV, "auto")
     if choice not in ALLREDUCE_CHOICES:
         raise ValueError(f"{ALLREDUCE_ENV}={choice!r}: use {', '.join(ALLREDUCE_CHOICES)}")
-    if choice in ("symm_mem", "p2p") and device.type != "cuda":
+    if choice in ("symm_mem", "p2p", "push") and device.type != "cuda":
         raise ValueError(f"{ALLREDUCE_ENV}={choice} needs CUDA devices")
     if choice == "nccl" or device.type != "cuda":
         return state
@@ -139,15 +147,25 @@ def init_parallel(
             "set-up hangs); this engine uses NCCL only and runs eagerly at tp > 1"
         )
         return state
-    kinds = {"auto": ("p2p", "symm_mem"), "p2p": ("p2p",), "symm_mem": ("symm_mem",)}[choice]
+    kinds = {"auto": ("push", "p2p", "symm_mem")}.get(choice, (choice,))
     _symm_mem_set_up = True
     for kind in kinds:
         try:
-            made = P2PAllReduce if kind == "p2p" else SymmMemAllReduce
-            fast = made(state, device, max(symm_mem_bytes, 8 * 4))
+            size = max(symm_mem_bytes, 8 * 4)
+            fast: _OneShotAllReduce
+            if kind == "push":
+                fast = PushAllReduce(state, device, size, gather_bytes)
+            else:
+                fast = (P2PAllReduce if kind == "p2p" else SymmMemAllReduce)(state, device, size)
             fast_state = ParallelState(rank, world_size, state.group, fast)
             probe = torch.ones(8, device=device)
             ok = float(all_reduce(probe, fast_state).sum()) == 8 * world_size
+            if ok and fast.gather_bytes:
+                part = torch.full((1, 8), float(rank), device=device)
+                gathered = all_gather(part, fast_state)
+                ok = gathered.shape == (1, 8 * world_size) and gathered[0, ::8].tolist() == list(
+                    map(float, range(world_size))
+                )
         except Exception as exc:  # every rank fails the same way (same build, same devices)
             if choice != "auto":
                 raise
@@ -169,12 +187,19 @@ class _OneShotAllReduce:
 
     dtypes: tuple[torch.dtype, ...] = _FAST_DTYPES
     max_bytes: int
+    gather_bytes = 0  # one rank's part of the largest all-gather taken (0: all-gathers go to NCCL)
 
     def _staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
 
-    def _sum(self, staging: torch.Tensor) -> torch.Tensor:
+    def _sum(self, staging: torch.Tensor, slot: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def fits_gather(self, x: torch.Tensor) -> bool:
+        return x.dtype in self.dtypes and x.numel() * x.element_size() <= self.gather_bytes
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no all-gather (gather_bytes is 0)")
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.dtype in self.dtypes and x.numel() * x.element_size() <= self.max_bytes
@@ -182,7 +207,7 @@ class _OneShotAllReduce:
     def __call__(self, x: torch.Tensor, slot: int = 0) -> torch.Tensor:
         staging = self._staging(slot, x.numel(), x.dtype)
         staging.copy_(x.reshape(-1))
-        return self._sum(staging).view(x.shape)
+        return self._sum(staging, slot).view(x.shape)
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, slot: int = 0
@@ -205,7 +230,7 @@ class _OneShotAllReduce:
             ops.silu_mul_linear(x, weight, out=product)
         else:
             ops.linear(x, weight, out=product)
-        return self._sum(staging).view(rows, cols)
+        return self._sum(staging, slot).view(rows, cols)
 
 
 class P2PAllReduce(_OneShotAllReduce):
@@ -240,16 +265,90 @@ class P2PAllReduce(_OneShotAllReduce):
         dist.barrier(group=state.group)  # every rank's flags are zero before any signal
 
     def _staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        if not 0 <= slot < REDUCE_SLOTS:
-            raise ValueError(f"all-reduce slot {slot} outside 0..{REDUCE_SLOTS - 1}")
+        _check_slot(slot)
         start = slot * self.max_bytes
         return self.buffer[start : start + numel * dtype.itemsize].view(dtype)
 
-    def _sum(self, staging: torch.Tensor) -> torch.Tensor:
+    def _sum(self, staging: torch.Tensor, slot: int) -> torch.Tensor:
         offset = (staging.data_ptr() - self.buffer.data_ptr()) // staging.element_size()
         return self.kernels.one_shot_all_reduce(
             self.buf_ptrs, self.flag_ptrs, self.rank, self.world_size, offset, staging.numel(), staging.dtype
         )
+
+
+def _check_slot(slot: int) -> None:
+    if not 0 <= slot < REDUCE_SLOTS:
+        raise ValueError(f"all-reduce slot {slot} outside 0..{REDUCE_SLOTS - 1}")
+
+
+class PushAllReduce(_OneShotAllReduce):
+    """All-reduce (and all-gather) of small tensors without flags (triton_allreduce.push_exchange):
+    each rank writes its part into every peer's symmetric buffer, which starts filled with a sentinel;
+    each rank polls its own buffer until no element is the sentinel, sums (or places) every part in
+    rank order, and writes the sentinel back. The buffer has one region per all-reduce slot and one
+    for all-gathers, each with a part per rank; two collectives in a row must not share a region (the
+    model: embedding 2, attention 0, MLP 1; the logits' all-gather its own). The partial sums stay
+    where their kernel wrote them (no staging copy)."""
+
+    def __init__(
+        self,
+        state: ParallelState,
+        device: torch.device,
+        max_bytes: int = SYMM_MEM_MAX_BYTES,
+        gather_bytes: int = 0,
+    ) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+        from llmdeploy_engine import triton_allreduce
+
+        self.kernels = triton_allreduce
+        self.rank, self.world_size = state.rank, state.world_size
+        self.max_bytes = -(-max_bytes // 256) * 256
+        self.gather_bytes = -(-gather_bytes // 256) * 256
+        self.gather_at = REDUCE_SLOTS * self.world_size * self.max_bytes  # byte offset of the gather region
+        total = self.gather_at + self.world_size * self.gather_bytes
+        self.buffer = symm_mem.empty(total, dtype=torch.uint8, device=device)
+        self.buffer.view(torch.int16).fill_(triton_allreduce.SENTINEL_HALF)
+        handle = symm_mem.rendezvous(self.buffer, state.group.group_name)
+        offset = self.buffer.data_ptr() - handle.buffer_ptrs[state.rank]  # may start inside the block
+        self.recv_ptrs = torch.tensor(
+            [base + offset for base in handle.buffer_ptrs], dtype=torch.int64, device=device
+        )
+        torch.cuda.synchronize(device)
+        dist.barrier(group=state.group)  # every rank's buffer is clean before any rank pushes
+
+    def _staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        _check_slot(slot)  # any tensor will do: the kernel reads this rank's part where it lies
+        return torch.empty(numel, dtype=dtype, device=self.buffer.device)
+
+    def __call__(self, x: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        _check_slot(slot)
+        return self._sum(x.contiguous().view(-1), slot).view(x.shape)
+
+    def _sum(self, staging: torch.Tensor, slot: int) -> torch.Tensor:
+        size = staging.element_size()
+        return self.kernels.push_exchange(
+            staging,
+            self.recv_ptrs,
+            self.rank,
+            self.world_size,
+            slot * self.world_size * self.max_bytes // size,
+            self.max_bytes // size,
+        )
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., cols] of every rank concatenated along the last dimension in rank order."""
+        x = x.contiguous()
+        cols, size = x.shape[-1], x.element_size()
+        out = self.kernels.push_exchange(
+            x.view(-1, cols),
+            self.recv_ptrs,
+            self.rank,
+            self.world_size,
+            self.gather_at // size,
+            self.gather_bytes // size,
+            gather_cols=cols,
+        )
+        return out.view(*x.shape[:-1], self.world_size * cols)
 
 
 class SymmMemAllReduce(_OneShotAllReduce):
@@ -274,7 +373,7 @@ class SymmMemAllReduce(_OneShotAllReduce):
     def _staging(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self.buffer[: numel * dtype.itemsize].view(dtype)
 
-    def _sum(self, staging: torch.Tensor) -> torch.Tensor:
+    def _sum(self, staging: torch.Tensor, slot: int) -> torch.Tensor:
         out: torch.Tensor = torch.ops.symm_mem.one_shot_all_reduce(staging, "sum", self.group_name)
         return out
 
@@ -313,6 +412,11 @@ def all_gather(x: torch.Tensor, state: ParallelState, dim: int = -1) -> torch.Te
     if not state.is_parallel:
         return x
     x = x.contiguous()
+    fast = state.fast_all_reduce
+    last = dim % x.dim() == x.dim() - 1
+    if fast is not None and fast.gather_bytes and x.is_cuda and last and fast.fits_gather(x):
+        gathered: torch.Tensor = fast.gather(x)
+        return gathered
     _refuse_in_capture("all-gather", x)
     if x.device.type == "cuda":
         out = torch.empty((state.world_size, *x.shape), dtype=x.dtype, device=x.device)

@@ -139,14 +139,12 @@ class LLMEngine:
                 if model_runner.graphs_with_tensor_parallel:
                     # decode steps replayed from CUDA graphs captured now (docs/gpu-notes.md); with
                     # tensor parallelism every rank captures the same graphs (all-reduces over
-                    # symmetric memory inside, the logits' all-gather outside)
+                    # symmetric memory inside; the logits' all-gather inside with the push path, else
+                    # after the replay)
                     from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 
                     model_runner.capture_graphs_on_workers()
-                    if model_runner.workers is not None:
-                        runner = CudaGraphRunner(runner, logits_max_batch=0)
-                    else:
-                        runner = CudaGraphRunner(runner)
+                    runner = CudaGraphRunner(runner, logits_max_batch=model_runner.graph_logits_rows())
                 else:
                     from llmdeploy_engine.distributed import ALLREDUCE_ENV
 

@@ -245,15 +245,43 @@ class ModelRunner:
             self.workers = WorkerGroup.start(self.config, port, self.device.type)
         elif port is None:
             raise ValueError("a tensor-parallel worker needs the rendezvous port")
-        self.parallel = init_parallel(rank, tp, port, self.device, self._symm_mem_bytes())
+        self.parallel = init_parallel(
+            rank, tp, port, self.device, self._symm_mem_bytes(), self._gather_bytes(tp)
+        )
+
+    def _largest_graph(self) -> int:
+        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_BATCH_SIZES
+
+        return max((b for b in CUDA_GRAPH_BATCH_SIZES if b <= self.config.max_num_seqs), default=1)
 
     def _symm_mem_bytes(self) -> int:
         """Bytes of the largest all-reduce inside a decode CUDA graph (rows of the largest graph x
         hidden size, float32 at most): the symmetric-memory buffer must take every one of them."""
-        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_BATCH_SIZES
+        return self._largest_graph() * self.model_config.hidden_size * 4
 
-        rows = max((b for b in CUDA_GRAPH_BATCH_SIZES if b <= self.config.max_num_seqs), default=1)
-        return rows * self.model_config.hidden_size * 4
+    def _local_vocab(self, tp: int) -> int:
+        return -(-self.model_config.vocab_size // tp)  # as the vocabulary-parallel layers split it
+
+    def _gather_bytes(self, tp: int) -> int:
+        """One rank's logits (model dtype) for the decode graphs that compute them inside the graph:
+        what the push path's all-gather region must take."""
+        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+
+        rows = min(CUDA_GRAPH_LOGITS_MAX_BATCH, self._largest_graph())
+        return rows * self._local_vocab(tp) * self.dtype.itemsize
+
+    def graph_logits_rows(self) -> int:
+        """Rows up to which decode CUDA graphs compute the logits inside the graph (CudaGraphRunner's
+        logits_max_batch; the same on every rank). At tp > 1 only with an all-gather that runs inside
+        a graph (the push path), as many rows as its region takes; else 0 (logits after the replay)."""
+        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+
+        if not self.parallel.is_parallel:
+            return CUDA_GRAPH_LOGITS_MAX_BATCH
+        fast = self.parallel.fast_all_reduce
+        gather_bytes = 0 if fast is None else fast.gather_bytes
+        row_bytes = self._local_vocab(self.parallel.world_size) * self.dtype.itemsize
+        return min(CUDA_GRAPH_LOGITS_MAX_BATCH, gather_bytes // row_bytes)
 
     @property
     def graphs_with_tensor_parallel(self) -> bool:

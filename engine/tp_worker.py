@@ -218,7 +218,7 @@ def main() -> int:
         elif msg[0] == "capture_graphs":
             from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 
-            top = CudaGraphRunner(runner, logits_max_batch=0)  # as rank 0: the all-gather stays eager
+            top = CudaGraphRunner(runner, logits_max_batch=runner.graph_logits_rows())  # as rank 0
         elif msg[0] == "close":
             break
         else:

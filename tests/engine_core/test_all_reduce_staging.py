@@ -11,7 +11,7 @@ from llmdeploy_engine.distributed import REDUCE_SLOTS, P2PAllReduce
 
 
 class _TwoEqualRanks(P2PAllReduce):
-    def _sum(self, staging: torch.Tensor) -> torch.Tensor:
+    def _sum(self, staging: torch.Tensor, slot: int) -> torch.Tensor:
         return staging * 2
 
 

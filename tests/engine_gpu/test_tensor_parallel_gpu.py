@@ -3,8 +3,8 @@
 Random Qwen2.5-0.5B (14 heads, 2 KV heads: one KV head per rank) in float32, so tp=2 can be held to
 tp=1's logits; through LLMEngine with CUDA graphs (all-reduces captured in the graphs) the greedy
 tokens must be identical, the graphs must actually be replayed, and the worker must exit on close.
-All three all-reduce paths (NCCL, torch's symmetric-memory one-shot, this project's p2p kernel), and
-the p2p kernel on its own between two spawned ranks. A process sets up symmetric memory once (a
+Every all-reduce path (NCCL, torch's symmetric-memory one-shot, this project's p2p and push kernels),
+and this project's kernels on their own between two spawned ranks. A process sets up symmetric memory once (a
 second set-up hung), so the tests that need it skip after the first: run them one per process
 (benchmarks/gpu_all.sh does).
 """
@@ -106,7 +106,7 @@ def eager_reference() -> tuple[list[torch.Tensor], int]:
     return ref, vocab
 
 
-@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem", "p2p"])
+@pytest.mark.parametrize("allreduce", ["nccl", "symm_mem", "p2p", "push"])
 def test_tp2_logits_match_tp1_eager(
     allreduce: str, eager_reference: tuple[list[torch.Tensor], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -183,7 +183,7 @@ def graph_reference() -> list[list[int]]:
     return _run_engine(1)[0]
 
 
-@pytest.mark.parametrize("allreduce", ["auto", "p2p", "symm_mem", "nccl"])
+@pytest.mark.parametrize("allreduce", ["auto", "push", "p2p", "symm_mem", "nccl"])
 def test_tp2_greedy_with_cuda_graphs_matches_tp1(
     allreduce: str, graph_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,21 +215,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _p2p_rank(rank: int, port: int) -> None:
-    """One rank of test_p2p_all_reduce_two_gpus (a spawned process; raises on a wrong sum)."""
-    os.environ["LLMDEPLOY_TP_ALLREDUCE"] = "p2p"
+def _p2p_rank(rank: int, port: int, kind: str) -> None:
+    """One rank of test_all_reduce_kernels_two_gpus (a spawned process; raises on a wrong sum)."""
+    os.environ["LLMDEPLOY_TP_ALLREDUCE"] = kind
     from llmdeploy_engine.distributed import (
         ATTENTION_SLOT,
         EMBED_SLOT,
         MLP_SLOT,
+        all_gather,
         all_reduce,
         destroy_parallel,
         init_parallel,
     )
 
     device = torch.device("cuda", rank)
-    state = init_parallel(rank, 2, port, device, 64 * 4096 * 4)
-    assert type(state.fast_all_reduce).__name__ == "P2PAllReduce"
+    gather_bytes = 4 * 9000 * 4 if kind == "push" else 0
+    state = init_parallel(rank, 2, port, device, 64 * 4096 * 4, gather_bytes)
+    fast = state.fast_all_reduce
+    assert type(fast).__name__ == {"p2p": "P2PAllReduce", "push": "PushAllReduce"}[kind]
+    assert fast.gather_bytes == (gather_bytes if kind == "push" else 0)
     gen = torch.Generator().manual_seed(0)  # the same draws on both ranks: each knows both parts
     slots = (EMBED_SLOT, ATTENTION_SLOT, MLP_SLOT)
     shapes = [(1, 896), (3, 4096), (64, 4096), (7, 100), (1, 8), (33, 4096)]
@@ -237,18 +241,27 @@ def _p2p_rank(rank: int, port: int) -> None:
         parts = [torch.randn(shape, generator=gen).to(dtype) for _ in range(2)]
         got = all_reduce(parts[rank].to(device), state, slots[i % 3])
         assert torch.equal(got.cpu(), (parts[0].float() + parts[1].float()).to(dtype)), (shape, dtype)
+        if kind == "push":  # the gather region between all-reduces, as the logits' all-gather
+            gathered = all_gather(parts[rank].to(device), state)
+            assert torch.equal(gathered.cpu(), torch.cat(parts, dim=-1)), (shape, dtype)
     # captured: three all-reduces in the model's slot order, replayed with new inputs each time
     x = torch.zeros(4, 4096, device=device)
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        all_reduce(x, state, EMBED_SLOT)
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def collectives() -> tuple[torch.Tensor, ...]:
         a = all_reduce(x, state, EMBED_SLOT)
         b = all_reduce(a * 0.5, state, ATTENTION_SLOT)
         c = all_reduce(b + 1.0, state, MLP_SLOT)
+        d = all_gather(c[:, : 9000 // 4].contiguous(), state) if kind == "push" else c
+        return a, b, c, d
+
+    with torch.cuda.stream(side):  # warm-up outside the capture, as the engine does
+        collectives()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a, b, c, d = collectives()
     for _ in range(200):
         parts = [torch.randn(4, 4096, generator=gen) for _ in range(2)]
         x.copy_(parts[rank])
@@ -256,22 +269,34 @@ def _p2p_rank(rank: int, port: int) -> None:
         want_a = parts[0] + parts[1]
         want_b = want_a * 0.5 + want_a * 0.5
         assert torch.equal(a.cpu(), want_a) and torch.equal(b.cpu(), want_b)
-        assert torch.equal(c.cpu(), (want_b + 1.0) * 2)
+        want_c = (want_b + 1.0) * 2
+        assert torch.equal(c.cpu(), want_c)
+        if kind == "push":  # every rank holds the same c: the gather repeats its columns
+            cols = want_c[:, : 9000 // 4]
+            assert torch.equal(d.cpu(), torch.cat([cols, cols], dim=-1))
+    for _ in range(500):  # back to back, no host sync between: the ranks drift apart as they may
+        graph.replay()
+    assert torch.equal(c.cpu(), want_c)
+    if kind == "push":
+        assert torch.equal(d.cpu(), torch.cat([cols, cols], dim=-1))
     destroy_parallel(state)
 
 
-def test_p2p_all_reduce_two_gpus() -> None:
-    """P2PAllReduce on two GPUs: sums of several shapes and dtypes, bit-exact (rank order, float32);
-    then a CUDA graph of three all-reduces in a row (slots 2, 0, 1), replayed 200 times back to back
-    with new inputs: one barrier per call and no closing barrier, so a slot reused too early would
-    show here as a wrong sum (or a hang, which the timeout turns into a failure)."""
+@pytest.mark.parametrize("kind", ["p2p", "push"])
+def test_all_reduce_kernels_two_gpus(kind: str) -> None:
+    """This project's all-reduce kernels on two GPUs: sums of several shapes and dtypes, bit-exact
+    (rank order, float32), and with `push` all-gathers between them; then a CUDA graph of three
+    all-reduces in a row (slots 2, 0, 1) and, with `push`, an all-gather, replayed 200 times back to
+    back with new inputs. Neither has a closing barrier (p2p: one barrier a call; push: none), so a
+    region reused too early would show here as a wrong result (or a hang, which the timeout turns
+    into a failure)."""
     import multiprocessing
 
     from llmdeploy_engine.distributed import free_port
 
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_p2p_rank, args=(rank, port)) for rank in range(2)]
+    procs = [ctx.Process(target=_p2p_rank, args=(rank, port, kind)) for rank in range(2)]
     for p in procs:
         p.start()
     for p in procs:
