@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|bench9}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -562,6 +562,43 @@ elif [ "$phase" = tp9 ]; then
         echo "== gpu_tp $f"
         grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit" | cut -c1-150
     done
+elif [ "$phase" = tp9b ]; then
+    # one call (v9, ~5 min on x2): gpu_tp.py at the engine's default max_num_seqs (256: the prompt's
+    # prefill replays a short-prefill graph on both sides) with push, p2p, push again; then the
+    # tensor-parallel graphs test through auto (now push)
+    t=tests/engine_gpu/test_tensor_parallel_gpu.py
+    tp_bench gpu_tp_push256 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
+    tp_bench gpu_tp_p2p256 150 --allreduce p2p --max-num-seqs 256 ${ARGS:-}
+    tp_bench gpu_tp_push256b 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
+    tests 0,1 tp_graphs_auto 120 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
+    summary "$out"/t_*.log
+    for f in push256 p2p256 push256b; do
+        echo "== gpu_tp $f"
+        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit|Captured" | cut -c1-200
+    done
+elif [ "$phase" = ar9 ]; then
+    # one call (v9, ~3 min on x2): the all-reduce paths alone (benchmarks/gpu_allreduce.py: push with
+    # several kernel shapes, p2p, torch's one-shot), then gpu_tp.py with push at max_num_seqs 256
+    CUDA_VISIBLE_DEVICES=0,1 timeout 300 python3 benchmarks/gpu_allreduce.py --out "$out/gpu_allreduce.json" \
+        >"$out/gpu_allreduce.log" 2>&1
+    echo "exit $?" >>"$out/gpu_allreduce.log"
+    tp_bench gpu_tp_push256c 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
+    grep -a -E "^\||^exit|exit codes|no result" "$out/gpu_allreduce.log"
+    grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_push256c.log" | grep -a -E "^ *[12] |^exit" | cut -c1-200
+elif [ "$phase" = tp9c ]; then
+    # one call (v9 final, ~4 min on x2): the push kernel's shapes by size (triton_allreduce.push_shape)
+    # in the one-process and two-rank tests, then gpu_tp.py with push at max_num_seqs 256 and 1
+    g=tests/engine_gpu
+    t=$g/test_tensor_parallel_gpu.py
+    tests 0 allreduce 100 $g/test_triton_allreduce.py
+    tests 0,1 tp_kernel 100 "$t::test_all_reduce_kernels_two_gpus[push]"
+    tp_bench gpu_tp_push256d 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
+    tp_bench gpu_tp_push1d 150 --allreduce push ${ARGS:-}
+    summary "$out"/t_*.log
+    for f in push256d push1d; do
+        echo "== gpu_tp $f"
+        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit" | cut -c1-200
+    done
 elif [ "$phase" = bench9 ]; then
     # one call (v9, ~7 min on one H200): the engine / graph / multi-step tests (the v8 host-path
     # changes had not run on a GPU), gpu_bench.py (both models, no peer), then the 8B with the FP8 KV
@@ -582,7 +619,7 @@ elif [ "$phase" = bench9 ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
     done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | bench9)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

@@ -80,7 +80,7 @@ def single_stream(
         dtype="float32" if cpu else "bfloat16",
         tensor_parallel_size=tp,
         max_model_len=args.max_model_len,
-        max_num_seqs=1,
+        max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(args.prompt_len, 256),
         kv_cache_memory_bytes=64 * 2**20 if cpu else None,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -195,6 +195,13 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=1,
+        help="the engine's max_num_seqs (1: graphs for batch 1 only, so the prompt's prefill runs eagerly; "
+        "the engine's default 256 adds the short-prefill graphs)",
+    )
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU dry run)")
     parser.add_argument(

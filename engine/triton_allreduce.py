@@ -115,6 +115,18 @@ SENTINEL_HALF = -32768  # 0x8000 as int16: the fill of every 16-bit half of a cl
 SENTINEL_WORD = -2147450880  # 0x80008000 as int32: the same fill read as 32-bit elements
 
 
+def push_shape(n: int) -> tuple[int, int]:
+    """(elements per program and round, warps) of a push exchange of n elements. Measured alone on 2
+    H200s (benchmarks/gpu_allreduce.py, run 36, us per all-reduce of bf16 [rows, 4096]): 1 row 2.00 at
+    (512, 4) against 2.46 at (2048, 8); 8 rows 2.40 at (1024, 4) against 2.68. Larger exchanges (the
+    logits' all-gather, big batches) keep (2048, 8)."""
+    if n <= 4096:
+        return 512, 4
+    if n <= 32768:
+        return 1024, 4
+    return BLOCK, 8
+
+
 def bits_dtype(dtype: torch.dtype) -> tuple[torch.dtype, int]:
     """The integer type the exchange moves a dtype's elements as, and the sentinel in that type."""
     if dtype.itemsize == 2:
@@ -175,20 +187,25 @@ def push_exchange(
     region: int,
     part_stride: int,
     gather_cols: int = 0,
+    block: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """x (contiguous, this rank's part) pushed into every peer's receive buffer at
     `region + rank * part_stride` (in elements of x's dtype), then every peer's part read from this
     rank's own buffer. gather_cols 0: the sum over ranks (rank order, float32) shaped as x; else x is
     [rows, gather_cols] and the result [rows, world * gather_cols] (rank r's columns r * cols ...).
-    recv_ptrs: int64 [world] device tensor of every rank's receive buffer as mapped in this process."""
+    recv_ptrs: int64 [world] device tensor of every rank's receive buffer as mapped in this process.
+    block / num_warps: elements per program and round, warps per program (None: push_shape's)."""
     bits, sentinel = bits_dtype(x.dtype)
     n = x.numel()
+    if block is None or num_warps is None:
+        block, num_warps = push_shape(n)
     if gather_cols:
         rows = n // gather_cols
         out = torch.empty(rows, world * gather_cols, dtype=x.dtype, device=x.device)
     else:
         out = torch.empty_like(x)
-    programs = max(1, min(MAX_PROGRAMS, triton.cdiv(n, BLOCK)))
+    programs = max(1, min(MAX_PROGRAMS, triton.cdiv(n, block)))
     _push_exchange_kernel[(programs,)](
         x.view(bits),
         recv_ptrs,
@@ -201,9 +218,9 @@ def push_exchange(
         WORLD=world,
         SENT=sentinel,
         GATHER=bool(gather_cols),
-        BLOCK=BLOCK,
+        BLOCK=block,
         MAX_PROGRAMS=MAX_PROGRAMS,
-        num_warps=8,
+        num_warps=num_warps,
         **triton_pdl.launch_args(out),
     )
     return out
