@@ -594,6 +594,11 @@ elif [ "$phase" = tp9c ]; then
     tests 0,1 tp_kernel 100 "$t::test_all_reduce_kernels_two_gpus[push]"
     tp_bench gpu_tp_push256d 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
     tp_bench gpu_tp_push1d 150 --allreduce push ${ARGS:-}
+    if [ -n "${ENGINE_TESTS:-}" ]; then  # the repeat (run 38): the engine tests through auto too
+        tests 0,1 tp_graphs 120 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
+        tests 0,1 tp_bf16 100 "$t::test_tp2_bf16_logits_within_bf16_rounding_of_tp1[1]"
+        tests 0,1 tp_eager 100 "$t::test_tp2_logits_match_tp1_eager[push]"
+    fi
     summary "$out"/t_*.log
     for f in push256d push1d; do
         echo "== gpu_tp $f"
