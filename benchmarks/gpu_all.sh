@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -604,6 +604,24 @@ elif [ "$phase" = tp9c ]; then
         echo "== gpu_tp $f"
         grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit" | cut -c1-200
     done
+elif [ "$phase" = bench9b ]; then
+    # one call (v9, ~4 min on one H200): batch sizes every 8 up to 64 and every 16 up to 256 (was powers
+    # of two): the engine and planner GPU tests, gpu_bench.py (both models, no peer), the 8B with fp8 KV
+    g=tests/engine_gpu
+    tests 0 engine 150 $g/test_triton_engine.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
+        tests/planner/test_builtin_engine_gpu.py
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    mkdir -p "$out/fp8"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" ${ARGS:-} >"$out/gpu_bench_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_fp8.log"
+    summary "$out"/t_*.log
+    for f in gpu_bench gpu_bench_fp8; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
+    done
 elif [ "$phase" = bench9 ]; then
     # one call (v9, ~7 min on one H200): the engine / graph / multi-step tests (the v8 host-path
     # changes had not run on a GPU), gpu_bench.py (both models, no peer), then the 8B with the FP8 KV
@@ -624,7 +642,7 @@ elif [ "$phase" = bench9 ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
     done
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9 | bench9b)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"

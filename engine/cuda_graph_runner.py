@@ -61,12 +61,11 @@ from llmdeploy_engine.sampler import WindowSampler, fast_argmax_rows
 from llmdeploy_engine.sampling_params import SamplingParams
 
 from llmdeploy.planner.builtin_rule import (
-    CUDA_GRAPH_BATCH_SIZES,
     CUDA_GRAPH_LOGITS_MAX_BATCH,
+    cuda_graph_batch_sizes,
     cuda_graph_context_buckets,
 )
 
-DEFAULT_BATCH_SIZES = CUDA_GRAPH_BATCH_SIZES
 PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")
 
@@ -128,7 +127,7 @@ class CudaGraphRunner:
     def __init__(
         self,
         runner: Any,
-        batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+        batch_sizes: tuple[int, ...] | None = None,
         max_blocks: int | None = None,
         logits_max_batch: int = CUDA_GRAPH_LOGITS_MAX_BATCH,
         multi_token_rows: bool | None = None,
@@ -154,6 +153,8 @@ class CudaGraphRunner:
             self.block_buckets = cuda_graph_context_buckets(runner.max_model_len, self.block_size)
         else:
             self.block_buckets = cuda_graph_context_buckets(max_blocks * self.block_size, self.block_size)
+        if batch_sizes is None:  # the planner's sizes for max_num_seqs (it reserves their memory)
+            batch_sizes = cuda_graph_batch_sizes(runner.config.max_num_seqs)
         self.batch_sizes = tuple(b for b in batch_sizes if b <= runner.config.max_num_seqs)
         self.logits_max_batch = logits_max_batch
         self.graphs: dict[tuple[int, int], _DecodeGraph] = {}

@@ -250,9 +250,9 @@ class ModelRunner:
         )
 
     def _largest_graph(self) -> int:
-        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_BATCH_SIZES
+        from llmdeploy.planner.builtin_rule import cuda_graph_batch_sizes
 
-        return max((b for b in CUDA_GRAPH_BATCH_SIZES if b <= self.config.max_num_seqs), default=1)
+        return max(cuda_graph_batch_sizes(self.config.max_num_seqs))
 
     def _symm_mem_bytes(self) -> int:
         """Bytes of the largest all-reduce inside a decode CUDA graph (rows of the largest graph x

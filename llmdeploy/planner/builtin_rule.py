@@ -45,15 +45,20 @@ def max_concurrency(num_kv_blocks: int, block_size: int, max_model_len: int) -> 
 # allocated (the graphs hold its addresses), so their memory must be set aside before the KV cache is
 # sized. These functions are what the engine captures and reserves; the planner shows the same term.
 
-CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# 1, 2, 4, then every 8 up to 64 and every 16 up to 256: a batch replays the smallest graph that holds
+# it, so the padding rows are at most 16 (powers of two padded 129 sequences to 256: the GEMMs of a
+# large batch cost in proportion to their rows)
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, *range(8, 64, 8), *range(64, 257, 16))
 CUDA_GRAPH_LOGITS_MAX_BATCH = 64  # graphs of up to this many rows compute the logits inside the graph
 CUDA_GRAPH_FIXED_BYTES = 256 * 2**20  # cuBLAS workspace of the capture stream, graph objects, rounding
 
 
 def cuda_graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """Captured batch sizes: the powers of two up to 256 that max_num_seqs allows (at least 1)."""
-    sizes = tuple(b for b in CUDA_GRAPH_BATCH_SIZES if b <= max_num_seqs)
-    return sizes or (1,)
+    """Captured batch sizes: CUDA_GRAPH_BATCH_SIZES up to max_num_seqs, and max_num_seqs itself (up to
+    256) when the list skips it, so every batch the scheduler may form up to 256 has a graph."""
+    top = max(1, min(max_num_seqs, CUDA_GRAPH_BATCH_SIZES[-1]))
+    sizes = tuple(b for b in CUDA_GRAPH_BATCH_SIZES if b <= top)
+    return sizes if sizes[-1] == top else (*sizes, top)
 
 
 def cuda_graph_context_buckets(max_model_len: int, block_size: int) -> tuple[int, ...]:

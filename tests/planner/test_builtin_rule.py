@@ -1,3 +1,5 @@
+import itertools
+
 from llmdeploy.planner.builtin_rule import kv_bytes_per_token, kv_cache_bytes, max_concurrency, num_kv_blocks
 
 GIB = 2**30
@@ -25,9 +27,14 @@ def test_blocks_floor_and_concurrency() -> None:
 def test_cuda_graph_shapes() -> None:
     from llmdeploy.planner.builtin_rule import cuda_graph_batch_sizes, cuda_graph_context_buckets
 
-    assert cuda_graph_batch_sizes(256) == (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    assert cuda_graph_batch_sizes(100) == (1, 2, 4, 8, 16, 32, 64)
-    assert cuda_graph_batch_sizes(1) == (1,)
+    sizes = cuda_graph_batch_sizes(256)
+    assert sizes[:11] == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64) and sizes[-3:] == (224, 240, 256)
+    assert len(sizes) == 23 and all(b - a <= 16 for a, b in itertools.pairwise(sizes))
+    assert cuda_graph_batch_sizes(1000) == sizes
+    assert cuda_graph_batch_sizes(100) == (*sizes[:13], 100)  # ... 80, 96, then max_num_seqs itself
+    assert cuda_graph_batch_sizes(96)[-2:] == (80, 96)
+    assert cuda_graph_batch_sizes(3) == (1, 2, 3)
+    assert cuda_graph_batch_sizes(1) == (1,) and cuda_graph_batch_sizes(0) == (1,)
     assert cuda_graph_context_buckets(2048, 16) == (8, 16, 32, 64, 128)
     assert cuda_graph_context_buckets(100, 16) == (8,)
     assert cuda_graph_context_buckets(3000, 16) == (8, 16, 32, 64, 128, 188)
