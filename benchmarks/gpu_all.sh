@@ -43,6 +43,20 @@ tp_bench() {  # log name, timeout, gpu_tp.py args: on both GPUs, JSON and log un
         >"$out/$name.log" 2>&1
     echo "exit $?" >>"$out/$name.log"
 }
+bench_with_fp8() {  # v9, GPU 0: gpu_bench.py (both models, no peer), then the 8B with the fp8 KV cache; report
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    mkdir -p "$out/fp8"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" ${ARGS:-} >"$out/gpu_bench_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_fp8.log"
+    summary "$out"/t_*.log
+    for f in gpu_bench gpu_bench_fp8; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
+    done
+}
 summary() {
     for f in "$@"; do
         echo "== $f"
@@ -610,18 +624,7 @@ elif [ "$phase" = bench9b ]; then
     g=tests/engine_gpu
     tests 0 engine 150 $g/test_triton_engine.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
         tests/planner/test_builtin_engine_gpu.py
-    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
-        >"$out/gpu_bench.log" 2>&1
-    echo "exit $?" >>"$out/gpu_bench.log"
-    mkdir -p "$out/fp8"
-    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --models llama \
-        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" ${ARGS:-} >"$out/gpu_bench_fp8.log" 2>&1
-    echo "exit $?" >>"$out/gpu_bench_fp8.log"
-    summary "$out"/t_*.log
-    for f in gpu_bench gpu_bench_fp8; do
-        echo "== $f"
-        grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
-    done
+    bench_with_fp8
 elif [ "$phase" = bench9 ]; then
     # one call (v9, ~7 min on one H200): the engine / graph / multi-step tests (the v8 host-path
     # changes had not run on a GPU), gpu_bench.py (both models, no peer), then the 8B with the FP8 KV
@@ -629,18 +632,7 @@ elif [ "$phase" = bench9 ]; then
     g=tests/engine_gpu
     tests 0 engine 150 $g/test_triton_ops.py $g/test_graph_pick.py $g/test_cuda_graph_runner.py \
         $g/test_multi_step_gpu.py $g/test_triton_engine.py $g/test_fp8_kv_cache_gpu.py
-    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
-        >"$out/gpu_bench.log" 2>&1
-    echo "exit $?" >>"$out/gpu_bench.log"
-    mkdir -p "$out/fp8"
-    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --models llama \
-        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" ${ARGS:-} >"$out/gpu_bench_fp8.log" 2>&1
-    echo "exit $?" >>"$out/gpu_bench_fp8.log"
-    summary "$out"/t_*.log
-    for f in gpu_bench gpu_bench_fp8; do
-        echo "== $f"
-        grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
-    done
+    bench_with_fp8
 else
     echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9 | bench9b)" >&2
     exit 2
