@@ -1,12 +1,14 @@
 """Tensor-parallel workers: ranks 1..N-1 as child processes running `llmdeploy_engine.tp_worker.main`.
 
 Rank 0 (the process running LLMEngine) starts them from its ModelRunner (`WorkerGroup.start`) and
-feeds them commands over their stdin pipes, pickled: ("execute", ForwardBatch) every step, sent
-before rank 0 runs the same step, ("capture_graphs",) once before rank 0 captures its CUDA graphs
-(every rank captures the same graphs in the same order, and later replays the same graph, since the
-choice depends only on the batch), and ("close",). Each worker builds its own ModelRunner shard and
-KV cache and runs every step's forward in lockstep with rank 0 (the collectives inside the layers
-pair them up); it drops the logits, sampling happens on rank 0 only.
+feeds them commands over their stdin pipes, pickled: ("execute", ForwardBatch) every step or
+("execute_multi", ...) every decode window, sent before rank 0 runs the same, ("capture_graphs",)
+once before rank 0 captures its CUDA graphs (every rank captures the same graphs in the same order,
+with the same rows computing their logits inside, and later replays the same graph, since the choice
+depends only on the batch), and ("close",). Each worker builds its own ModelRunner shard and KV cache
+and runs every step's forward in lockstep with rank 0 (the collectives inside the layers pair them
+up). A single step's logits are dropped (rank 0 samples); in a decode window every rank samples the
+same tokens itself (TensorParallelDriver.execute_multi_step says why).
 
 Shutdown: on ("close",), on end of input (rank 0 closed the pipe or died) and, while blocked in a
 collective, through a watchdog that sees rank 0 is gone (parent pid changed). Rank 0 waits for its
