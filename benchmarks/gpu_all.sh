@@ -57,6 +57,14 @@ bench_with_fp8() {  # v9, GPU 0: gpu_bench.py (both models, no peer), then the 8
         grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
     done
 }
+tp_report() {  # names: the table of each $out/gpu_tp_NAME.log there is (v9)
+    for f in "$@"; do
+        [ -f "$out/gpu_tp_$f.log" ] || continue
+        echo "== gpu_tp $f"
+        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit|us/step|Captured" |
+            cut -c1-200
+    done
+}
 summary() {
     for f in "$@"; do
         echo "== $f"
@@ -514,10 +522,7 @@ elif [ "$phase" = tp8 ]; then
     tests 0,1 tp_eager 100 "$g::test_tp2_logits_match_tp1_eager[p2p]"
     tests 0,1 tp_graphs 150 "$g::test_tp2_greedy_with_cuda_graphs_matches_tp1[p2p]"
     summary "$out"/t_*.log
-    for f in p2p symm p2p2 nopdl; do
-        echo "== gpu_tp $f"
-        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit|us/step" | cut -c1-150
-    done
+    tp_report p2p symm p2p2 nopdl
 elif [ "$phase" = gemv8 ]; then
     # one call (v8, ~3 min on x2): GPU 0 the GEMV sweep of the 8B's tensor-parallel halves; GPU 1
     # gpu_bench.py alone (both models, no peer)
@@ -547,10 +552,7 @@ elif [ "$phase" = final8 ]; then
         tp_bench "gpu_tp_$v" 100 --allreduce $v ${ARGS:-}
     done
     summary "$out"/t_*.log
-    for v in p2p symm_mem; do
-        echo "== gpu_tp $v"
-        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$v.log" | grep -a -E "^ *[12] |^exit" | cut -c1-150
-    done
+    tp_report p2p symm_mem
 elif [ "$phase" = tp9 ]; then
     # one call (v9, ~6 min on x2): the all-reduce kernels in one process (GPU 0), then the push
     # kernel between two ranks; if that passed, the push engine tests (eager, graphs with the logits'
@@ -571,11 +573,7 @@ elif [ "$phase" = tp9 ]; then
         tp_bench gpu_tp_p2p 100 --allreduce p2p ${ARGS:-}
     fi
     summary "$out"/t_*.log
-    for f in push p2p push2; do
-        [ -f "$out/gpu_tp_$f.log" ] || continue
-        echo "== gpu_tp $f"
-        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit" | cut -c1-150
-    done
+    tp_report push p2p push2
 elif [ "$phase" = tp9b ]; then
     # one call (v9, ~5 min on x2): gpu_tp.py at the engine's default max_num_seqs (256: the prompt's
     # prefill replays a short-prefill graph on both sides) with push, p2p, push again; then the
@@ -586,10 +584,7 @@ elif [ "$phase" = tp9b ]; then
     tp_bench gpu_tp_push256b 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
     tests 0,1 tp_graphs_auto 120 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
     summary "$out"/t_*.log
-    for f in push256 p2p256 push256b; do
-        echo "== gpu_tp $f"
-        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit|Captured" | cut -c1-200
-    done
+    tp_report push256 p2p256 push256b
 elif [ "$phase" = ar9 ]; then
     # one call (v9, ~3 min on x2): the all-reduce paths alone (benchmarks/gpu_allreduce.py: push with
     # several kernel shapes, p2p, torch's one-shot), then gpu_tp.py with push at max_num_seqs 256
@@ -614,10 +609,7 @@ elif [ "$phase" = tp9c ]; then
         tests 0,1 tp_eager 100 "$t::test_tp2_logits_match_tp1_eager[push]"
     fi
     summary "$out"/t_*.log
-    for f in push256d push1d; do
-        echo "== gpu_tp $f"
-        grep -v -E "Warning|enable\(self|_warn_once" "$out/gpu_tp_$f.log" | grep -a -E "^ *[12] |^exit" | cut -c1-200
-    done
+    tp_report push256d push1d
 elif [ "$phase" = bench9b ]; then
     # one call (v9, ~4 min on one H200): batch sizes every 8 up to 64 and every 16 up to 256 (was powers
     # of two): the engine and planner GPU tests, gpu_bench.py (both models, no peer), the 8B with fp8 KV
