@@ -175,6 +175,27 @@ def test_in_kernel_merge_matches_the_merge_launch(case, monkeypatch: pytest.Monk
         assert err < (1e-6 if dtype == torch.float32 else 8e-3), err
 
 
+@pytest.mark.parametrize("case", SPLIT_CASES)
+@pytest.mark.parametrize("merge_in_kernel", [False, True], ids=["merge-launch", "merge-in-kernel"])
+def test_grid_orders_give_the_same_bits(case, merge_in_kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """KV heads fastest in the grid (the default) or sequences fastest: each program does the same
+    work, so the outputs are identical, with one split and with several (both merges)."""
+    from kernel_cases import make_batch
+    from llmdeploy_engine import triton_attention as ta
+
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    n, num_heads, num_kv_heads, head_dim, bs, max_ctx, splits = case
+    ctxs = torch.randint(1, max_ctx + 1, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    b = make_batch([1] * n, ctxs, num_heads, num_kv_heads, head_dim, bs, dtype, dtype, DEVICE, seed=n + 3)
+    lengths = torch.tensor(ctxs, device=DEVICE)
+    monkeypatch.setattr(ta, "MERGE_IN_KERNEL", merge_in_kernel)
+    for num_splits in (1, splits):
+        args = (b.q, b.k_cache, b.v_cache, b.tables, lengths, head_dim**-0.5, None, None, num_splits)
+        heads_first = ta.paged_decode(*args)
+        seqs_first = ta.paged_decode(*args, heads_fastest=False)
+        assert torch.equal(heads_first, seqs_first), num_splits
+
+
 def test_choose_num_splits_from_shapes() -> None:
     from llmdeploy_engine.triton_attention import MAX_SPLITS, choose_num_splits
 
