@@ -88,6 +88,64 @@ def copy_bandwidth_bytes_per_s(device: str, size_bytes: int) -> float:
     return 2 * size_bytes / times[len(times) // 2]
 
 
+class ClockSampler:
+    """The SM clock (MHz) and board power (W) every `period` seconds on a thread (NVML through
+    torch) while the `with` block runs: whether a run held its clock or hit the power limit."""
+
+    def __init__(self, device: str, period: float = 0.05) -> None:
+        import threading
+
+        self.samples: list[tuple[float, int, float]] = []  # (seconds from start, MHz, W)
+        self.period = period
+        self.on = device == "cuda"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        while not self._stop.wait(self.period):
+            try:
+                self.samples.append(
+                    (time.perf_counter() - t0, torch.cuda.clock_rate(), torch.cuda.power_draw() / 1000)
+                )
+            except Exception:  # noqa: BLE001 (no NVML: no samples, said in summary())
+                return
+
+    def __enter__(self) -> ClockSampler:
+        if self.on:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.on:
+            self._stop.set()
+            self._thread.join()
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {}
+        mhz = [m for _, m, _ in self.samples]
+        watts = [w for _, _, w in self.samples]
+        return {
+            "samples": len(mhz),
+            "sm_mhz_mean": sum(mhz) / len(mhz),
+            "sm_mhz_min": min(mhz),
+            "sm_mhz_max": max(mhz),
+            "power_w_mean": sum(watts) / len(watts),
+            "power_w_max": max(watts),
+        }
+
+
+def gpu_clock() -> str:
+    """The SM clock and board power now (NVML through torch), or what stopped the reading."""
+    if not torch.cuda.is_available():
+        return "no GPU clock"
+    try:
+        return f"SM clock {torch.cuda.clock_rate()} MHz, {torch.cuda.power_draw() / 1000:.0f} W"
+    except Exception as e:  # noqa: BLE001
+        return f"no GPU clock ({type(e).__name__})"
+
+
 def triton_variants() -> dict[str, int]:
     """Compiled variants of each of the engine's Triton kernels so far (empty without triton)."""
     counts: dict[str, int] = {}
@@ -319,28 +377,33 @@ def run_requests(
     engine: LLMEngine,
     prompts: list[list[int]],
     out_lens: list[int],
-    profile_at: int | None,
+    profile_at: list[int],
     device: str,
     timers: StepTimers | None = None,
-) -> tuple[float, int, dict[str, float] | None]:
-    """Add all requests at once, step to the end; (seconds, output tokens, profile of a few steps).
-    The profiled steps (and the profiler's own work) are left out of the seconds and the timers."""
+    top_kernels: int = 0,
+) -> tuple[float, int, list[dict[str, float]]]:
+    """Add all requests at once, step to the end; (seconds, output tokens, a profile of 3 engine
+    steps from each step in profile_at). The profiled steps (and the profiler's own work) are left
+    out of the seconds and the timers."""
     for i, (ids, n) in enumerate(zip(prompts, out_lens, strict=True)):
         params = SamplingParams(
             max_tokens=n, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY
         )
         engine.add_request(f"r{i}", ids, params)
     produced: dict[str, int] = {}
-    prof = None
+    profs: list[dict[str, float]] = []
     steps = 0
     sync(device)
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
-        if profile_at is not None and steps == profile_at:
+        if steps in profile_at:
             p0 = time.perf_counter()
             if timers is not None:
                 timers.enabled = False
-            prof, outs = profile_steps(engine, 3, device, timers)
+            running = len(engine.scheduler.running)
+            log(f"  throughput profile from engine step {steps} ({running} sequences running; {gpu_clock()}):")
+            prof, outs = profile_steps(engine, 3, device, timers, top_kernels)
+            profs.append({"engine_step": steps, "running": running, **prof})
             if timers is not None:
                 timers.enabled = True
             t0 += time.perf_counter() - p0
@@ -356,7 +419,7 @@ def run_requests(
     want = {f"r{i}": n for i, n in enumerate(out_lens)}
     if produced != want:
         raise RuntimeError("engine did not produce every request's output length exactly")
-    return elapsed, sum(out_lens), prof
+    return elapsed, sum(out_lens), profs
 
 
 def decode_bytes_per_token(mc: ModelConfig, weights_bytes: int, kv_bytes_per_token: int, ctx: float) -> float:
@@ -467,10 +530,10 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
 
     # warm-up (first kernels, allocator, and the Triton kernels' compiled variants of mixed
     # prefill + decode steps: 16 prompts of the throughput run's length range, another seed)
-    run_requests(engine, [torch.randint(0, 256, (64,), generator=gen).tolist()] * 4, [8] * 4, None, dev)
+    run_requests(engine, [torch.randint(0, 256, (64,), generator=gen).tolist()] * 4, [8] * 4, [], dev)
     warm_lens = torch.randint(100, 1025, (16,), generator=torch.Generator().manual_seed(2)).tolist()
     warm_prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in warm_lens]
-    run_requests(engine, warm_prompts, [16] * 16, None, dev)
+    run_requests(engine, warm_prompts, [16] * 16, [], dev)
 
     # single stream
     prompt_len, out_len = 128, args.single_tokens
@@ -548,8 +611,14 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     timers.reset()
     if phases is not None:
         phases.reset()
-    profile_at = max(1, args.profile_step // args.num_scheduler_steps)
-    elapsed, tokens, prof = run_requests(engine, prompts, out_lens, profile_at, dev, timers)
+    profile_at = [max(1, int(s) // args.num_scheduler_steps) for s in args.profile_step.split(",")]
+    with ClockSampler(dev) as clocks:
+        elapsed, tokens, profs = run_requests(
+            engine, prompts, out_lens, profile_at, dev, timers, args.profile_top
+        )
+    prof = profs[0] if profs else None
+    if clocks.samples:
+        log(f"  SM clock and board power during the run: {clocks.summary()}")
     res["throughput"] = {
         "requests": n,
         "seconds": elapsed,
@@ -558,6 +627,9 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         "output_tokens": tokens,
         "host_s": timers.host_split(elapsed, tokens),
         "profile_ms_per_step": prof,
+        "profiles": profs,
+        "clock": clocks.summary(),
+        "clock_samples": clocks.samples,
         "eager_steps": [list(x) for x in timers.eager_steps],  # (tokens, sequences, seconds) each
         "triton_compiles": [list(x) for x in timers.compiles],  # (execute call, seconds, new variants)
     }
@@ -571,7 +643,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     )
     log(
         f"  throughput: {n} requests, {tokens} output tokens in {elapsed:.1f} s -> {tokens / elapsed:.0f} tok/s; "
-        f"host split {res['throughput']['host_s']}; profile at step {args.profile_step}: {prof}"
+        f"host split {res['throughput']['host_s']}; profiles: {profs}"
     )
 
     # peer: transformers generate on the same weights
@@ -648,6 +720,13 @@ def table(bandwidth: float, num_scheduler_steps: int = 1, kv_cache_dtype: str = 
         lines.append(
             f"| {key} | {t['requests']} requests | output tok/s | {t['output_tok_s']:.0f} ({t['seconds']:.1f} s) |"
         )
+        c = t.get("clock") or {}
+        if c:
+            lines.append(
+                f"| {key} | {t['requests']} requests | SM clock MHz mean (min-max) / board W mean (max) | "
+                f"{c['sm_mhz_mean']:.0f} ({c['sm_mhz_min']}-{c['sm_mhz_max']}) / "
+                f"{c['power_w_mean']:.0f} ({c['power_w_max']:.0f}) |"
+            )
         h = t["host_s"]
         lines.append(
             f"| {key} | {t['requests']} requests | host s schedule / execute (graph + eager) / sample / rest | "
@@ -684,7 +763,14 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--hf-batch", type=int, default=128)
     parser.add_argument("--hf-requests", default="qwen=256,llama=128", help="peer subset per model")
-    parser.add_argument("--profile-step", type=int, default=300, help="throughput step to profile (3 steps)")
+    parser.add_argument(
+        "--profile-step",
+        default="300",
+        help="throughput steps to profile, comma-separated (3 engine steps from each step // N)",
+    )
+    parser.add_argument(
+        "--profile-top", type=int, default=0, help="log this many kernels by time in each throughput profile"
+    )
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -725,7 +811,7 @@ def main() -> None:
     args = parser.parse_args()
     args.hf_requests = {k: int(v) for k, v in (x.split("=") for x in args.hf_requests.split(","))}
     if args.quick:
-        args.num_requests, args.single_tokens, args.profile_step = 8, 16, 5
+        args.num_requests, args.single_tokens, args.profile_step = 8, 16, "5"
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_bench needs a CUDA GPU (or --device cpu --quick for a dry run)")
     import transformers
