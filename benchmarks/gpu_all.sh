@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -42,6 +42,24 @@ tp_bench() {  # log name, timeout, gpu_tp.py args: on both GPUs, JSON and log un
     CUDA_VISIBLE_DEVICES=0,1 timeout "$limit" python3 benchmarks/gpu_tp.py --out "$out/$name.json" "$@" \
         >"$out/$name.log" 2>&1
     echo "exit $?" >>"$out/$name.log"
+}
+bench_8b_profiled() {  # v10, GPU 0: the 8B alone (single stream, 256 requests; bf16 then fp8 KV),
+    # kernel profiles (top kernels) at a prefill chunk and at decode steps with ~240/~210/~150/~80 running
+    local kv
+    for kv in auto fp8_e4m3; do
+        mkdir -p "$out/$kv"
+        CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+            --throughput-models llama --kv-cache-dtype $kv --profile-step 8,296,440,704,944 --profile-top 14 \
+            --out "$out/$kv" ${ARGS:-} >"$out/gpu_bench_$kv.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$kv.log"
+    done
+    summary "$out"/t_*.log
+    grep -a -E "TB/s|^exit" "$out/gpu_batch_diag.log" 2>/dev/null | cut -c1-260
+    for kv in auto fp8_e4m3; do
+        echo "== 8B, kv $kv"
+        grep -v -E "Warning|enable\(self" "$out/gpu_bench_$kv.log" | grep -a -E "^\| |^exit|compiled during" \
+            | cut -c1-300 | tail -24
+    done
 }
 bench_with_fp8() {  # v9, GPU 0: gpu_bench.py (both models, no peer), then the 8B with the fp8 KV cache; report
     CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
@@ -610,6 +628,69 @@ elif [ "$phase" = tp9c ]; then
     fi
     summary "$out"/t_*.log
     tp_report push256d push1d
+elif [ "$phase" = v10a ]; then
+    # one call (v10, ~7 min on one H200; run 42 ran it with the scheduler's pure-decode rows longest
+    # context first, removed after run 43): the decode kernel's grid order (KV heads fastest): the
+    # attention and engine GPU tests (200 s was too short for the engine tests), then
+    # gpu_batch_diag.py (batch GEMMs: cuBLAS / cuBLASLt / a Triton sweep; decode attention by row
+    # order and grid order), then the 8B's 256 requests (bf16, then fp8 KV) with kernel profiles at
+    # a prefill chunk and at four points of the decode
+    g=tests/engine_gpu
+    tests 0 attn 200 $g/test_triton_attention.py $g/test_triton_engine.py $g/test_graph_pick.py
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_batch_diag.py --out "$out" \
+        >"$out/gpu_batch_diag.log" 2>&1
+    echo "exit $?" >>"$out/gpu_batch_diag.log"
+    bench_8b_profiled
+elif [ "$phase" = v10c ]; then
+    # one call (v10, ~7 min on one H200): the board's power limit and clocks, the engine GPU tests
+    # (decode grid KV heads fastest), gpu_bench.py (both models, no peer) with the SM clock and board
+    # power sampled through each 256-request run, the 0.5B's single stream again, the 8B with fp8 KV
+    nvidia-smi -q -d POWER,CLOCK | grep -a -E "Power Limit|Power Draw|Graphics|SM|Memory" | head -24
+    g=tests/engine_gpu
+    tests 0 engine 300 $g/test_triton_engine.py $g/test_graph_pick.py $g/test_cuda_graph_runner.py \
+        $g/test_multi_step_gpu.py
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_bench.py --no-peer --models qwen \
+        --throughput-models none ${ARGS:-} >"$out/gpu_bench_qwen2.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_qwen2.log"
+    mkdir -p "$out/fp8"
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" ${ARGS:-} \
+        >"$out/gpu_bench_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_fp8.log"
+    summary "$out"/t_*.log
+    for f in gpu_bench gpu_bench_qwen2 gpu_bench_fp8; do
+        echo "== $f"
+        grep -a -E "SM clock and board" "$out/$f.log" | cut -c1-250
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-250 \
+            | grep -v -E "start-up|transformers" | tail -24
+    done
+elif [ "$phase" = v10b ]; then
+    # one call (v10, ~5 min on one H200): decode attention variants (row order, grid order, block
+    # layout, RoPE fused or not, after a GEMM) with the SM clock, then the 8B's 256 requests with the
+    # standard profile only: bf16 KV, bf16 KV with the rows in admission order (A/B), fp8 KV. Run 43
+    # ran it with the scheduler's longest-first rows and their LLMDEPLOY_DECODE_ROWS switch, both
+    # removed after it (no gain in the engine), so "admission" now runs the default engine
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_batch_diag.py --parts attention --out "$out" \
+        >"$out/gpu_batch_diag.log" 2>&1
+    echo "exit $?" >>"$out/gpu_batch_diag.log"
+    for run in auto admission fp8_e4m3; do
+        kv=$run rows=longest
+        [ "$run" = admission ] && kv=auto rows=admission
+        mkdir -p "$out/$run"
+        LLMDEPLOY_DECODE_ROWS=$rows CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py --no-peer \
+            --models llama --throughput-models llama --kv-cache-dtype $kv --profile-top 14 --out "$out/$run" \
+            ${ARGS:-} >"$out/gpu_bench_$run.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$run.log"
+    done
+    grep -a -E "TB/s|^exit" "$out/gpu_batch_diag.log" | cut -c1-230
+    for run in auto admission fp8_e4m3; do
+        echo "== 8B, $run"
+        grep -a -E "throughput profile|eager steps \(" "$out/gpu_bench_$run.log" | cut -c1-200
+        grep -v -E "Warning|enable\(self" "$out/gpu_bench_$run.log" | grep -a -E "^\| llama|^exit" | cut -c1-250 | tail -12
+    done
 elif [ "$phase" = bench9b ]; then
     # one call (v9, ~4 min on one H200): batch sizes every 8 up to 64 and every 16 up to 256 (was powers
     # of two): the engine and planner GPU tests, gpu_bench.py (both models, no peer), the 8B with fp8 KV
@@ -626,7 +707,7 @@ elif [ "$phase" = bench9 ]; then
         $g/test_multi_step_gpu.py $g/test_triton_engine.py $g/test_fp8_kv_cache_gpu.py
     bench_with_fp8
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9 | bench9b)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9 | bench9b | v10a | v10b | v10c)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
