@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -641,14 +641,17 @@ elif [ "$phase" = v10a ]; then
         >"$out/gpu_batch_diag.log" 2>&1
     echo "exit $?" >>"$out/gpu_batch_diag.log"
     bench_8b_profiled
-elif [ "$phase" = v10c ]; then
-    # one call (v10, ~7 min on one H200): the board's power limit and clocks, the engine GPU tests
-    # (decode grid KV heads fastest), gpu_bench.py (both models, no peer) with the SM clock and board
-    # power sampled through each 256-request run, the 0.5B's single stream again, the 8B with fp8 KV
-    nvidia-smi -q -d POWER,CLOCK | grep -a -E "Power Limit|Power Draw|Graphics|SM|Memory" | head -24
-    g=tests/engine_gpu
-    tests 0 engine 300 $g/test_triton_engine.py $g/test_graph_pick.py $g/test_cuda_graph_runner.py \
-        $g/test_multi_step_gpu.py
+elif [ "$phase" = v10c ] || [ "$phase" = v10d ]; then
+    # one call (v10, ~3 min on one H200): v10c: the board's power limit and clocks, the engine GPU
+    # tests (decode grid KV heads fastest); both: gpu_bench.py (both models, no peer) with the SM
+    # clock and board power sampled through each 256-request run, the 0.5B's single stream again,
+    # the 8B with fp8 KV. v10d (run 46) is the repeat after gpu_bench.py's token count was fixed.
+    if [ "$phase" = v10c ]; then
+        nvidia-smi -q -d POWER,CLOCK | grep -a -E "Power Limit|Power Draw|Graphics|SM|Memory" | head -24
+        g=tests/engine_gpu
+        tests 0 engine 300 $g/test_triton_engine.py $g/test_graph_pick.py $g/test_cuda_graph_runner.py \
+            $g/test_multi_step_gpu.py
+    fi
     CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
         >"$out/gpu_bench.log" 2>&1
     echo "exit $?" >>"$out/gpu_bench.log"
@@ -663,7 +666,7 @@ elif [ "$phase" = v10c ]; then
     summary "$out"/t_*.log
     for f in gpu_bench gpu_bench_qwen2 gpu_bench_fp8; do
         echo "== $f"
-        grep -a -E "SM clock and board" "$out/$f.log" | cut -c1-250
+        grep -a -E "SM clock and board|throughput: " "$out/$f.log" | cut -c1-250
         grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-250 \
             | grep -v -E "start-up|transformers" | tail -24
     done
@@ -707,7 +710,7 @@ elif [ "$phase" = bench9 ]; then
         $g/test_multi_step_gpu.py $g/test_triton_engine.py $g/test_fp8_kv_cache_gpu.py
     bench_with_fp8
 else
-    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9 | bench9b | v10a | v10b | v10c)" >&2
+    echo "unknown phase $phase (check | bench | final | probe | gemv | final5 | tests5 | pdl | fused | final6 | tests6 | fp8diag | v7 | v7b | final7 | first | diag8 | first8 | v8 | tp8 | gemv8 | final8 | tp9 | tp9b | ar9 | tp9c | bench9 | bench9b | v10a | v10b | v10c | v10d)" >&2
     exit 2
 fi
 echo "took $(($(date +%s) - start)) s"
