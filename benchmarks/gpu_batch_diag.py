@@ -26,6 +26,7 @@ Two parts, one GPU, no engine:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_path import import_engine  # noqa: E402
+from engine_path import import_engine
 
 import_engine()
 
@@ -44,6 +45,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from llmdeploy_engine import ops  # noqa: E402
+from llmdeploy_engine import triton_attention as ta  # noqa: E402
 
 from llmdeploy.planner.builtin_rule import cuda_graph_batch_sizes, cuda_graph_context_buckets  # noqa: E402
 
@@ -130,6 +133,15 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: tupl
     out.copy_(acc32)
 
 
+def cublas_call(x: torch.Tensor, ws: list[torch.Tensor], out: torch.Tensor, i: int) -> None:
+    torch.matmul(x, ws[i % len(ws)].t(), out=out)
+
+
+def triton_call(x: torch.Tensor, ws: list[torch.Tensor], out: torch.Tensor, cfg: tuple[int, ...],
+                acc32: torch.Tensor | None, i: int) -> None:  # fmt: skip
+    triton_linear(x, ws[i % len(ws)], out, cfg, acc32)
+
+
 def time_graph(fn: Callable[[int], None], calls: int, dev: torch.device) -> float:
     """Microseconds per call of fn(i) for i in range(calls), captured in one CUDA graph; median of 7."""
     if dev.type != "cuda":
@@ -184,9 +196,9 @@ def gemm_part(args: argparse.Namespace, dev: torch.device) -> None:
                 if dev.type == "cuda":
                     torch.backends.cuda.preferred_blas_library(lib)
                 try:
-                    us = time_graph(lambda i: torch.matmul(x, ws[i % copies].t(), out=out), calls, dev)
+                    us = time_graph(functools.partial(cublas_call, x, ws, out), calls, dev)
                     cell[lib] = us
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     cell[lib] = None
                     log(f"  {name} m={m} {lib}: {type(e).__name__}: {e}")
             if dev.type == "cuda":
@@ -203,8 +215,8 @@ def gemm_part(args: argparse.Namespace, dev: torch.device) -> None:
                     if err > 2e-2:
                         log(f"  {name} m={m} triton {cfg}: wrong (max rel err {err:.2e}), skipped")
                         continue
-                    us = time_graph(lambda i, c=cfg, a=acc32: triton_linear(x, ws[i % copies], out, c, a), calls, dev)
-                except Exception as e:  # noqa: BLE001
+                    us = time_graph(functools.partial(triton_call, x, ws, out, cfg, acc32), calls, dev)
+                except Exception as e:
                     log(f"  {name} m={m} triton {cfg}: {type(e).__name__}: {str(e)[:200]}")
                     continue
                 if best is None or us < best[0]:
@@ -230,14 +242,35 @@ def clock_mhz(dev: torch.device) -> str:
         return "-"
     try:
         return f"{torch.cuda.clock_rate()} MHz, {torch.cuda.power_draw() / 1000:.0f} W"
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return f"({type(e).__name__})"
 
 
-def attention_part(args: argparse.Namespace, dev: torch.device) -> None:
-    from llmdeploy_engine import ops
-    from llmdeploy_engine import triton_attention as ta
+def decode_call(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bt: torch.Tensor, cl: torch.Tensor,
+                heads_fastest: bool, rope: Any, _: int) -> None:  # fmt: skip
+    """One paged_decode (RoPE and the store fused when `rope` is a RopeStore)."""
+    ta.paged_decode(q, kc, vc, bt, cl, q.shape[-1] ** -0.5, rope=rope, heads_fastest=heads_fastest)
 
+
+def separate_call(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bt: torch.Tensor, cl: torch.Tensor,
+                  rope: Any, _: int) -> None:  # fmt: skip
+    """RoPE and the new token's store in their own kernel, then paged_decode."""
+    qr, _k = ops.rope_and_cache(q, rope.k, rope.v, rope.cos, rope.sin, (kc, vc), rope.slots)
+    ta.paged_decode(qr, kc, vc, bt, cl, q.shape[-1] ** -0.5)
+
+
+def gemm_call(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, _: int) -> None:
+    torch.matmul(x, w.t(), out=y)
+
+
+def hot_call(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, q: torch.Tensor, kc: torch.Tensor,
+             vc: torch.Tensor, bt: torch.Tensor, cl: torch.Tensor, rope: Any, _: int) -> None:  # fmt: skip
+    """A gate_up GEMM, then the fused decode, as in the engine's graph."""
+    gemm_call(x, w, y, 0)
+    decode_call(q, kc, vc, bt, cl, True, rope, 0)
+
+
+def attention_part(args: argparse.Namespace, dev: torch.device) -> None:
     heads, kv_heads, head_dim, bs = 32, 8, 128, 16
     if args.quick:
         heads, kv_heads, head_dim = 4, 2, 16
@@ -291,33 +324,24 @@ def attention_part(args: argparse.Namespace, dev: torch.device) -> None:
                     device=dev,
                 )
                 cos, sin = ops.rope_tables((cl - 1).long(), inv_freq, torch.bfloat16)
+                base = (q, kc, vc, bt, cl)
                 variants: dict[str, Callable[[int], None]] = {}
                 for hf in (False, True) if layout == "contiguous" else (True,):
-                    variants["grid " + ("heads" if hf else "seqs") + " fastest"] = (
-                        lambda _, hf=hf: ta.paged_decode(q, kc, vc, bt, cl, head_dim**-0.5, heads_fastest=hf)
-                    )
+                    name = "grid " + ("heads" if hf else "seqs") + " fastest"
+                    variants[name] = functools.partial(decode_call, *base, hf, None)
+                gemm_us = 0.0
                 if order == "longest_first":
                     rope = ta.RopeStore(nk, nv, cos, sin, last)
-                    variants["fused RoPE + store"] = lambda _: ta.paged_decode(
-                        q, kc, vc, bt, cl, head_dim**-0.5, rope=rope
-                    )
-
-                    def separate(_: int) -> None:
-                        qr, _k = ops.rope_and_cache(q, nk, nv, cos, sin, (kc, vc), last)
-                        ta.paged_decode(qr, kc, vc, bt, cl, head_dim**-0.5)
-
-                    variants["RoPE + store, then decode"] = separate
+                    variants["fused RoPE + store"] = functools.partial(decode_call, *base, True, rope)
+                    variants["RoPE + store, then decode"] = functools.partial(separate_call, *base, rope)
                     if layout == "contiguous" and dev.type == "cuda":
                         w = torch.randn(28672, 4096, device=dev, dtype=torch.bfloat16) * 0.02
                         x = torch.randn(size, 4096, device=dev, dtype=torch.bfloat16)
                         y = torch.empty(size, 28672, device=dev, dtype=torch.bfloat16)
-                        gemm_us = time_graph(lambda _: torch.matmul(x, w.t(), out=y), 20, dev)
-
-                        def hot(_: int) -> None:
-                            torch.matmul(x, w.t(), out=y)
-                            ta.paged_decode(q, kc, vc, bt, cl, head_dim**-0.5, rope=rope)
-
-                        variants["fused, after a gate_up GEMM (minus the GEMM alone)"] = hot
+                        gemm_us = time_graph(functools.partial(gemm_call, x, w, y), 20, dev)
+                        variants["fused, after a gate_up GEMM (minus the GEMM alone)"] = functools.partial(
+                            hot_call, x, w, y, *base, rope
+                        )
                 for label, fn in variants.items():
                     us = time_graph(fn, 4 if args.quick else 20, dev)
                     if label.startswith("fused, after"):
@@ -326,11 +350,10 @@ def attention_part(args: argparse.Namespace, dev: torch.device) -> None:
                         f"  step {step}: {n} seqs (graph {size}, {nb} blocks), {order:13s} {layout:10s} "
                         f"{label:52s}: {us:7.1f} us, {kv_bytes / us / 1e6:5.2f} TB/s  [{clock_mhz(dev)}]"
                     )
+                    cell = {"step": step, "n": n, "graph_rows": size, "order": order, "layout": layout}
                     RESULTS["attention"].append(
-                        {"step": step, "n": n, "graph_rows": size, "order": order, "layout": layout,
-                         "variant": label, "us": us, "tb_s": kv_bytes / us / 1e6}  # fmt: skip
+                        {**cell, "variant": label, "us": us, "tb_s": kv_bytes / us / 1e6}
                     )
-        del kc, vc
 
 
 def main() -> None:
@@ -338,7 +361,9 @@ def main() -> None:
     parser.add_argument("--parts", default="gemm,attention")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU dry run under the interpreter)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (a CPU dry run under the interpreter)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dev = torch.device(args.device)
@@ -349,7 +374,7 @@ def main() -> None:
             log(f"== {part}")
             try:
                 fn(args, dev)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 traceback.print_exc()
     if args.out:
         Path(args.out, "gpu_batch_diag.json").write_text(json.dumps(RESULTS, indent=1))

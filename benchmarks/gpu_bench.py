@@ -110,7 +110,7 @@ class ClockSampler:
                 self.samples.append(
                     (time.perf_counter() - t0, torch.cuda.clock_rate(), torch.cuda.power_draw() / 1000)
                 )
-            except Exception:  # noqa: BLE001 (no NVML: no samples, said in summary())
+            except Exception:  # no NVML: no samples (summary() then says nothing)
                 return
 
     def __enter__(self) -> ClockSampler:
@@ -144,7 +144,7 @@ def gpu_clock() -> str:
         return "no GPU clock"
     try:
         return f"SM clock {torch.cuda.clock_rate()} MHz, {torch.cuda.power_draw() / 1000:.0f} W"
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return f"no GPU clock ({type(e).__name__})"
 
 
@@ -407,7 +407,9 @@ def run_requests(
             running = len(engine.scheduler.running)
             seqs = [*engine.scheduler.running, *engine.scheduler.waiting]
             before = [s.num_output_tokens for s in seqs]
-            log(f"  throughput profile from engine step {steps} ({running} sequences running; {gpu_clock()}):")
+            log(
+                f"  throughput profile from engine step {steps} ({running} sequences running; {gpu_clock()}):"
+            )
             prof, outs = profile_steps(engine, 3, device, timers, top_kernels)
             made = sum(s.num_output_tokens - b for s, b in zip(seqs, before, strict=True))
             profiled_tokens += made
