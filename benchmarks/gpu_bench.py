@@ -148,23 +148,31 @@ def gpu_clock() -> str:
         return f"no GPU clock ({type(e).__name__})"
 
 
-def triton_variants() -> dict[str, int]:
-    """Compiled variants of each of the engine's Triton kernels so far (empty without triton)."""
-    counts: dict[str, int] = {}
+# names of the engine's Triton kernels compiled so far in this process, in order (Triton's
+# post-compile hook appends them; see watch_compiles). Until v10 StepTimers polled every kernel's
+# variant cache before and after each execute call instead: ~13 us a poll on a 2-core CPU, two a
+# call, which the single-stream figures counted as host time.
+COMPILED: list[str] = []
+
+
+def watch_compiles() -> None:
+    """Record each compilation of an engine Triton kernel in COMPILED (after any hook already set)."""
     try:
-        from triton.runtime.jit import JITFunction
+        from triton import knobs
     except ImportError:
-        return counts
-    for mod_name in ("triton_ops", "triton_attention", "triton_varlen"):
-        mod = sys.modules.get(f"llmdeploy_engine.{mod_name}")
-        for name, fn in vars(mod).items() if mod is not None else ():
-            if isinstance(fn, JITFunction):
-                caches = getattr(fn, "device_caches", {})
-                counts[name] = sum(
-                    len(c[0]) if isinstance(c, tuple) and isinstance(c[0], dict) else 0
-                    for c in caches.values()
-                )
-    return counts
+        return
+    previous = knobs.runtime.jit_post_compile_hook
+    if getattr(previous, "llmdeploy_watch", False):
+        return
+
+    def hook(**kwargs: Any) -> Any:
+        fn = kwargs["fn"]
+        if str(fn.module).startswith("llmdeploy_engine"):
+            COMPILED.append(fn.name)
+        return previous(**kwargs) if previous is not None else None
+
+    hook.llmdeploy_watch = True  # type: ignore[attr-defined]
+    knobs.runtime.jit_post_compile_hook = hook
 
 
 class StepTimers:
@@ -193,7 +201,7 @@ class StepTimers:
     def _wrap(self, name: str, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             replays = getattr(self.runner, "num_replays", 0)
-            variants = triton_variants() if name == "execute" else {}
+            compiled = len(COMPILED)
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             if name == "execute":
@@ -208,9 +216,9 @@ class StepTimers:
                 self.execute_split["graph" if replayed else "eager"] += dt
                 if not replayed and args and hasattr(args[0], "num_tokens"):
                     self.eager_steps.append((args[0].num_tokens, args[0].num_seqs, dt))
-                new = {
-                    k: v - variants.get(k, 0) for k, v in triton_variants().items() if v != variants.get(k, 0)
-                }
+                new: dict[str, int] = {}
+                for kernel in COMPILED[compiled:]:
+                    new[kernel] = new.get(kernel, 0) + 1
                 if new:
                     self.compiles.append((self.steps_seen, dt, new))
             if name == "execute":
@@ -838,6 +846,7 @@ def main() -> None:
         "LLMDEPLOY_FAST_ARGMAX",
     )
     log("engine switches: " + ", ".join(f"{k}={os.environ.get(k, '(default)')}" for k in switches))
+    watch_compiles()
     bandwidth = copy_bandwidth_bytes_per_s(args.device, 2**32 if args.device == "cuda" else 2**26)
     log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s")
     for key in args.models.split(","):
