@@ -46,6 +46,7 @@ MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 64
 MIN_SPLIT_CONTEXT = 256
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
 # LLMDEPLOY_DECODE_MERGE=kernel: split decode merges its splits in the decode kernel (the last
 # program of each sequence and KV head to finish, through a counter: fence, barrier, atomic) instead
 # of the second launch (_merge_splits_kernel, the default). Measured slower on the H200 with PDL
@@ -718,6 +719,8 @@ def paged_decode(
         slots = dummy
     counters = _split_counters(q.device, n * num_kv_heads) if num_splits > 1 and MERGE_IN_KERNEL else None
     pdl = triton_pdl.launch_args(q)
+    # a grid's second dimension holds at most 65,535 programs: more sequences go on the first
+    heads_fastest = heads_fastest and n <= MAX_GRID_Y
     grid = (num_kv_heads, n, num_splits) if heads_fastest else (n, num_kv_heads, num_splits)
     _paged_decode_kernel[grid](
         q,

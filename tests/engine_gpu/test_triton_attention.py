@@ -179,7 +179,8 @@ def test_in_kernel_merge_matches_the_merge_launch(case, monkeypatch: pytest.Monk
 @pytest.mark.parametrize("merge_in_kernel", [False, True], ids=["merge-launch", "merge-in-kernel"])
 def test_grid_orders_give_the_same_bits(case, merge_in_kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """KV heads fastest in the grid (the default) or sequences fastest: each program does the same
-    work, so the outputs are identical, with one split and with several (both merges)."""
+    work, so the outputs are identical, with one split and with several (both merges), and with
+    more sequences than the grid's second dimension may hold (the fallback order)."""
     from kernel_cases import make_batch
     from llmdeploy_engine import triton_attention as ta
 
@@ -194,6 +195,9 @@ def test_grid_orders_give_the_same_bits(case, merge_in_kernel: bool, monkeypatch
         heads_first = ta.paged_decode(*args)
         seqs_first = ta.paged_decode(*args, heads_fastest=False)
         assert torch.equal(heads_first, seqs_first), num_splits
+    # more sequences than a grid's second dimension holds: sequences go first instead
+    monkeypatch.setattr(ta, "MAX_GRID_Y", n - 1)
+    assert torch.equal(ta.paged_decode(*args), seqs_first)
 
 
 def test_choose_num_splits_from_shapes() -> None:
