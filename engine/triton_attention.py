@@ -7,8 +7,9 @@ over the copy (decodes) or one SDPA call per prefill chunk. Here:
 - `write_kv`: one launch stores the step's k and v into their slots (fp8 caches: x / scale,
   saturated to the format's max, as the contract in attention.py says).
 - `paged_decode`: one query token per sequence; programs per (sequence, KV head, split), the KV
-  heads fastest in the grid (DECODE_GRID_ORDER). The query heads of a GQA group share each K/V tile. Long contexts with few sequences split the context
-  (flash-decoding) so every SM works; a second small kernel merges the splits by log-sum-exp.
+  heads fastest in the grid (DECODE_GRID_ORDER). The query heads of a GQA group share each K/V
+  tile. Long contexts with few sequences split the context (flash-decoding) so every SM works; a
+  second small kernel merges the splits by log-sum-exp.
 - `varlen_attention` (triton_varlen.py): any mix of prefill chunks, prefix hits, chunked prefill and
   multi-token decode, in one launch.
 
