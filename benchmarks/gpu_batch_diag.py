@@ -17,7 +17,8 @@ Two parts, one GPU, no engine:
   longest context first, the grid with sequences or KV heads fastest, blocks in a row or shuffled,
   RoPE and the new token's store fused in the kernel or run before it, and the fused kernel right
   after a gate_up GEMM in the same graph (the GEMM's own time subtracted). "TB/s" counts the K/V
-  bytes each real sequence must read; each line ends with the SM clock and board power read then.
+  bytes each real sequence must read; each line ends with the SM clock and board power read then
+  (gpu_bench.gpu_clock).
 
     PYTHONPATH=<dir holding llmdeploy_engine> python3 benchmarks/gpu_batch_diag.py [--parts gemm,attention]
     TRITON_INTERPRET=1 PYTHONPATH=... python benchmarks/gpu_batch_diag.py --device cpu --quick  # dry run
@@ -45,6 +46,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from gpu_bench import gpu_clock  # noqa: E402
 from llmdeploy_engine import ops  # noqa: E402
 from llmdeploy_engine import triton_attention as ta  # noqa: E402
 
@@ -236,16 +238,6 @@ def gemm_part(args: argparse.Namespace, dev: torch.device) -> None:
         del ws
 
 
-def clock_mhz(dev: torch.device) -> str:
-    """The SM clock and board power now (NVML through torch), for reading a slow cell."""
-    if dev.type != "cuda":
-        return "-"
-    try:
-        return f"{torch.cuda.clock_rate()} MHz, {torch.cuda.power_draw() / 1000:.0f} W"
-    except Exception as e:
-        return f"({type(e).__name__})"
-
-
 def decode_call(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bt: torch.Tensor, cl: torch.Tensor,
                 heads_fastest: bool, rope: Any, _: int) -> None:  # fmt: skip
     """One paged_decode (RoPE and the store fused when `rope` is a RopeStore)."""
@@ -348,7 +340,7 @@ def attention_part(args: argparse.Namespace, dev: torch.device) -> None:
                         us -= gemm_us
                     log(
                         f"  step {step}: {n} seqs (graph {size}, {nb} blocks), {order:13s} {layout:10s} "
-                        f"{label:52s}: {us:7.1f} us, {kv_bytes / us / 1e6:5.2f} TB/s  [{clock_mhz(dev)}]"
+                        f"{label:52s}: {us:7.1f} us, {kv_bytes / us / 1e6:5.2f} TB/s  [{gpu_clock()}]"
                     )
                     cell = {"step": step, "n": n, "graph_rows": size, "order": order, "layout": layout}
                     RESULTS["attention"].append(

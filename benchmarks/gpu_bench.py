@@ -42,6 +42,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,8 +98,6 @@ class ClockSampler:
     torch) while the `with` block runs: whether a run held its clock or hit the power limit."""
 
     def __init__(self, device: str, period: float = 0.05) -> None:
-        import threading
-
         self.samples: list[tuple[float, int, float]] = []  # (seconds from start, MHz, W)
         self.period = period
         self.on = device == "cuda"
@@ -109,9 +108,7 @@ class ClockSampler:
         t0 = time.perf_counter()
         while not self._stop.wait(self.period):
             try:
-                self.samples.append(
-                    (time.perf_counter() - t0, torch.cuda.clock_rate(), torch.cuda.power_draw() / 1000)
-                )
+                self.samples.append((time.perf_counter() - t0, *read_clock()))
             except Exception:  # no NVML: no samples (summary() then says nothing)
                 return
 
@@ -140,12 +137,18 @@ class ClockSampler:
         }
 
 
+def read_clock() -> tuple[int, float]:
+    """(SM clock MHz, board power W) now, through torch's NVML calls; raises without NVML."""
+    return torch.cuda.clock_rate(), torch.cuda.power_draw() / 1000
+
+
 def gpu_clock() -> str:
-    """The SM clock and board power now (NVML through torch), or what stopped the reading."""
+    """The SM clock and board power now, or what stopped the reading."""
     if not torch.cuda.is_available():
         return "no GPU clock"
     try:
-        return f"SM clock {torch.cuda.clock_rate()} MHz, {torch.cuda.power_draw() / 1000:.0f} W"
+        mhz, watts = read_clock()
+        return f"SM clock {mhz} MHz, {watts:.0f} W"
     except Exception as e:
         return f"no GPU clock ({type(e).__name__})"
 
