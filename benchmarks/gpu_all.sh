@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -641,6 +641,26 @@ elif [ "$phase" = v10a ]; then
         >"$out/gpu_batch_diag.log" 2>&1
     echo "exit $?" >>"$out/gpu_batch_diag.log"
     bench_8b_profiled
+elif [ "$phase" = v11a ]; then
+    # one call (v11, ~8 min on one H200): asynchronous scheduling (the next decode window launched
+    # before the last one's tokens are processed): the engine GPU tests (graph windows followed on the
+    # device, async and sync engine outputs), then gpu_bench.py (both models, no peer) with async
+    # scheduling on, off, on again, each its own process
+    g=tests/engine_gpu
+    tests 0 engine 200 $g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py
+    i=0
+    for mode in async-scheduling no-async-scheduling async-scheduling; do
+        i=$((i + 1))
+        mkdir -p "$out/$i-$mode"
+        CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py --no-peer --out "$out/$i-$mode" \
+            --$mode ${ARGS:-} >"$out/gpu_bench_$i-$mode.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$i-$mode.log"
+    done
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_bench_*-*.log; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| |^exit|host outside|SM clock" | cut -c1-240
+    done
 elif [ "$phase" = v10c ] || [ "$phase" = v10d ]; then
     # one call (v10, ~3 min on one H200): v10c: the board's power limit and clocks, the engine GPU
     # tests (decode grid KV heads fastest); both: gpu_bench.py (both models, no peer) with the SM

@@ -201,10 +201,17 @@ class StepTimers:
         ]
         if engine.num_scheduler_steps > 1:
             wrapped.append(("execute", engine.runner, "execute_multi_step"))
+        # asynchronous windows: a launch is timed without a sync (that would serialize the windows),
+        # and the wait in its DecodeWindow.result() counts as execute time
+        self.launch = getattr(engine, "_async_windows", False)
+        if self.launch:
+            wrapped.append(("execute", engine.runner, "launch_multi_step"))
         for name, obj, attr in wrapped:
-            setattr(obj, attr, self._wrap(name, getattr(obj, attr), device))
+            setattr(obj, attr, self._wrap(name, getattr(obj, attr), device, attr == "launch_multi_step"))
 
-    def _wrap(self, name: str, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
+    def _wrap(
+        self, name: str, fn: Callable[..., Any], device: str, launch: bool = False
+    ) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self.bypass:
                 return fn(*args, **kwargs)
@@ -213,7 +220,10 @@ class StepTimers:
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             if name == "execute":
-                sync(device)
+                if launch:
+                    out.result = self._timed_result(out.result)
+                else:
+                    sync(device)
                 self.forward_steps += args[1] if len(args) > 1 else 1  # execute_multi_step(batch, n)
             dt = time.perf_counter() - t0
             if not self.enabled:
@@ -232,6 +242,18 @@ class StepTimers:
             if name == "execute":
                 self.steps_seen += 1
             return out
+
+        return timed
+
+    def _timed_result(self, result: Callable[[], Any]) -> Callable[[], Any]:
+        def timed() -> Any:
+            t0 = time.perf_counter()
+            ids = result()
+            if self.enabled:
+                dt = time.perf_counter() - t0
+                self.totals["execute"] += dt
+                self.execute_split["graph"] += dt
+            return ids
 
         return timed
 
@@ -374,6 +396,7 @@ def make_engine(
     eager: bool,
     num_scheduler_steps: int = 1,
     kv_cache_dtype: str = "auto",
+    async_scheduling: bool = True,
 ) -> LLMEngine:
     config = EngineConfig(
         model=model,
@@ -387,6 +410,7 @@ def make_engine(
         enforce_eager=eager,
         num_scheduler_steps=num_scheduler_steps,
         kv_cache_dtype=kv_cache_dtype,
+        async_scheduling=async_scheduling,
     )
     return LLMEngine(config)
 
@@ -557,8 +581,10 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         args.eager,
         args.num_scheduler_steps,
         args.kv_cache_dtype,
+        args.async_scheduling,
     )
     res["kv_cache_dtype"] = args.kv_cache_dtype
+    res["async_scheduling"] = bool(getattr(engine, "_async_windows", False))
     runner: Any = getattr(engine.runner, "runner", engine.runner)  # the ModelRunner under any wrapper
     for line in runner.startup_report.log_lines():
         log("  " + line)
@@ -724,9 +750,16 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     return res
 
 
-def table(bandwidth: float, num_scheduler_steps: int = 1, kv_cache_dtype: str = "auto") -> str:
+def table(
+    bandwidth: float,
+    num_scheduler_steps: int = 1,
+    kv_cache_dtype: str = "auto",
+    async_scheduling: bool = True,
+) -> str:
+    asynchronous = "on" if async_scheduling and num_scheduler_steps > 1 else "off"
     lines = [
-        f"built-in engine, num_scheduler_steps {num_scheduler_steps}, kv_cache_dtype {kv_cache_dtype}"
+        f"built-in engine, num_scheduler_steps {num_scheduler_steps}, async scheduling {asynchronous}, "
+        f"kv_cache_dtype {kv_cache_dtype}"
         + (" (per-step figures are per decode step)" if num_scheduler_steps > 1 else ""),
         "",
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read+write)",
@@ -829,6 +862,13 @@ def main() -> None:
         help="the engine's num_scheduler_steps: decode steps per scheduler call with one host sync (1: off)",
     )
     parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the engine's async_scheduling: with --num-scheduler-steps > 1, launch the next decode window "
+        "before the last one's tokens are processed",
+    )
+    parser.add_argument(
         "--cuda-graphs",
         action="store_true",
         help="the default now (the engine builds its graphs); accepted for older command lines",
@@ -883,7 +923,7 @@ def main() -> None:
                     indent=1,
                 )
             )
-    print(table(bandwidth, args.num_scheduler_steps, args.kv_cache_dtype))
+    print(table(bandwidth, args.num_scheduler_steps, args.kv_cache_dtype, args.async_scheduling))
 
 
 if __name__ == "__main__":

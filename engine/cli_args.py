@@ -179,6 +179,14 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "streams arrive in chunks of up to N tokens); 1 = off",
     )
     sched.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=d.async_scheduling,
+        help="with --num-scheduler-steps > 1: launch the next decode window before the last one's "
+        "tokens are processed, so the host's work between windows overlaps the GPU (a new request "
+        "waits up to two windows)",
+    )
+    sched.add_argument(
         "--max-queue-len",
         type=_positive_int,
         default=d.max_queue_len,
@@ -322,5 +330,6 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         max_queue_len=args.max_queue_len,
         enforce_eager=args.enforce_eager,
         num_scheduler_steps=args.num_scheduler_steps,
+        async_scheduling=args.async_scheduling,
         speculative_config=args.speculative_config,
     )

@@ -37,6 +37,9 @@ class EngineConfig:
     enforce_eager: bool = False
     # decode steps run back to back per scheduler call, with one host sync (llm_engine.py); 1 = off
     num_scheduler_steps: int = 1
+    # with num_scheduler_steps > 1: launch the next decode window before processing the last one's
+    # tokens, so the host's per-window work overlaps the device (llm_engine.py)
+    async_scheduling: bool = True
     # vLLM's speculative_config: a dict (as on vLLM's CLI) becomes a SpeculativeConfig at construction
     speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None
 

@@ -17,6 +17,18 @@ drawn from the same distribution as `Sampler.sample` draws them, with the window
 Trade-off: a request that arrives during a window waits up to N - 1 steps, and streamed outputs come
 in chunks of up to N tokens.
 
+Asynchronous scheduling (`async_scheduling`, on by default with multi-step decoding, when the runner
+has `launch_multi_step`): a window is launched without waiting for its ids, and before its tokens are
+processed the next window is launched for the same sequences (`Scheduler.follow_decode_window`), its
+first inputs gathered from the last step's ids on the device. So the device runs window k + 1 while
+the host reads, checks and streams window k's tokens and builds window k + 2's inputs: the host's
+per-window work no longer leaves the device idle. A step() returns window k's outputs with window
+k + 1 in flight. The follow-on leaves out the sequences window k certainly ends (max_tokens, the
+longest context) and is not launched while a request waits (so a new request waits up to two windows)
+or when not every running sequence is in the window; the tokens it computes for a sequence that
+stopped in window k (EOS, a stop string) or was aborted are dropped, and their slots were freed with
+the sequence (the device runs the follow-on's writes to them before anything launched later).
+
 Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call
 must come from one thread (AsyncLLMEngine runs it on its own loop thread).
 """
@@ -96,6 +108,15 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A decode window launched without waiting for its ids (asynchronous scheduling)."""
+
+    out: SchedulerOutput
+    num_steps: int
+    handle: Any  # the runner's DecodeWindow
 
 
 @dataclass
@@ -192,6 +213,12 @@ class LLMEngine:
             else:
                 self.num_scheduler_steps = config.num_scheduler_steps
         self._window_sampling = bool(getattr(runner, "multi_step_sampling", False))
+        self._async_windows = (
+            self.num_scheduler_steps > 1
+            and config.async_scheduling
+            and callable(getattr(runner, "launch_multi_step", None))
+        )
+        self._inflight: _Window | None = None  # the launched window whose tokens are not processed yet
         self.requests: dict[str, _Request] = {}
         raise_gc_threshold()
         self._prompt_tokens_total = 0
@@ -318,6 +345,8 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self._inflight is not None:
+            return self._finish_window()
         if self.speculator is not None:
             self.speculator.set_proposals(self.scheduler.running, self._num_tokens_left)
         out = self.scheduler.schedule()
@@ -335,6 +364,9 @@ class LLMEngine:
             if max_steps > 1:
                 out, num_steps = self.scheduler.reserve_decode_window(out, max_steps)
                 if num_steps > 1:
+                    if self._async_windows:
+                        self._inflight = self._launch_window(out, num_steps, sampled_rows)
+                        return self._finish_window()
                     if sampled_rows:
                         params = [e.seq.params for e in out.scheduled]
                         seed = self.sampler.window_seed()
@@ -347,6 +379,53 @@ class LLMEngine:
         if out.batch.num_logits is not None:
             return self._process_verified(out, logits)
         return self._process_samples(out, logits)
+
+    def _launch_window(
+        self,
+        out: SchedulerOutput,
+        num_steps: int,
+        sampled_rows: bool,
+        follow: _Window | None = None,
+        follow_rows: list[int] | None = None,
+    ) -> _Window:
+        params = [e.seq.params for e in out.scheduled] if sampled_rows else None
+        seed = self.sampler.window_seed() if sampled_rows else None
+        handle = self.runner.launch_multi_step(  # type: ignore[attr-defined]
+            out.batch, num_steps, params, seed, None if follow is None else follow.handle, follow_rows
+        )
+        return _Window(out, num_steps, handle)
+
+    def _finish_window(self) -> list[RequestOutput]:
+        """Launch the window after the one in flight (when it may run), then wait for the one in flight
+        and process its tokens (asynchronous scheduling, see the module docstring)."""
+        window = self._inflight
+        assert window is not None
+        self._inflight = self._follow_on(window)
+        return self._process_window(window.out, window.handle.result())
+
+    def _follow_on(self, window: _Window) -> _Window | None:
+        """The next window for the sequences `window` does not certainly end, launched now; or None."""
+        rows: list[int] = []
+        longest = 0
+        sampled_rows = False
+        requests = self.requests
+        for i, entry in enumerate(window.out.scheduled):
+            seq = entry.seq
+            if seq.is_finished:  # aborted since the window was launched
+                continue
+            left = self._num_tokens_left(seq) - window.num_steps
+            if left <= 0:  # the window ends it (max_tokens or the longest context)
+                continue
+            rows.append(i)
+            longest = max(longest, left)
+            sampled_rows = sampled_rows or requests[seq.request_id].window_kind == 2
+        followed = self.scheduler.follow_decode_window(
+            window.out, window.num_steps, rows, min(self.num_scheduler_steps, longest)
+        )
+        if followed is None:
+            return None
+        out, num_steps = followed
+        return self._launch_window(out, num_steps, sampled_rows, window, rows)
 
     def _num_tokens_left(self, seq: Sequence) -> int:
         checker = self.requests[seq.request_id].checkers[seq.index]
@@ -385,6 +464,9 @@ class LLMEngine:
         columns: list[tuple[int, ...]] | None = None
         for i, entry in enumerate(out.scheduled):
             seq = entry.seq
+            if seq.is_finished:
+                # asynchronous windows: it stopped in the window before this one, or was aborted
+                continue
             req = requests[seq.request_id]
             checker = req.checkers[seq.index]
             if checker.deferred:

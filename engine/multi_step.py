@@ -12,17 +12,62 @@ there (its stop check ends it), but the window goes on for the others; its later
 last position (same slot, same context), so no step reads or writes past the context the block
 tables hold, and the tokens they produce are dropped with the stopped sequence's.
 
-Plain Python and numpy, no torch.
+Asynchronous windows (`launch_multi_step`, LLMEngine's async scheduling): a runner launches a window
+and returns a `DecodeWindow` at once; the next window may be launched before this one's ids are read,
+its step 0 fed this window's last sampled ids on the device (`follow_rows`: which of this window's
+rows each of its rows continues). The device runs launches in order, so the next window starts when
+this one ends, while the host processes this one's tokens.
+
+Plain Python and numpy; `DecodeWindow` only holds the tensors and the event a runner gives it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 from llmdeploy_engine.forward_batch import ForwardBatch
 
 NO_CAP = 1 << 62
+
+
+class DecodeWindow:
+    """A launched decode window: `sampled` [num_steps, num_seqs] (the device's ids, step by step; a
+    following window reads its last row there) and `result()`, the ids as lists. On a CUDA device the
+    runner also gives `host`, a pinned copy of `sampled` queued right after the window's last step,
+    and `ready`, an event recorded after that copy: `result()` waits for that event only, so it
+    returns once this window is done even while windows launched after it still run."""
+
+    def __init__(self, sampled: Any, host: Any = None, ready: Any = None) -> None:
+        self.sampled = sampled
+        self.num_steps: int = int(sampled.shape[0])
+        self._host = sampled if host is None else host
+        self._ready = ready
+        self._ids: list[list[int]] | None = None
+
+    @property
+    def last_ids(self) -> Any:
+        """The last step's ids on the device [num_seqs]: the next window's step-0 inputs."""
+        return self.sampled[self.num_steps - 1]
+
+    def result(self) -> list[list[int]]:
+        """The ids [num_steps][num_seqs]; waits for this window's copy (once)."""
+        if self._ids is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            self._ids = self._host.tolist()
+        return self._ids
+
+
+def check_follow_rows(follow: DecodeWindow | None, follow_rows: list[int] | None, num_seqs: int) -> None:
+    """Assert that a window launched after `follow` names, for each of its rows, a row of `follow`."""
+    if follow is None:
+        assert follow_rows is None, "follow_rows without the window they index"
+        return
+    assert follow_rows is not None and len(follow_rows) == num_seqs, "one followed row per sequence"
+    width = int(follow.sampled.shape[1])
+    assert all(0 <= r < width for r in follow_rows), "follow_rows index the followed window's rows"
 
 
 def check_decode_window(

@@ -19,7 +19,9 @@ Multi-step decoding (`num_scheduler_steps` > 1): after a pure-decode step is sch
 steps without coming back. Rule: a window only runs while the waiting queue is empty, so a request
 never waits for admission because of a window (a request that arrives during one waits at most until
 its end, up to N - 1 steps); the window is cut so no sequence passes max_model_len and so its slots
-fit in the free blocks (never by preempting anyone), else one step runs as usual. The engine counts
+fit in the free blocks (never by preempting anyone), else one step runs as usual.
+`follow_decode_window` (asynchronous windows) schedules the next window before the last one's tokens
+are known, under the same rules. The engine counts
 only the tokens it keeps as computed, so slots past a sequence's stop hold KV that is never
 registered in the prefix cache and is freed with the sequence.
 """
@@ -298,6 +300,62 @@ class Scheduler:
                 tables[i] = list(seq.block_table)
         batch = dataclasses.replace(output.batch, block_tables=tables)
         return SchedulerOutput(scheduled, batch, output.preempted), steps
+
+    def follow_decode_window(
+        self, window: SchedulerOutput, done_steps: int, rows: list[int], max_steps: int
+    ) -> tuple[SchedulerOutput, int] | None:
+        """Asynchronous windows: (the decode window that continues `rows` of `window`, its steps), or
+        None. `window` ran `done_steps` steps whose tokens are not appended yet; each kept sequence is
+        taken to keep them all, so it feeds its window's last token (an unknown id, -1 here: the runner
+        gathers it on the device) at position num_computed_tokens + done_steps. Same rules as
+        `reserve_decode_window`: only while nothing waits and every running sequence is in `rows`
+        (a window never skips anyone), cut to the free blocks without preempting, no slots past
+        max_model_len. A kept sequence that stops inside `window` has its blocks freed then; the
+        device runs the follow-on's writes to them before anything launched later."""
+        if not rows or self.waiting or len(rows) != len(self.running) or max_steps < 1:
+            return None
+        bm = self.block_manager
+        max_len = self.config.max_model_len
+        seqs = [window.scheduled[i].seq for i in rows]
+
+        def slots(seq: Sequence, steps: int) -> int:
+            return min(done_steps + steps, max_len - seq.num_computed_tokens)
+
+        steps = max_steps
+        while steps >= 1:
+            need = sum(
+                max(0, bm.blocks_needed(s.num_computed_tokens + slots(s, steps)) - len(s.block_table))
+                for s in seqs
+            )
+            if need <= bm.num_free_blocks:
+                break
+            steps -= 1
+        if steps < 1:
+            return None
+        bs = bm.block_size
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        tables: list[list[int]] = []
+        for seq in seqs:
+            reserved = bm.allocate_slots(seq, slots(seq, steps))
+            assert reserved, "the window's blocks were counted as free"
+            pos = seq.num_computed_tokens + done_steps
+            table = list(seq.block_table)
+            positions.append(pos)
+            slot_mapping.append(table[pos // bs] * bs + pos % bs)
+            tables.append(table)
+        m = len(seqs)
+        batch = ForwardBatch(
+            input_ids=[-1] * m,
+            positions=positions,
+            slot_mapping=slot_mapping,
+            query_start=list(range(m)),
+            query_len=[1] * m,
+            context_len=[p + 1 for p in positions],
+            block_tables=tables,
+            sample_indices=list(range(m)),
+        )
+        return SchedulerOutput([ScheduledSeq(s, 1, True) for s in seqs], batch, []), steps
 
     # ---- after the forward pass ---------------------------------------------------------------
     def update_computed(self, output: SchedulerOutput) -> None:

@@ -2,7 +2,9 @@
 
 Rank 0 (the process running LLMEngine) starts them from its ModelRunner (`WorkerGroup.start`) and
 feeds them commands over their stdin pipes, pickled: ("execute", ForwardBatch) every step or
-("execute_multi", ...) every decode window, sent before rank 0 runs the same, ("capture_graphs",)
+("execute_multi", ...) every decode window (("launch_multi", ...) for an asynchronous one, whose
+ids the worker never reads: a following window gathers its step-0 inputs from them on the device),
+sent before rank 0 runs the same, ("capture_graphs",)
 once before rank 0 captures its CUDA graphs (every rank captures the same graphs in the same order,
 with the same rows computing their logits inside, and later replays the same graph, since the choice
 depends only on the batch), and ("close",). Each worker builds its own ModelRunner shard and KV cache
@@ -166,6 +168,20 @@ class TensorParallelDriver:
         self.workers.send(("execute_multi", batch, num_steps, params, seed))
         return self.runner.execute_multi_step(batch, num_steps, params, seed)
 
+    def launch_multi_step(
+        self,
+        batch: Any,
+        num_steps: int,
+        params: Any = None,
+        seed: Any = None,
+        follow: Any = None,
+        follow_rows: Any = None,
+    ) -> Any:
+        # ("launch_multi", ...): an asynchronous window (multi_step.py); a worker follows the window
+        # it launched last (rank 0 only ever follows its own last window, so theirs is the same one)
+        self.workers.send(("launch_multi", batch, num_steps, params, seed, follow_rows))
+        return self.runner.launch_multi_step(batch, num_steps, params, seed, follow, follow_rows)
+
     def close(self) -> None:
         inner = self.runner
         while not hasattr(inner, "close") and hasattr(inner, "runner"):
@@ -208,6 +224,7 @@ def main() -> int:
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
     runner = ModelRunner(config, rank=rank, port=port)
     top: Any = runner
+    last_window: Any = None  # the window this rank launched last (asynchronous windows follow it)
     while True:
         try:
             msg = pickle.load(stdin)
@@ -217,6 +234,11 @@ def main() -> int:
             top.execute(msg[1])
         elif msg[0] == "execute_multi":
             top.execute_multi_step(*msg[1:])
+            last_window = None
+        elif msg[0] == "launch_multi":
+            batch, num_steps, params, seed, follow_rows = msg[1:]
+            follow = last_window if follow_rows is not None else None
+            last_window = top.launch_multi_step(batch, num_steps, params, seed, follow, follow_rows)
         elif msg[0] == "capture_graphs":
             from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 

@@ -1,45 +1,76 @@
 """Multi-step decoding (num_scheduler_steps > 1) over the fake paged runner: the scheduler's window
 reservation and the engine's per-token path after a window give exactly the outputs, metrics and
-block accounting of one step per call. The fake runner checks every KV read through the block tables,
-so a wrong slot, a missing reservation or garbage KV read back fails here."""
+block accounting of one step per call, with asynchronous scheduling (the next window launched
+before the last one's tokens are processed, its first inputs taken from the last one's ids) and
+without. The fake runner checks every KV read through the block tables, so a wrong slot, a missing
+reservation or garbage KV read back fails here; it runs a window when it is launched, as a device
+runs it before anything launched later."""
 
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from core_fakes import FakeRunner, FakeSampler, FakeTokenizer, check_invariants, mixing_rule, successor_rule
 from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.multi_step import check_decode_window, step_batch
+from llmdeploy_engine.multi_step import check_decode_window, check_follow_rows, step_batch
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig
 from llmdeploy_engine.sequence import Sequence
 
 
+class FakeWindow:
+    """What the fake runner's launch returns: the ids, already there (DecodeWindow's interface)."""
+
+    def __init__(self, sampled: list[list[int]]) -> None:
+        self.sampled = np.array(sampled, dtype=np.int64)
+        self.num_steps = len(sampled)
+
+    @property
+    def last_ids(self) -> np.ndarray:
+        return self.sampled[-1]
+
+    def result(self) -> list[list[int]]:
+        return self.sampled.tolist()  # type: ignore[no-any-return]
+
+
 class MultiStepFakeRunner(FakeRunner):
     """FakeRunner plus a decode window: each step through `execute` (checked KV reads), fed the
-    previous step's argmax; records every window's length."""
+    previous step's argmax; records every window's length and whether it followed another."""
 
     def __init__(self, **kw):  # type: ignore[no-untyped-def]
         super().__init__(**kw)
         self.windows: list[int] = []
+        self.followed: list[bool] = []
 
-    def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
+    def launch_multi_step(  # type: ignore[no-untyped-def]
+        self, batch: ForwardBatch, num_steps: int, params=None, seed=None, follow=None, follow_rows=None
+    ) -> FakeWindow:
         cap = self.max_model_len - 1  # as the real runners: positions stop at the longest context
         check_decode_window(batch, num_steps, self.block_size, cap)
+        check_follow_rows(follow, follow_rows, batch.num_seqs)
         self.windows.append(num_steps)
-        ids = list(batch.input_ids)
+        self.followed.append(follow is not None)
+        if follow is None:
+            ids = list(batch.input_ids)
+        else:
+            assert batch.input_ids == [-1] * batch.num_seqs, "a follow-on's ids are not known on the host"
+            ids = [int(follow.last_ids[r]) for r in follow_rows]
         sampled = []
         for k in range(num_steps):
             step = step_batch(batch, k, self.block_size, cap)
             rows = self.execute(ForwardBatch(**{**vars(step), "input_ids": ids}))
             ids = [max(range(len(r)), key=r.__getitem__) for r in rows]
             sampled.append(ids)
-        return sampled
+        return FakeWindow(sampled)
+
+    def execute_multi_step(self, batch: ForwardBatch, num_steps: int) -> list[list[int]]:
+        return self.launch_multi_step(batch, num_steps).result()
 
 
 def engine(steps: int, rule=mixing_rule, **kw) -> tuple[LLMEngine, MultiStepFakeRunner]:  # type: ignore[no-untyped-def]
@@ -79,16 +110,18 @@ def outputs(final: dict[str, RequestOutput]) -> dict[str, list[tuple[list[int], 
 
 
 def compare(requests: list[tuple[str, list[int], SamplingParams]], steps=(4, 8), **kw) -> list[int]:  # type: ignore[no-untyped-def]
-    """Run the requests with one step per call and with each window size; returns the window lengths
-    the last run used."""
+    """Run the requests with one step per call and with each window size, with asynchronous
+    scheduling and without; returns the window lengths the last (asynchronous) run used."""
     ref_eng, _ = engine(1, **kw)
     ref_final, _ = run_all(ref_eng, {0: requests})
     ref_stats = ref_eng.stats()
     windows: list[int] = []
-    for n in steps:
-        eng, runner = engine(n, **kw)
+    for n, asynchronous in itertools.product(steps, (False, True)):
+        eng, runner = engine(n, async_scheduling=asynchronous, **kw)
         final, _ = run_all(eng, {0: requests})
-        assert outputs(final) == outputs(ref_final), f"num_scheduler_steps={n}"
+        assert outputs(final) == outputs(ref_final), f"num_scheduler_steps={n}, async {asynchronous}"
+        if not asynchronous or len(runner.windows) < 2:
+            assert not any(runner.followed)
         stats = eng.stats()
         assert stats.generation_tokens_total == ref_stats.generation_tokens_total
         assert stats.prompt_tokens_total == ref_stats.prompt_tokens_total
@@ -279,9 +312,12 @@ class SamplingFakeRunner(MultiStepFakeRunner):
         super().__init__(**kw)
         self.given: list[tuple[list[float], int | None]] = []
 
-    def execute_multi_step(self, batch, num_steps, params=None, seed=None):  # type: ignore[no-untyped-def]
+    def launch_multi_step(self, batch, num_steps, params=None, seed=None, follow=None, follow_rows=None):  # type: ignore[no-untyped-def]
         self.given.append(([p.temperature for p in params] if params else [], seed))
-        return super().execute_multi_step(batch, num_steps)
+        return super().launch_multi_step(batch, num_steps, None, None, follow, follow_rows)
+
+    def execute_multi_step(self, batch, num_steps, params=None, seed=None):  # type: ignore[no-untyped-def]
+        return self.launch_multi_step(batch, num_steps, params, seed).result()
 
 
 def test_unseeded_sampling_runs_windows_only_on_runners_that_sample() -> None:
@@ -374,3 +410,73 @@ def test_final_only_windows_take_each_sequences_tokens_at_once(monkeypatch: pyte
     assert done["ids"].outputs[0].token_ids == [2, 3, 4, 5, 6, 7] and done["ids"].outputs[0].stop_reason == 7
     assert done["ids-in"].outputs[0].token_ids == [2, 3, 4, 5] and done["ids-in"].outputs[0].stop_reason == 5
     assert done["eos"].outputs[0].finish_reason == "stop"
+
+
+# ---- asynchronous scheduling ----------------------------------------------------------------------
+
+
+def test_async_windows_follow_each_other_to_the_last_token() -> None:
+    """After the prefill each window is launched before the last one's tokens are processed and
+    takes its first inputs from it; the follow-on may be one step long (a synchronous engine runs
+    that last token as a single step)."""
+    req = [("r", [1, 2, 3], greedy(max_tokens=30, ignore_eos=True))]
+    ref, _ = run_all(engine(1)[0], {0: req})
+    eng, runner = engine(4)
+    final, _ = run_all(eng, {0: req})
+    assert outputs(final) == outputs(ref)
+    assert runner.windows == [4] * 7 + [1]
+    assert runner.followed == [False] + [True] * 7
+    eng, runner = engine(4, async_scheduling=False)
+    run_all(eng, {0: req})
+    assert runner.windows == [4] * 7 and not any(runner.followed)
+
+
+def test_a_request_aborted_with_its_window_in_flight() -> None:
+    """Aborting a request whose sequences are in the window in flight frees its blocks at once; the
+    window's tokens for it are dropped and the others go on as if it had never run with them."""
+    keep = ("keep", [5, 6, 7], greedy(max_tokens=25, ignore_eos=True))
+    gone = ("gone", [8, 9], greedy(max_tokens=40, ignore_eos=True, n=2))
+    ref, _ = run_all(engine(1)[0], {0: [keep]})
+    eng, runner = engine(4)
+    eng.add_request(*keep)
+    eng.add_request(*gone)
+    while eng._inflight is None or len(runner.windows) < 3:
+        eng.step()
+    assert {e.seq.request_id for e in eng._inflight.out.scheduled} == {"keep", "gone"}
+    aborted = eng.abort_request("gone")
+    assert aborted is not None and aborted.finished
+    final, _ = run_all(eng)
+    assert outputs(final) == outputs(ref)
+    assert sum(runner.followed) >= 3
+
+
+def test_follow_on_window_rules() -> None:
+    """Scheduler.follow_decode_window: slots after the window in flight, cut to the free blocks, and
+    nothing while a request waits or a running sequence is left out."""
+    bm = BlockManager(num_blocks=5, block_size=4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(8, 64, 64), bm)
+    seq = _decode_ready(sched, 7)  # 7 computed, token 8 to feed: 2 blocks held
+    window, steps = sched.reserve_decode_window(sched.schedule(), 4)  # positions 7..10: 3 blocks
+    assert steps == 4 and len(seq.block_table) == 3
+    followed = sched.follow_decode_window(window, 4, [0], 12)
+    assert followed is not None
+    out, steps = followed
+    # positions 11.. after the window: the 2 free blocks end at position 19, so 9 of 12 steps fit
+    assert steps == 9 and len(seq.block_table) == 5 and sched.num_preemptions == 0
+    assert out.batch.positions == [11] and out.batch.context_len == [12] and out.batch.input_ids == [-1]
+    assert out.batch.slot_mapping == [seq.block_table[2] * 4 + 3]
+    assert out.batch.block_tables == [seq.block_table]
+    assert sched.follow_decode_window(window, 4, [], 8) is None
+    sched.add(Sequence("w", [1, 2, 3], greedy()))
+    assert sched.follow_decode_window(window, 4, [0], 8) is None  # a request waits
+    sched = Scheduler(SchedulerConfig(8, 64, 64), BlockManager(num_blocks=16, block_size=4))
+    pair = [Sequence(r, [1, 2, 3, 4, 5], greedy(max_tokens=100)) for r in "ab"]
+    for seq in pair:
+        sched.add(seq)
+    sched.update_computed(sched.schedule())  # both prompts in one step
+    for seq in pair:
+        seq.append_token(5)
+    window, steps = sched.reserve_decode_window(sched.schedule(), 4)
+    assert steps == 4 and len(window.scheduled) == 2
+    assert sched.follow_decode_window(window, 4, [1], 8) is None  # the first sequence left out
+    assert sched.follow_decode_window(window, 4, [0, 1], 8) is not None

@@ -1,7 +1,9 @@
 """On a CUDA GPU: multi-step decode windows replayed from CUDA graphs give the tokens of single graph
 steps (float32 random Qwen2.5-0.5B), including windows whose last step needs a larger context bucket
 and batches padded to the graph's size, write no other sequence's KV, and through the engine give the
-same greedy outputs as num_scheduler_steps 1."""
+same greedy outputs as num_scheduler_steps 1, with asynchronous scheduling and without. An
+asynchronous window fed the last ids of the window before it on the device gives the same tokens, and
+its ids can be read before the windows launched after it have run."""
 
 from __future__ import annotations
 
@@ -27,11 +29,11 @@ pytestmark = [
 MODEL = "random:Qwen/Qwen2.5-0.5B"
 
 
-def config(steps: int) -> EngineConfig:
+def config(steps: int, asynchronous: bool = True) -> EngineConfig:
     # float32: graph steps over different context buckets agree to the last bit that decides a token
     return EngineConfig(
         model=MODEL, device="cuda", dtype="float32", max_model_len=512, max_num_seqs=8,
-        gpu_memory_utilization=0.3, num_scheduler_steps=steps,
+        gpu_memory_utilization=0.3, num_scheduler_steps=steps, async_scheduling=asynchronous,
     )  # fmt: skip
 
 
@@ -92,6 +94,18 @@ def test_graph_windows_match_graph_single_steps(runner: ModelRunner, logits_max_
     drawn = graphs.execute_multi_step(decode, num_steps, params, 1234)
     assert drawn == runner.execute_multi_step(decode, num_steps, params, 1234)
     assert [row[1] for row in drawn] == [row[1] for row in single]  # greedy rows: argmax as before
+    # asynchronous: 3 steps, then 5 more whose rows come in another order (padded to 8), launched
+    # behind a long kernel: the first window's ids are read while the second has not run
+    order = [4, 2, 0, 1, 3]
+    first_window = graphs.launch_multi_step(decode, 3)
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU clock cycles
+    follow = batch_for(
+        [[-1]] * len(order), [lengths[active[i]] + 3 for i in order], [tables[active[i]] for i in order], bs
+    )
+    second = graphs.launch_multi_step(follow, 5, follow=first_window, follow_rows=order)
+    assert first_window.result() == single[:3]
+    assert second._ready is not None and not second._ready.query(), "result() waited for a later window"
+    assert second.result() == [[row[i] for i in order] for row in single[3:]]
 
 
 def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:
@@ -101,16 +115,17 @@ def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:
     prompts = [[(37 * i + 11 * j) % (vocab - 10) + 5 for i in range(n)] for j, n in enumerate((9, 120, 33))]
     max_tokens = [37, 50, 21]
 
-    def generate(steps: int) -> tuple[list[list[int]], list[int]]:
-        engine = LLMEngine(config(steps), runner=graphs, tokenizer=tokenizer)
+    def generate(steps: int, asynchronous: bool = True) -> tuple[list[list[int]], list[int]]:
+        engine = LLMEngine(config(steps, asynchronous), runner=graphs, tokenizer=tokenizer)
         windows: list[int] = []
-        inner = graphs.execute_multi_step
+        name = "launch_multi_step" if asynchronous else "execute_multi_step"
+        inner = getattr(graphs, name)
 
-        def counting(batch: ForwardBatch, n: int) -> Any:
+        def counting(batch: ForwardBatch, n: int, *args: Any) -> Any:
             windows.append(n)
-            return inner(batch, n)
+            return inner(batch, n, *args)
 
-        graphs.execute_multi_step = counting  # type: ignore[method-assign]
+        setattr(graphs, name, counting)
         try:
             for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True)):
                 engine.add_request(f"r{i}", p, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
@@ -120,12 +135,14 @@ def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:
                     if out.finished:
                         done[out.request_id] = out.outputs[0].token_ids
         finally:
-            del graphs.execute_multi_step
+            delattr(graphs, name)
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
         assert engine.stats().generation_tokens_total == sum(max_tokens)
         return [done[f"r{i}"] for i in range(len(prompts))], windows
 
     base, no_windows = generate(1)
-    multi, windows = generate(8)
-    assert not no_windows and windows and max(windows) == 8
-    assert multi == base
+    assert not no_windows
+    for asynchronous in (False, True):
+        multi, windows = generate(8, asynchronous)
+        assert windows and max(windows) == 8
+        assert multi == base

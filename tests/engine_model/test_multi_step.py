@@ -32,6 +32,7 @@ class Recording:
     def __init__(self, runner: ModelRunner, num_kv_blocks: int | None = None) -> None:
         self.runner = runner
         self.windows: list[int] = []
+        self.followed: list[bool] = []
         if num_kv_blocks is not None:
             self.num_kv_blocks = num_kv_blocks
             self.max_model_len = num_kv_blocks * runner.block_size
@@ -41,7 +42,13 @@ class Recording:
 
     def execute_multi_step(self, batch: Any, num_steps: int, *sampling: Any) -> list[list[int]]:
         self.windows.append(num_steps)
+        self.followed.append(False)
         return self.runner.execute_multi_step(batch, num_steps, *sampling)
+
+    def launch_multi_step(self, batch: Any, num_steps: int, *args: Any) -> Any:
+        self.windows.append(num_steps)
+        self.followed.append(len(args) > 2 and args[2] is not None)
+        return self.runner.launch_multi_step(batch, num_steps, *args)
 
 
 def make_engine(runner: Any, tokenizer: Tokenizer, gguf: Path, steps: int, **kw: Any) -> LLMEngine:
@@ -134,22 +141,28 @@ def test_greedy_windows_are_token_identical(
     ]
     later = [("late", SHARED + "Name a colour.", greedy(11, ignore_eos=True))]
     results = {}
-    for steps in (1, 4, 8):
+    for steps, asynchronous in ((1, False), (4, False), (4, True), (8, True)):
         recording = Recording(runner)
-        engine = make_engine(recording, tokenizer, gguf_path, steps)
+        engine = make_engine(recording, tokenizer, gguf_path, steps, async_scheduling=asynchronous)
         final, _ = run(engine, requests, later)
         assert (max(recording.windows, default=1) == steps) and all(w <= steps for w in recording.windows)
+        assert any(recording.followed) == asynchronous
         stats = engine.stats()
-        results[steps] = (summary(final), stats.generation_tokens_total, stats.prompt_tokens_total)
+        results[steps, asynchronous] = (
+            summary(final),
+            stats.generation_tokens_total,
+            stats.prompt_tokens_total,
+        )
         assert final["late"].num_cached_tokens > 0  # a prefix-cache hit on the shared system prompt
-    assert results[4] == results[1]
-    assert results[8] == results[1]
-    got = results[1][0]
+    assert results[4, False] == results[1, False]
+    assert results[4, True] == results[1, False]
+    assert results[8, True] == results[1, False]
+    got = results[1, False][0]
     assert got["stop-id"][0][3] == ref_ids[0][5] and got["stop-id"][0][0] == ref_ids[0][:6]
     assert got["eos"][0][2] == "stop" and got["eos"][0][3] is None and 2 < len(got["eos"][0][0]) < 30
     assert got["stop-str"][0][2] == "stop" and got["stop-str"][0][3] == stop
     assert got["len"][0][0] == ref_ids[0][: MAX_TOKENS[0]]
-    assert results[1][1] == sum(len(c[0]) for outs in got.values() for c in outs)
+    assert results[1, False][1] == sum(len(c[0]) for outs in got.values() for c in outs)
 
 
 def test_windows_under_a_small_pool(runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path) -> None:
@@ -333,6 +346,17 @@ def test_graph_runner_window_logic_on_cpu(
     assert drawn == runner.execute_multi_step(decode, num_steps, params, 99)
     assert [row[1] for row in drawn] == [row[1] for row in single]
     assert [row[2] for row in drawn] != [row[2] for row in single]  # temperature 1.5: it sampled
+    # asynchronous windows: 2 steps, then 4 more launched before the first two are read, their rows
+    # in another order (row 3 of the 4-row graph pads), fed the first window's last ids on the device
+    first_window = graphs.launch_multi_step(decode, 2)
+    order = [2, 0, 1]
+    follow = make_batch(plan, [active[i] for i in order], [[-1]] * 3, [lengths[active[i]] + 2 for i in order])
+    second = graphs.launch_multi_step(follow, 4, follow=first_window, follow_rows=order)
+    assert first_window.result() == single[:2]
+    assert second.result() == [[row[i] for i in order] for row in single[2:]]
+    eager_first = runner.launch_multi_step(decode, 2)
+    eager_second = runner.launch_multi_step(follow, 4, follow=eager_first, follow_rows=order)
+    assert eager_second.result() == second.result()
 
 
 # ---- sampling inside a window ----------------------------------------------------------------------

@@ -22,20 +22,24 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_tp2_windows_match_tp1_single_steps(checkpoint: Path) -> None:
+    """Synchronous and asynchronous windows (the worker follows its own last window on its device)."""
     params = SamplingParams(temperature=0, max_tokens=19, ignore_eos=True)
     prompts = ["Hello, my name is", "The capital of France is", "tensor parallel"]
 
-    def run(tp: int, steps: int) -> tuple[list[list[int]], list[int]]:
-        engine = LLMEngine(engine_config(checkpoint, tp, num_scheduler_steps=steps))
+    def run(tp: int, steps: int, asynchronous: bool = True) -> tuple[list[list[int]], list[int]]:
+        engine = LLMEngine(
+            engine_config(checkpoint, tp, num_scheduler_steps=steps, async_scheduling=asynchronous)
+        )
         windows: list[int] = []
         if steps > 1:
-            inner = engine.runner.execute_multi_step
+            name = "launch_multi_step" if asynchronous else "execute_multi_step"
+            inner = getattr(engine.runner, name)
 
-            def counting(batch, n):  # type: ignore[no-untyped-def]
+            def counting(batch, n, *args):  # type: ignore[no-untyped-def]
                 windows.append(n)
-                return inner(batch, n)
+                return inner(batch, n, *args)
 
-            engine.runner.execute_multi_step = counting
+            setattr(engine.runner, name, counting)
         try:
             outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
         finally:
@@ -43,9 +47,10 @@ def test_tp2_windows_match_tp1_single_steps(checkpoint: Path) -> None:
         return [list(o.outputs[0].token_ids) for o in outs], windows
 
     ref, _ = run(1, 1)
-    got, windows = run(2, 4)
-    assert windows and max(windows) == 4
-    assert got == ref
+    for asynchronous in (False, True):
+        got, windows = run(2, 4, asynchronous)
+        assert windows and max(windows) == 4
+        assert got == ref
 
 
 def test_tp2_sampled_windows_match_tp1(checkpoint: Path) -> None:
