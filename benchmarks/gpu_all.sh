@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -660,6 +660,27 @@ elif [ "$phase" = v11a ]; then
     for f in "$out"/gpu_bench_*-*.log; do
         echo "== $f"
         grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| |^exit|host outside|SM clock" | cut -c1-240
+    done
+elif [ "$phase" = v11b ]; then
+    # one call (v11, ~7 min on x2): asynchronous scheduling with tensor parallelism: the tp 2 engine's
+    # graph windows against tp 1 (sync, then async; each its own process), gpu_tp.py (push, max_num_seqs
+    # 256) with async scheduling on and off; then on GPU 0 the single streams of both models (no
+    # 256-request runs) with async scheduling off and on: another host than v11a's
+    t=tests/engine_gpu/test_tensor_parallel_gpu.py
+    tests 0,1 tp_windows_sync 120 "$t::test_tp2_graph_windows_match_tp1[False]"
+    tests 0,1 tp_windows_async 120 "$t::test_tp2_graph_windows_match_tp1[True]"
+    tp_bench gpu_tp_async 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
+    tp_bench gpu_tp_sync 150 --allreduce push --max-num-seqs 256 --no-async-scheduling ${ARGS:-}
+    for mode in no-async-scheduling async-scheduling; do
+        CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_bench.py --no-peer --throughput-models none \
+            --$mode ${ARGS:-} >"$out/gpu_bench_single_$mode.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_single_$mode.log"
+    done
+    summary "$out"/t_*.log
+    tp_report async sync
+    for f in "$out"/gpu_bench_single_*.log; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| .*single stream \| (tok/s|decode|host us)|^exit" | cut -c1-200
     done
 elif [ "$phase" = v10c ] || [ "$phase" = v10d ]; then
     # one call (v10, ~3 min on one H200): v10c: the board's power limit and clocks, the engine GPU

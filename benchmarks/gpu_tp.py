@@ -86,6 +86,7 @@ def single_stream(
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.eager,
         num_scheduler_steps=args.num_scheduler_steps,
+        async_scheduling=args.async_scheduling,
         seed=0,
     )
     t0 = time.perf_counter()
@@ -211,6 +212,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--num-scheduler-steps", type=int, default=1, help="decode steps per scheduler call (multi-step)"
+    )
+    parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --num-scheduler-steps > 1: launch the next decode window before the last one's tokens "
+        "are processed",
     )
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="profile this many decode steps on rank 0 (0: none)"

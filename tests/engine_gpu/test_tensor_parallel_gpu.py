@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def needs_fresh_symm_mem(allreduce: str = "auto") -> None:
         pytest.skip("symmetric memory already set up in this process: run this test in a process of its own")
 
 
-def config(tp: int, eager: bool, dtype: str = "float32") -> EngineConfig:
+def config(tp: int, eager: bool, dtype: str = "float32", **kw: Any) -> EngineConfig:
     return EngineConfig(
         model=MODEL,
         device="cuda",
@@ -51,6 +52,7 @@ def config(tp: int, eager: bool, dtype: str = "float32") -> EngineConfig:
         max_num_batched_tokens=512,
         gpu_memory_utilization=0.3,
         enforce_eager=eager,
+        **kw,
     )
 
 
@@ -155,15 +157,15 @@ def test_tp2_bf16_logits_within_bf16_rounding_of_tp1(num_seqs: int) -> None:
         assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
 
 
-def _run_engine(tp: int) -> tuple[list[list[int]], int, list[int]]:
-    """(greedy tokens of two prompts, CUDA graph replays on rank 0, worker pids)."""
+def _run_engine(tp: int, **kw: Any) -> tuple[list[list[int]], int, list[int]]:
+    """(greedy tokens of two prompts, CUDA graph replays on rank 0, worker pids); kw: EngineConfig's."""
     from llmdeploy_engine.llm import LLM
     from llmdeploy_engine.llm_engine import LLMEngine
     from llmdeploy_engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     prompts = ["Hello, my name is", "The capital of France is"]
-    engine = LLMEngine(config(tp, False))
+    engine = LLMEngine(config(tp, False, **kw))
     try:
         outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
         graphs = engine.runner
@@ -205,6 +207,16 @@ def test_tp2_greedy_with_cuda_graphs_matches_tp1(
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.2)
     assert pids and not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_tp2_graph_windows_match_tp1(asynchronous: bool, graph_reference: list[list[int]]) -> None:
+    """Multi-step windows at tp 2 through the default all-reduce, synchronous and asynchronous (every
+    rank follows its own last window on its device): the tokens of tp 1 with single steps."""
+    needs_fresh_symm_mem("auto")
+    got, replays, _ = _run_engine(2, num_scheduler_steps=4, async_scheduling=asynchronous)
+    assert replays > 0
+    assert got == graph_reference
 
 
 def _alive(pid: int) -> bool:
