@@ -366,6 +366,9 @@ def test_num_scheduler_steps_flag() -> None:
     assert config_from_args(args, parser).num_scheduler_steps == 8
     args = parser.parse_args(["serve", "--model", "m.gguf"])
     assert config_from_args(args, parser).num_scheduler_steps == 1
+    assert config_from_args(args, parser).async_scheduling is True
+    args = parser.parse_args(["serve", "--model", "m.gguf", "--no-async-scheduling"])
+    assert config_from_args(args, parser).async_scheduling is False
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "0"])
 
