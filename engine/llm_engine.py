@@ -219,6 +219,12 @@ class LLMEngine:
             and callable(getattr(runner, "launch_multi_step", None))
         )
         self._inflight: _Window | None = None  # the launched window whose tokens are not processed yet
+        if self.num_scheduler_steps > 1:
+            logger.info(
+                "Multi-step decoding: up to %d decode steps a window, asynchronous scheduling %s",
+                self.num_scheduler_steps,
+                "on" if self._async_windows else "off",
+            )
         self.requests: dict[str, _Request] = {}
         raise_gc_threshold()
         self._prompt_tokens_total = 0

@@ -1,0 +1,162 @@
+"""The real server process on the default model (CPU) with multi-step decoding (`--num-scheduler-steps
+4`), with asynchronous scheduling (the default) and without: greedy streamed and plain answers agree
+and are the same in both modes, concurrent streams finish with every token, and a client that goes
+away mid-stream, with its window in flight, is aborted and its KV blocks freed while the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from test_server_integration import GGUF, free_port
+
+pytestmark = pytest.mark.slow
+
+MODEL_NAME = "smollm2"
+PROMPT = "The three most useful kitchen tools are"
+GREEDY_TEXT: dict[str, str] = {}  # mode -> the greedy completion of PROMPT
+
+
+@pytest.fixture(scope="module", params=["async-scheduling", "no-async-scheduling"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not GGUF.is_file():
+        pytest.skip(f"default model not installed at {GGUF}")
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("server") / "engine.log"
+    argv = [
+        sys.executable,
+        "-c",
+        "from llmdeploy.cli.main import main; main()",
+        "serve",
+        "--model",
+        str(GGUF),
+        "--device",
+        "cpu",
+        "--served-model-name",
+        MODEL_NAME,
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory-bytes",
+        "64M",
+        "--max-num-seqs",
+        "4",
+        "--num-scheduler-steps",
+        "4",
+        f"--{request.param}",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("VLLM_API_KEY", None)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not healthy in 300 s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    on = "on" if request.param == "async-scheduling" else "off"
+    assert f"up to 4 decode steps a window, asynchronous scheduling {on}" in log_path.read_text()
+
+
+def completion(max_tokens: int, prompt: str = PROMPT, **kw: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **kw,
+    }
+
+
+def running_and_kv(url: str) -> tuple[float, float]:
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    lab = f'model_name="{MODEL_NAME}"'
+    return values[f"vllm:num_requests_running{{{lab}}}"], values[f"vllm:kv_cache_usage_perc{{{lab}}}"]
+
+
+def wait_idle(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while running_and_kv(url) != (0.0, 0.0):
+        assert time.monotonic() < deadline, "requests still running or KV blocks held 60 s after"
+        time.sleep(0.2)
+
+
+def test_greedy_stream_and_plain_agree_in_both_modes(server: str, request: pytest.FixtureRequest) -> None:
+    # 37 tokens: the prefill's token, then windows of 4 and a shorter last one
+    plain = httpx.post(server + "/v1/completions", json=completion(37), timeout=120).json()
+    assert plain["usage"]["completion_tokens"] == 37 and plain["choices"][0]["finish_reason"] == "length"
+    text = plain["choices"][0]["text"]
+    pieces = []
+    with httpx.stream("POST", server + "/v1/completions", json=completion(37, stream=True), timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[len("data: ") :])
+                pieces += [c["text"] for c in chunk["choices"]]
+    assert "".join(pieces) == text
+    mode = request.node.callspec.params["server"]
+    GREEDY_TEXT[mode] = text
+    assert len(set(GREEDY_TEXT.values())) == 1, f"the modes disagree: {GREEDY_TEXT}"
+
+
+def test_concurrent_streams_and_a_disconnect_mid_window(server: str) -> None:
+    async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int, leave_after: int = 0) -> int:
+        tokens = 0
+        body = completion(max_tokens, prompt, stream=True, stream_options={"include_usage": True})
+        async with client.stream("POST", server + "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: ") :])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if leave_after and chunk["choices"]:
+                    leave_after -= 1
+                    if not leave_after:
+                        return -1  # the client goes away mid-stream
+        return tokens
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(
+                stream(client, "Once upon a time", 61),
+                stream(client, "def fibonacci(n):", 45),
+                stream(client, "Tell me a long story", 400, leave_after=3),
+            )
+
+    assert asyncio.run(main()) == [61, 45, -1]
+    wait_idle(server)
+    after = httpx.post(server + "/v1/completions", json=completion(9), timeout=120).json()
+    assert after["usage"]["completion_tokens"] == 9
