@@ -606,6 +606,9 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     warm_lens = torch.randint(100, 1025, (16,), generator=torch.Generator().manual_seed(2)).tolist()
     warm_prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in warm_lens]
     run_requests(engine, warm_prompts, [16] * 16, [], dev)
+    # the compile hook's own check: start-up and warm-up compile the engine's kernels, so on a GPU
+    # this is > 0 unless the hook is not called
+    log(f"  Triton compilations the hook saw up to the end of the warm-up: {len(COMPILED)}")
 
     # single stream: timed twice, each with its own prompt (no prefix-cache hit). The headline figures
     # come from the first, with the step timers bypassed (their wrappers and syncs are the benchmark's
