@@ -271,22 +271,7 @@ class Scheduler:
                 return output, 1
         bm = self.block_manager
         seqs = [e.seq for e in scheduled]
-        max_len = self.config.max_model_len
-
-        def slots(seq: Sequence, steps: int) -> int:
-            # a sequence stops at max_model_len: its steps past that repeat its last position
-            # (multi_step.py), so it never needs slots beyond the longest context
-            return min(steps, max_len - seq.num_computed_tokens)
-
-        steps = max_steps
-        while steps > 1:
-            need = sum(
-                max(0, bm.blocks_needed(s.num_computed_tokens + slots(s, steps)) - len(s.block_table))
-                for s in seqs
-            )
-            if need <= bm.num_free_blocks:
-                break
-            steps -= 1
+        steps = self._steps_that_fit(seqs, 0, max_steps)
         if steps <= 1:
             return output, 1
         # step 0's batch copied every table after this step's slot was allocated: only the tables
@@ -294,7 +279,7 @@ class Scheduler:
         tables = list(output.batch.block_tables)
         for i, seq in enumerate(seqs):
             had = len(seq.block_table)
-            reserved = bm.allocate_slots(seq, slots(seq, steps))
+            reserved = bm.allocate_slots(seq, self._window_slots(seq, 0, steps))
             assert reserved, "the window's blocks were counted as free"
             if len(seq.block_table) != had:
                 tables[i] = list(seq.block_table)
@@ -315,21 +300,8 @@ class Scheduler:
         if not rows or self.waiting or len(rows) != len(self.running) or max_steps < 1:
             return None
         bm = self.block_manager
-        max_len = self.config.max_model_len
         seqs = [window.scheduled[i].seq for i in rows]
-
-        def slots(seq: Sequence, steps: int) -> int:
-            return min(done_steps + steps, max_len - seq.num_computed_tokens)
-
-        steps = max_steps
-        while steps >= 1:
-            need = sum(
-                max(0, bm.blocks_needed(s.num_computed_tokens + slots(s, steps)) - len(s.block_table))
-                for s in seqs
-            )
-            if need <= bm.num_free_blocks:
-                break
-            steps -= 1
+        steps = self._steps_that_fit(seqs, done_steps, max_steps)
         if steps < 1:
             return None
         bs = bm.block_size
@@ -337,7 +309,7 @@ class Scheduler:
         slot_mapping: list[int] = []
         tables: list[list[int]] = []
         for seq in seqs:
-            reserved = bm.allocate_slots(seq, slots(seq, steps))
+            reserved = bm.allocate_slots(seq, self._window_slots(seq, done_steps, steps))
             assert reserved, "the window's blocks were counted as free"
             pos = seq.num_computed_tokens + done_steps
             table = list(seq.block_table)
@@ -356,6 +328,31 @@ class Scheduler:
             sample_indices=list(range(m)),
         )
         return SchedulerOutput([ScheduledSeq(s, 1, True) for s in seqs], batch, []), steps
+
+    def _window_slots(self, seq: Sequence, done_steps: int, steps: int) -> int:
+        """Slots after the computed tokens for `done_steps` steps already reserved plus `steps` more.
+        A sequence stops at max_model_len: its steps past that repeat its last position
+        (multi_step.py), so it never needs slots beyond the longest context."""
+        return min(done_steps + steps, self.config.max_model_len - seq.num_computed_tokens)
+
+    def _steps_that_fit(self, seqs: list[Sequence], done_steps: int, max_steps: int) -> int:
+        """The most steps, up to max_steps, whose slots for every sequence fit in the free blocks
+        (0 when not even one does)."""
+        bm = self.block_manager
+        steps = max_steps
+        while steps >= 1:
+            need = sum(
+                max(
+                    0,
+                    bm.blocks_needed(s.num_computed_tokens + self._window_slots(s, done_steps, steps))
+                    - len(s.block_table),
+                )
+                for s in seqs
+            )
+            if need <= bm.num_free_blocks:
+                return steps
+            steps -= 1
+        return 0
 
     # ---- after the forward pass ---------------------------------------------------------------
     def update_computed(self, output: SchedulerOutput) -> None:

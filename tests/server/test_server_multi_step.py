@@ -8,82 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from test_server_integration import GGUF, free_port
+from hardening.engine_server import MODEL_NAME, metric_values, start
 
 pytestmark = pytest.mark.slow
 
-MODEL_NAME = "smollm2"
 PROMPT = "The three most useful kitchen tools are"
 GREEDY_TEXT: dict[str, str] = {}  # mode -> the greedy completion of PROMPT
 
 
 @pytest.fixture(scope="module", params=["async-scheduling", "no-async-scheduling"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not GGUF.is_file():
-        pytest.skip(f"default model not installed at {GGUF}")
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "engine.log"
-    argv = [
-        sys.executable,
-        "-c",
-        "from llmdeploy.cli.main import main; main()",
-        "serve",
-        "--model",
-        str(GGUF),
-        "--device",
-        "cpu",
-        "--served-model-name",
-        MODEL_NAME,
-        "--port",
-        str(port),
-        "--max-model-len",
-        "512",
-        "--kv-cache-memory-bytes",
-        "64M",
-        "--max-num-seqs",
-        "4",
-        "--num-scheduler-steps",
-        "4",
-        f"--{request.param}",
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("VLLM_API_KEY", None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    flags = ["--max-model-len", "512", "--kv-cache-memory-bytes", "64M", "--max-num-seqs", "4"]
+    engine = start(
+        tmp_path_factory.mktemp("server"), *flags, "--num-scheduler-steps", "4", f"--{request.param}"
+    )
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy in 300 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
-        yield url
+        yield engine.url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        engine.stop()
     on = "on" if request.param == "async-scheduling" else "off"
-    assert f"up to 4 decode steps a window, asynchronous scheduling {on}" in log_path.read_text()
+    assert f"up to 4 decode steps a window, asynchronous scheduling {on}" in engine.log()
 
 
 def completion(max_tokens: int, prompt: str = PROMPT, **kw: Any) -> dict[str, Any]:
@@ -98,11 +48,7 @@ def completion(max_tokens: int, prompt: str = PROMPT, **kw: Any) -> dict[str, An
 
 
 def running_and_kv(url: str) -> tuple[float, float]:
-    values = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
+    values = metric_values(url)
     lab = f'model_name="{MODEL_NAME}"'
     return values[f"vllm:num_requests_running{{{lab}}}"], values[f"vllm:kv_cache_usage_perc{{{lab}}}"]
 
