@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -681,6 +681,24 @@ elif [ "$phase" = v11b ]; then
     for f in "$out"/gpu_bench_single_*.log; do
         echo "== $f"
         grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| .*single stream \| (tok/s|decode|host us)|^exit" | cut -c1-200
+    done
+elif [ "$phase" = v11c ]; then
+    # one call (v11 final, ~4 min on one H200): the engine GPU tests, gpu_bench.py (both models, no
+    # peer; async scheduling, the default), then the 8B's 256 requests with the fp8 KV cache
+    g=tests/engine_gpu
+    tests 0 engine 240 $g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
+        $g/test_triton_engine.py
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py --no-peer --out "$out" ${ARGS:-} \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    mkdir -p "$out/fp8"
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" ${ARGS:-} >"$out/gpu_bench_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_fp8.log"
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_bench.log "$out"/gpu_bench_fp8.log; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| |^exit|hook saw|compiled during" | cut -c1-240
     done
 elif [ "$phase" = v10c ] || [ "$phase" = v10d ]; then
     # one call (v10, ~3 min on one H200): v10c: the board's power limit and clocks, the engine GPU
