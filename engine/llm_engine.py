@@ -417,7 +417,7 @@ class LLMEngine:
         requests = self.requests
         for i, entry in enumerate(window.out.scheduled):
             seq = entry.seq
-            if seq.is_finished:  # aborted since the window was launched
+            if seq.is_finished:  # stopped in the window before this one, or aborted since
                 continue
             left = self._num_tokens_left(seq) - window.num_steps
             if left <= 0:  # the window ends it (max_tokens or the longest context)
