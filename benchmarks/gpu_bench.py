@@ -397,6 +397,7 @@ def make_engine(
     num_scheduler_steps: int = 1,
     kv_cache_dtype: str = "auto",
     async_scheduling: bool = True,
+    block_size: int = 16,
 ) -> LLMEngine:
     config = EngineConfig(
         model=model,
@@ -411,6 +412,7 @@ def make_engine(
         num_scheduler_steps=num_scheduler_steps,
         kv_cache_dtype=kv_cache_dtype,
         async_scheduling=async_scheduling,
+        block_size=block_size,
     )
     return LLMEngine(config)
 
@@ -582,8 +584,10 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         args.num_scheduler_steps,
         args.kv_cache_dtype,
         args.async_scheduling,
+        args.block_size,
     )
     res["kv_cache_dtype"] = args.kv_cache_dtype
+    res["block_size"] = args.block_size
     res["async_scheduling"] = bool(getattr(engine, "_async_windows", False))
     runner: Any = getattr(engine.runner, "runner", engine.runner)  # the ModelRunner under any wrapper
     for line in runner.startup_report.log_lines():
@@ -886,6 +890,9 @@ def main() -> None:
         default="auto",
         help="the engine's kv_cache_dtype (auto: the model's bf16; fp8_e4m3 / fp8_e5m2: the FP8 KV cache)",
     )
+    parser.add_argument(
+        "--block-size", type=int, default=16, help="the engine's block_size (tokens per KV block)"
+    )
     parser.add_argument("--throughput-models", default="qwen,llama")
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     parser.add_argument(
@@ -911,6 +918,7 @@ def main() -> None:
         "LLMDEPLOY_FUSED_DECODE",
         "LLMDEPLOY_DECODE_MERGE",
         "LLMDEPLOY_FAST_ARGMAX",
+        "LLMDEPLOY_DECODE_TMA",
     )
     log("engine switches: " + ", ".join(f"{k}={os.environ.get(k, '(default)')}" for k in switches))
     watch_compiles()

@@ -395,3 +395,78 @@ def test_paged_decode_rejects_bad_options() -> None:
         paged_decode(*args, fp8_cvt="kv")  # a float32 query: the dots are not fp16
     with pytest.raises(ValueError, match="tile must be"):
         paged_decode(*args, tile=48)
+
+
+def _tma_ready() -> bool:
+    return DEVICE == "cuda" and not INTERPRET and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.skipif(not _tma_ready(), reason="TMA descriptors: a CUDA GPU of sm_90 or later")
+@pytest.mark.parametrize("bs,tile", [(32, 32), (64, 64), (64, 32), (128, 64)])
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+@pytest.mark.parametrize("with_rope", [False, True])
+def test_tma_decode_matches_float64_and_the_pointer_kernel(
+    bs: int, tile: int, num_splits: int | None, with_rope: bool
+) -> None:
+    """_paged_decode_tma_kernel (whole tiles through the copy engine, the partial tile and the new
+    token's tile through ordinary loads) against the float64 reference and the pointer kernel, with
+    contexts at, below and above tile and block edges; with `rope` both store the same new k/v bytes."""
+    from llmdeploy_engine import triton_attention as ta
+    from llmdeploy_engine import triton_ops
+
+    num_heads, num_kv_heads, head_dim = 32, 8, 128
+    lengths = torch.tensor([1, tile - 1, tile, tile + 1, bs, 2 * bs + 1, 3 * bs - 1, 700, 1000])
+    n = len(lengths)
+    gen = torch.Generator().manual_seed(bs + tile + (num_splits or 0))
+    per_seq = -(-int(lengths.max()) // bs)
+    num_blocks = n * per_seq + 3
+    tables = torch.randperm(num_blocks, generator=gen)[: n * per_seq].view(n, per_seq).to(DEVICE)
+    caches = [
+        torch.randn(num_blocks, bs, num_kv_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+        for _ in range(2)
+    ]
+    q = torch.randn(n, num_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    scale = head_dim**-0.5
+    lens = lengths.to(DEVICE, torch.int32)
+    rope = None
+    if with_rope:
+        k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+        v = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+        pos = (lengths - 1).to(DEVICE)
+        inv_freq = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
+        cos, sin = triton_ops.rope_tables(pos, inv_freq, torch.bfloat16)
+        slots = tables[torch.arange(n, device=DEVICE), pos // bs].long() * bs + pos % bs
+        rope = ta.RopeStore(k, v, cos, sin, slots)
+    pointer_caches = [c.clone() for c in caches]
+    got = ta.paged_decode(
+        q, *caches, tables, lens, scale, num_splits=num_splits, tile=tile, rope=rope, tma=True
+    )
+    want = ta.paged_decode(
+        q, *pointer_caches, tables, lens, scale, num_splits=num_splits, tile=tile, rope=rope, tma=False
+    )
+    assert torch.equal(caches[0], pointer_caches[0]) and torch.equal(caches[1], pointer_caches[1])
+    if with_rope:  # the reference reads the rotated q the kernel used: rotate it the same way
+        q, _ = triton_ops.rope_and_cache(
+            q, k, v, cos, sin, (caches[0].clone(), caches[1].clone()), slots, None, None
+        )
+    ref = reference(q, caches[0], caches[1], tables, lengths, scale)
+    for out in (got, want):
+        err = float((out.cpu().double() - ref).norm() / ref.norm())
+        assert err < 2e-2, err
+    assert float((got.float() - want.float()).abs().max()) < 2e-2
+
+
+@pytest.mark.skipif(not _tma_ready(), reason="TMA descriptors: a CUDA GPU of sm_90 or later")
+def test_tma_decode_refuses_what_it_cannot_read() -> None:
+    from llmdeploy_engine import triton_attention as ta
+
+    q = torch.randn(2, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+    cache = torch.randn(4, 16, 2, 64, device=DEVICE, dtype=torch.bfloat16)
+    tables = torch.tensor([[0, 1], [2, 3]], device=DEVICE)
+    lens = torch.tensor([20, 32], device=DEVICE, dtype=torch.int32)
+    with pytest.raises(ValueError, match="tma=True needs"):  # 16-token blocks: tiles below 32 keys
+        ta.paged_decode(q, cache, cache, tables, lens, 0.125, tma=True)
+    fp8 = cache.to(torch.float8_e4m3fn)
+    one = torch.ones(1, device=DEVICE)
+    with pytest.raises(ValueError, match="16-bit cache"):
+        ta.paged_decode(q, fp8, fp8, tables, lens, 0.125, one, one, tma=True)
