@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12a}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -681,31 +681,6 @@ elif [ "$phase" = v11b ]; then
     for f in "$out"/gpu_bench_single_*.log; do
         echo "== $f"
         grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| .*single stream \| (tok/s|decode|host us)|^exit" | cut -c1-200
-    done
-elif [ "$phase" = v12a ]; then
-    # one call (v12, ~6 min on one H200): the decode kernel reading K/V tiles through TMA descriptors:
-    # its GPU tests, gpu_batch_diag.py's tma part (pointer against TMA kernel at 16/32/64-token blocks
-    # over the 8B's 256-request shapes), then the 8B (no peer) at 16-token blocks (today's engine),
-    # 64-token blocks with the pointer kernel, and 64-token blocks with LLMDEPLOY_DECODE_TMA=1
-    tests 0 tma 150 tests/engine_gpu/test_triton_attention.py -k tma
-    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_batch_diag.py --parts tma --out "$out" \
-        >"$out/gpu_batch_diag.log" 2>&1
-    echo "exit $?" >>"$out/gpu_batch_diag.log"
-    for cfg in b16 b64 b64-tma; do
-        mkdir -p "$out/$cfg"
-        bs=${cfg%%-*}
-        tma=0
-        [ "$cfg" = b64-tma ] && tma=1
-        CUDA_VISIBLE_DEVICES=0 LLMDEPLOY_DECODE_TMA=$tma timeout 100 python3 benchmarks/gpu_bench.py --no-peer \
-            --models llama --throughput-models llama --block-size "${bs#b}" --out "$out/$cfg" ${ARGS:-} \
-            >"$out/gpu_bench_$cfg.log" 2>&1
-        echo "exit $?" >>"$out/gpu_bench_$cfg.log"
-    done
-    summary "$out"/t_*.log
-    grep -a -E "TB/s|FAILED|^exit|Error" "$out/gpu_batch_diag.log" | cut -c1-200
-    for f in "$out"/gpu_bench_b*.log; do
-        echo "== $f"
-        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| |^exit|Error|compiled during" | cut -c1-240
     done
 elif [ "$phase" = v11c ]; then
     # one call (v11 final, ~4 min on one H200): the engine GPU tests, gpu_bench.py (both models, no

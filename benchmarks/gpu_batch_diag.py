@@ -348,104 +348,9 @@ def attention_part(args: argparse.Namespace, dev: torch.device) -> None:
                     )
 
 
-def tma_call(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bt: torch.Tensor, cl: torch.Tensor,
-             rope: Any, kw: dict[str, Any], _: int) -> None:  # fmt: skip
-    """One fused-RoPE paged_decode with the given tuning (tma=True/False, tile, warps, stages)."""
-    ta.paged_decode(q, kc, vc, bt, cl, q.shape[-1] ** -0.5, rope=rope, **kw)
-
-
-# (block size, label, paged_decode keywords): the engine's kernel at 16-token blocks, then at larger
-# blocks the pointer kernel and the TMA kernel over a few tiles / warps / stages
-TMA_VARIANTS: list[tuple[int, str, dict[str, Any]]] = [
-    (16, "pointer, tile 64 (the engine today)", {"tma": False}),
-    (64, "pointer, tile 64", {"tma": False}),
-    (64, "tma tile 64, 4 warps, 3 stages", {"tma": True, "tile": 64, "num_warps": 4, "num_stages": 3}),
-    (64, "tma tile 64, 4 warps, 2 stages", {"tma": True, "tile": 64, "num_warps": 4, "num_stages": 2}),
-    (64, "tma tile 64, 4 warps, 4 stages", {"tma": True, "tile": 64, "num_warps": 4, "num_stages": 4}),
-    (64, "tma tile 64, 8 warps, 3 stages", {"tma": True, "tile": 64, "num_warps": 8, "num_stages": 3}),
-    (64, "tma tile 32, 4 warps, 4 stages", {"tma": True, "tile": 32, "num_warps": 4, "num_stages": 4}),
-    (64, "tma tile 32, 2 warps, 4 stages", {"tma": True, "tile": 32, "num_warps": 2, "num_stages": 4}),
-    (32, "pointer, tile 64", {"tma": False}),
-    (32, "tma tile 32, 4 warps, 4 stages", {"tma": True, "tile": 32, "num_warps": 4, "num_stages": 4}),
-]
-
-
-def tma_part(args: argparse.Namespace, dev: torch.device) -> None:
-    """v12: the fused decode (RoPE + store + attention, as the engine's graphs run it) over the
-    sequences running at steps 150-700 of the 8B's 256-request workload (admission order, blocks
-    shuffled), at 16-, 32- and 64-token blocks: the pointer kernel against the TMA kernel. Each
-    variant's output is checked against the pointer kernel's at the same block size first."""
-    heads, kv_heads, head_dim = 32, 8, 128
-    in_lens = torch.randint(100, 1025, (256,), generator=torch.Generator().manual_seed(0)).tolist()
-    out_lens = torch.randint(100, 1025, (256,), generator=torch.Generator().manual_seed(1)).tolist()
-    sizes = cuda_graph_batch_sizes(256)
-    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=dev).float() / head_dim))
-    for step in (150, 300, 500, 700):
-        ctx = [i + step for i, o in zip(in_lens, out_lens, strict=True) if o > step]
-        n = len(ctx)
-        size = min(s for s in sizes if s >= n)
-        kv_bytes = sum(ctx) * kv_heads * head_dim * 2 * 2
-        qkv = torch.randn(size, (heads + 2 * kv_heads) * head_dim, device=dev, dtype=torch.bfloat16)
-        q = qkv[:, : heads * head_dim].view(size, heads, head_dim)
-        nk = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(size, kv_heads, head_dim)
-        nv = qkv[:, (heads + kv_heads) * head_dim :].view(size, kv_heads, head_dim)
-        lens = ctx + [1] * (size - n)
-        cl = torch.tensor(lens, dtype=torch.int32, device=dev)
-        cos, sin = ops.rope_tables((cl - 1).long(), inv_freq, torch.bfloat16)
-        for bs in sorted({v[0] for v in TMA_VARIANTS}):
-            nb = min(b for b in cuda_graph_context_buckets(2048 + 1024, bs) if b >= -(-max(ctx) // bs))
-            total_blocks = sum(-(-c // bs) for c in ctx) + 1
-            perm = (
-                torch.randperm(total_blocks - 1, generator=torch.Generator().manual_seed(step)) + 1
-            ).tolist()
-            rows, nxt = [], 0
-            for c in ctx:
-                nblk = -(-c // bs)
-                rows.append(perm[nxt : nxt + nblk] + [0] * (nb - nblk))
-                nxt += nblk
-            rows += [[0] * nb] * (size - n)
-            bt = torch.tensor(rows, dtype=torch.int64, device=dev)
-            last = torch.tensor(
-                [r[(c - 1) // bs] * bs + (c - 1) % bs for r, c in zip(rows, lens, strict=True)],
-                dtype=torch.int64,
-                device=dev,
-            )
-            kc = torch.randn(total_blocks, bs, kv_heads, head_dim, device=dev, dtype=torch.bfloat16)
-            vc = torch.randn_like(kc)
-            rope = ta.RopeStore(nk, nv, cos, sin, last)
-            want = ta.paged_decode(q, kc, vc, bt, cl, head_dim**-0.5, rope=rope, tma=False)
-            for vbs, label, kw in TMA_VARIANTS:
-                if vbs != bs:
-                    continue
-                try:
-                    got = ta.paged_decode(q, kc, vc, bt, cl, head_dim**-0.5, rope=rope, **kw)
-                    err = float((got[:n].float() - want[:n].float()).abs().max())
-                    if not err < 2e-2:
-                        raise AssertionError(f"max |diff| {err} against the pointer kernel")
-                    us = time_graph(functools.partial(tma_call, q, kc, vc, bt, cl, rope, kw), 20, dev)
-                except Exception as exc:  # a config that fails to compile or to match is reported
-                    log(f"  step {step}: block {bs:3d} {label:36s}: FAILED {type(exc).__name__}: {exc}"[:300])
-                    continue
-                log(
-                    f"  step {step}: {n} seqs (graph {size}), block {bs:3d} {label:36s}: {us:7.1f} us, "
-                    f"{kv_bytes / us / 1e6:5.2f} TB/s  [{gpu_clock()}]"
-                )
-                RESULTS["attention"].append(
-                    {
-                        "step": step,
-                        "n": n,
-                        "block": bs,
-                        "variant": label,
-                        "us": us,
-                        "tb_s": kv_bytes / us / 1e6,
-                    }
-                )
-            del kc, vc
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="gemm,attention", help="any of gemm, attention, tma")
+    parser.add_argument("--parts", default="gemm,attention")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
@@ -456,7 +361,7 @@ def main() -> None:
     dev = torch.device(args.device)
     if dev.type == "cuda":
         log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
-    for part, fn in (("gemm", gemm_part), ("attention", attention_part), ("tma", tma_part)):
+    for part, fn in (("gemm", gemm_part), ("attention", attention_part)):
         if part in args.parts.split(","):
             log(f"== {part}")
             try:

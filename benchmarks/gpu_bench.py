@@ -918,7 +918,6 @@ def main() -> None:
         "LLMDEPLOY_FUSED_DECODE",
         "LLMDEPLOY_DECODE_MERGE",
         "LLMDEPLOY_FAST_ARGMAX",
-        "LLMDEPLOY_DECODE_TMA",
     )
     log("engine switches: " + ", ".join(f"{k}={os.environ.get(k, '(default)')}" for k in switches))
     watch_compiles()

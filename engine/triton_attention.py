@@ -92,13 +92,6 @@ DECODE_CONFIG = {
 }
 FP8_LARGE_BATCH_CONFIG = DecodeConfig(64, 2, 5, "v", True, 4, None)
 FP8_LARGE_BATCH_PROGRAMS = 256
-# LLMDEPLOY_DECODE_TMA=1: 16-bit caches whose blocks hold >= TMA_MIN_TILE tokens decode through
-# _paged_decode_tma_kernel (K/V tiles read by Hopper's copy engine, sm_90+). Off unless asked for
-# until measured in the engine (docs/gpu-notes.md v12).
-DECODE_TMA = os.environ.get("LLMDEPLOY_DECODE_TMA", "0") == "1"
-TMA_MIN_TILE = 32
-# tile at most 64 keys (smaller where the block is), 4 warps, 3 stages: K + V 32 KB a stage
-TMA_CONFIG = DecodeConfig(64, 4, 3, "to", False, 2, None)
 
 
 def decode_config(fp8: bool, num_seqs: int, num_kv_heads: int) -> DecodeConfig:
@@ -541,97 +534,6 @@ def _merge_splits_kernel(
     tl.store(o_ptr + seq * stride_on + head * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-@triton.jit
-def _decode_tile_tma(q, acc, m_i, l_i, row0, col, k_desc, v_desc, qk_scale, SUM_AT_END: tl.constexpr):
-    """_decode_tile's unmasked step with K and V read by the copy engine: rows row0 .. row0 + TILE - 1
-    of the [slots, kv_heads * head_dim] cache view, columns col .. col + HEAD_DIM - 1."""
-    k = k_desc.load([row0, col])
-    s = tl.dot(q, tl.trans(k)) * qk_scale
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha[:, None] + p if SUM_AT_END else l_i * alpha + tl.sum(p, 1)
-    v = v_desc.load([row0, col])
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-    return acc, m_new, l_i
-
-
-@triton.jit(do_not_specialize=["stride_tn"])
-def _paged_decode_tma_kernel(
-    q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_o_ptr, part_lse_ptr, tables_ptr, lengths_ptr, nk_ptr, nv_ptr,
-    cos_ptr, sin_ptr, slots_ptr, scale, split_tokens, stride_qn, stride_qh, stride_on, stride_oh, stride_kb,
-    stride_kt, stride_kh, stride_tn, stride_nkn, stride_nkh, stride_nvn, stride_nvh, stride_cn, stride_sn,
-    num_heads, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, STAGES: tl.constexpr, SUM_AT_END: tl.constexpr,
-    ROPE: tl.constexpr, FENCE: tl.constexpr, HEADS_FASTEST: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
-    """_paged_decode_kernel for 16-bit caches with whole tiles read through TMA descriptors (Hopper's
-    copy engine: no per-element addresses, the tile lands in shared memory on an mbarrier). TILE
-    divides BLOCK_SIZE, so a tile is one block's rows of one KV head. The last, partial tile and the
-    tile holding the new token (ROPE: this program stored it with ordinary stores, which the copy
-    engine's proxy would need a proxy fence to see) take _decode_tile's masked path."""
-    triton_pdl.start(USE_PDL)
-    if HEADS_FASTEST:
-        kv_head = tl.program_id(0)
-        seq = tl.program_id(1)
-    else:
-        seq = tl.program_id(0)
-        kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    ctx = tl.load(lengths_ptr + seq).to(tl.int32)
-    g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, HEAD_DIM)
-    heads = kv_head * GROUP + g
-    gmask = g < GROUP
-    if ROPE:
-        q = _rope_query_store_kv(
-            q_ptr, nk_ptr, nv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slots_ptr, slots_ptr, slots_ptr, seq,
-            kv_head, heads, gmask, split == (ctx - 1) // split_tokens, stride_qn, stride_qh, stride_nkn,
-            stride_nkh, stride_nvn, stride_nvh, stride_cn, stride_sn, stride_kb, stride_kt, stride_kh, 0.0,
-            GROUP_PAD, HEAD_DIM, BLOCK_SIZE, False, FENCE,
-        )  # fmt: skip
-    else:
-        q = tl.load(
-            q_ptr + seq * stride_qn + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0
-        )
-    qk_scale = scale * 1.4426950408889634  # log2(e): the softmax runs on exp2
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD, TILE], tl.float32) if SUM_AT_END else tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    lo = split * split_tokens
-    hi = tl.minimum(ctx, lo + split_tokens)
-    # only the split holding the new token (position ctx - 1) stops short of hi
-    stop = tl.minimum(hi, ctx - 1) if ROPE else hi
-    table_row = tables_ptr + seq.to(tl.int64) * stride_tn
-    col = kv_head * HEAD_DIM
-    num_full = tl.maximum(stop - lo, 0) // TILE
-    for i in tl.range(0, num_full, num_stages=STAGES):
-        start = lo + i * TILE
-        row0 = tl.load(table_row + start // BLOCK_SIZE).to(tl.int32) * BLOCK_SIZE + start % BLOCK_SIZE
-        acc, m_i, l_i = _decode_tile_tma(q, acc, m_i, l_i, row0, col, k_desc, v_desc, qk_scale, SUM_AT_END)
-    tail = lo + num_full * TILE
-    if tail < hi:  # at most one tile: hi - tail <= TILE
-        acc, m_i, l_i = _decode_tile(
-            q, acc, m_i, l_i, tail, hi, k_ptr, v_ptr, table_row, kv_head * stride_kh, qk_scale, stride_kb,
-            stride_kt, HEAD_DIM, BLOCK_SIZE, TILE, True, False, False, False, SUM_AT_END,
-        )  # fmt: skip
-    if SUM_AT_END:
-        l_i = tl.sum(l_i, 1)
-    if NUM_SPLITS == 1:
-        out = acc / l_i[:, None]
-        o_off = seq * stride_on + heads[:, None] * stride_oh + d[None, :]
-        tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
-    else:
-        nonempty = l_i > 0
-        out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
-        lse = tl.where(
-            nonempty, m_i * 0.6931471805599453 + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf")
-        )
-        row = (seq * num_heads + heads) * NUM_SPLITS + split
-        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :], out, mask=gmask[:, None])
-        tl.store(part_lse_ptr + row, lse, mask=gmask)
-
-
 _COUNTERS: dict[int, torch.Tensor] = {}
 
 
@@ -689,51 +591,6 @@ def check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
             f"not supported: Triton attention needs a power-of-two head_dim >= 16, got {head_dim}"
         )
     return fp8
-
-
-@functools.cache
-def _has_tma(device_index: int) -> bool:
-    """The copy engine's tensor loads (cp.async.bulk.tensor) exist from sm_90 (Hopper) on; Triton
-    exposes them through host-side tensor descriptors."""
-    if torch.cuda.get_device_capability(device_index) < (9, 0):
-        return False
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def tma_available(q: torch.Tensor, k_cache: torch.Tensor, fp8: bool, tile: int) -> bool:
-    """Whether _paged_decode_tma_kernel can read this cache: 16-bit and contiguous (a 2-D
-    [slots, kv_heads * head_dim] view), tiles of >= TMA_MIN_TILE keys that divide the block, on a
-    CUDA GPU with the copy engine."""
-    block_size = k_cache.shape[1]
-    return (
-        not fp8
-        and q.device.type == "cuda"
-        and k_cache.is_contiguous()
-        and tile >= TMA_MIN_TILE
-        and block_size % tile == 0
-        and _has_tma(q.device.index or 0)
-    )
-
-
-_DESCRIPTORS: dict[tuple[int, tuple[int, ...], int], Any] = {}
-
-
-def _tma_descriptor(cache: torch.Tensor, tile: int) -> Any:
-    """A host-side TMA descriptor of `cache` as [slots, kv_heads * head_dim] with [tile, head_dim]
-    boxes; one per cache tensor and tile, kept (a cache tensor lives as long as its engine)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    key = (cache.data_ptr(), tuple(cache.shape), tile)
-    desc = _DESCRIPTORS.get(key)
-    if desc is None:
-        num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-        flat = cache.view(num_blocks * block_size, num_kv_heads * head_dim)
-        desc = _DESCRIPTORS[key] = TensorDescriptor.from_tensor(flat, [tile, head_dim])
-    return desc
 
 
 @functools.cache
@@ -804,7 +661,6 @@ def paged_decode(
     row_sum_at_end: bool | None = None,  # None: decode_config
     rope: RopeStore | None = None,
     heads_fastest: bool = True,  # grid order (see DECODE_GRID_ORDER); False: sequences fastest
-    tma: bool | None = None,  # None: DECODE_TMA where tma_available; True: required
 ) -> torch.Tensor:
     """Attention of each sequence's one query token over its first context_lens[i] cached tokens.
     With `rope`, q is not yet rotated and the new token (position context_lens[i] - 1) is not yet in
@@ -816,21 +672,6 @@ def paged_decode(
     fp8 = check_cache(q, k_cache, v_cache)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-    if tma is not False and not fp8:
-        tma_tile = min(tile or TMA_CONFIG.tile, block_size)
-        can_tma = tma_available(q, k_cache, fp8, tma_tile)
-        if tma and not can_tma:
-            raise ValueError(
-                "not supported: tma=True needs a contiguous 16-bit cache on a CUDA GPU of sm_90 or later, "
-                f"and a tile of >= {TMA_MIN_TILE} keys dividing the block ({block_size} tokens)"
-            )
-        if can_tma and (tma or DECODE_TMA) and fp8_cvt in (None, "to"):
-            return _paged_decode_tma(
-                q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, tma_tile, num_warps,
-                num_stages, row_sum_at_end, rope, heads_fastest,
-            )  # fmt: skip
-    elif tma:
-        raise ValueError("not supported: tma=True needs a 16-bit cache")
     config = decode_config(fp8, n, num_kv_heads)
     # the register cap belongs to the default tile and warps
     max_registers = config.max_registers if (tile or config.tile, num_warps or config.num_warps) == (
@@ -951,79 +792,6 @@ def paged_decode(
             NUM_SPLITS=num_splits,
             **pdl,
         )
-    return out
-
-
-def _paged_decode_tma(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    num_splits: int | None,
-    tile: int,
-    num_warps: int | None,
-    num_stages: int | None,
-    row_sum_at_end: bool | None,
-    rope: RopeStore | None,
-    heads_fastest: bool,
-) -> torch.Tensor:
-    """paged_decode through _paged_decode_tma_kernel (tma_available holds)."""
-    n, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    config = TMA_CONFIG
-    num_warps = num_warps or config.num_warps
-    num_stages = num_stages or config.num_stages
-    row_sum_at_end = config.row_sum_at_end if row_sum_at_end is None else row_sum_at_end
-    out = torch.empty_like(q)
-    if n == 0:
-        return out
-    max_context = block_tables.shape[1] * block_size
-    if num_splits is None:
-        num_splits = choose_num_splits(n, num_kv_heads, max_context, q.device, config.programs_per_sm)
-    assert num_splits >= 1 and num_splits & (num_splits - 1) == 0
-    split_tokens = -(-max_context // num_splits)
-    split_tokens = -(-split_tokens // tile) * tile
-    if num_splits > 1:
-        part_o = torch.empty(n, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(n, num_heads, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part_o = part_lse = out  # not touched
-    if rope is not None:
-        nk, nv, cos, sin, slots = rope.check(n, num_kv_heads, head_dim)
-    else:
-        nk = nv = cos = sin = q  # not read
-        slots = context_lens
-    pdl = triton_pdl.launch_args(q)
-    heads_fastest = heads_fastest and n <= MAX_GRID_Y
-    grid = (num_kv_heads, n, num_splits) if heads_fastest else (n, num_kv_heads, num_splits)
-    _paged_decode_tma_kernel[grid](
-        q, k_cache, v_cache, _tma_descriptor(k_cache, tile), _tma_descriptor(v_cache, tile), out, part_o,
-        part_lse, block_tables, context_lens, nk, nv, cos, sin, slots, scale, split_tokens, q.stride(0),
-        q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
-        sin.stride(0), num_heads,
-        GROUP=num_heads // num_kv_heads,
-        GROUP_PAD=max(16, triton.next_power_of_2(num_heads // num_kv_heads)),
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        TILE=tile,
-        NUM_SPLITS=num_splits,
-        STAGES=num_stages,
-        SUM_AT_END=row_sum_at_end,
-        ROPE=rope is not None,
-        FENCE=True,
-        HEADS_FASTEST=heads_fastest,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **pdl,
-    )  # fmt: skip
-    if num_splits > 1:
-        _merge_splits_kernel[(n, num_heads)](
-            part_o, part_lse, out, out.stride(0), out.stride(1), num_heads, HEAD_DIM=head_dim,
-            NUM_SPLITS=num_splits, **pdl,
-        )  # fmt: skip
     return out
 
 
