@@ -189,14 +189,15 @@ class AsyncLLMEngine:
                 if not self._handle_commands(block=idle):
                     self._dead = EngineDeadError("the engine was shut down")
                     break
-                if engine.has_unfinished_requests():
-                    for out in engine.step():
-                        stream = self._streams.get(out.request_id)
-                        if stream is not None:
-                            stream.put(out)
-                            if out.finished:
-                                del self._streams[out.request_id]
+                outputs = engine.step() if engine.has_unfinished_requests() else []
+                # the snapshot first: a consumer woken by this step's output sees stats of this step
                 self._stats = engine.stats()
+                for out in outputs:
+                    stream = self._streams.get(out.request_id)
+                    if stream is not None:
+                        stream.put(out)
+                        if out.finished:
+                            del self._streams[out.request_id]
         except BaseException as exc:  # reported to every waiting request, never swallowed
             logger.exception("engine loop failed")
             self._dead = exc
