@@ -182,9 +182,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=d.async_scheduling,
-        help="with --num-scheduler-steps > 1: launch the next decode window before the last one's "
-        "tokens are processed, so the host's work between windows overlaps the GPU (a new request "
-        "waits up to two windows)",
+        help="launch the next decode step (or window of --num-scheduler-steps steps) before the last "
+        "one's tokens are processed, so the host's work between steps overlaps the GPU (a new request "
+        "waits up to two windows). Default: on on a CUDA GPU or with --num-scheduler-steps > 1, off "
+        "on the CPU",
     )
     sched.add_argument(
         "--max-queue-len",

@@ -37,9 +37,10 @@ class EngineConfig:
     enforce_eager: bool = False
     # decode steps run back to back per scheduler call, with one host sync (llm_engine.py); 1 = off
     num_scheduler_steps: int = 1
-    # with num_scheduler_steps > 1: launch the next decode window before processing the last one's
-    # tokens, so the host's per-window work overlaps the device (llm_engine.py)
-    async_scheduling: bool = True
+    # launch the next decode window before processing the last one's tokens, so the host's work
+    # between windows overlaps the device (llm_engine.py; with num_scheduler_steps 1 a window is one
+    # decode step). None (auto): on with num_scheduler_steps > 1 or on a CUDA device, off on the CPU
+    async_scheduling: bool | None = None
     # vLLM's speculative_config: a dict (as on vLLM's CLI) becomes a SpeculativeConfig at construction
     speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None
 
@@ -50,6 +51,10 @@ class EngineConfig:
             raise ValueError(
                 f"num_scheduler_steps must be a whole number >= 1 (1 = one decode step per scheduler "
                 f"call), got {steps!r}"
+            )
+        if self.async_scheduling not in (None, True, False):
+            raise ValueError(
+                f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}"
             )
 
 

@@ -17,8 +17,10 @@ drawn from the same distribution as `Sampler.sample` draws them, with the window
 Trade-off: a request that arrives during a window waits up to N - 1 steps, and streamed outputs come
 in chunks of up to N tokens.
 
-Asynchronous scheduling (`async_scheduling`, on by default with multi-step decoding, when the runner
-has `launch_multi_step`): a window is launched without waiting for its ids, and before its tokens are
+Asynchronous scheduling (`async_scheduling`, on by default with multi-step decoding and on a CUDA
+device, where with num_scheduler_steps 1 every eligible decode step is a one-step window; off by
+default on the CPU, where a launch runs at once; when the runner has `launch_multi_step`): a window
+is launched without waiting for its ids, and before its tokens are
 processed the next window is launched for the same sequences (`Scheduler.follow_decode_window`), its
 first inputs gathered from the last step's ids on the device. So the device runs window k + 1 while
 the host reads, checks and streams window k's tokens and builds window k + 2's inputs: the host's
@@ -213,11 +215,23 @@ class LLMEngine:
             else:
                 self.num_scheduler_steps = config.num_scheduler_steps
         self._window_sampling = bool(getattr(runner, "multi_step_sampling", False))
+        asked = config.async_scheduling
+        # auto: on with multi-step windows, and on a CUDA device (one-step windows: the host's work for
+        # step k overlaps step k + 1 on the device); off on the CPU, where a launch runs at once, so
+        # launching ahead would only hold each step's outputs back by a step
+        on_gpu = str(getattr(runner, "device", "cpu")).startswith("cuda")
         self._async_windows = (
-            self.num_scheduler_steps > 1
-            and config.async_scheduling
+            (self.num_scheduler_steps > 1 or on_gpu if asked is None else asked)
+            and self.speculator is None
             and callable(getattr(runner, "launch_multi_step", None))
         )
+        if asked and not self._async_windows:
+            logger.warning(
+                "async_scheduling is ignored: %s",
+                "one step per call with speculative decoding"
+                if self.speculator is not None
+                else "this runner cannot launch decode windows",
+            )
         self._inflight: _Window | None = None  # the launched window whose tokens are not processed yet
         if self.num_scheduler_steps > 1:
             logger.info(
@@ -225,6 +239,8 @@ class LLMEngine:
                 self.num_scheduler_steps,
                 "on" if self._async_windows else "off",
             )
+        elif self._async_windows:
+            logger.info("Asynchronous scheduling: on (decode steps launched one ahead of their outputs)")
         self.requests: dict[str, _Request] = {}
         raise_gc_threshold()
         self._prompt_tokens_total = 0
@@ -365,14 +381,14 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
         if self.speculator is not None:
             out = self.speculator.fill(out, self.scheduler, self.requests)
-        elif self.num_scheduler_steps > 1:
+        elif self.num_scheduler_steps > 1 or self._async_windows:
             max_steps, sampled_rows = self._window_limit(out)
-            if max_steps > 1:
+            if max_steps > 1 or (max_steps == 1 and self._async_windows):
                 out, num_steps = self.scheduler.reserve_decode_window(out, max_steps)
+                if num_steps >= 1 and self._async_windows:  # windows of any length, one step included
+                    self._inflight = self._launch_window(out, num_steps, sampled_rows)
+                    return self._finish_window()
                 if num_steps > 1:
-                    if self._async_windows:
-                        self._inflight = self._launch_window(out, num_steps, sampled_rows)
-                        return self._finish_window()
                     if sampled_rows:
                         params = [e.seq.params for e in out.scheduled]
                         seed = self.sampler.window_seed()
@@ -439,8 +455,9 @@ class LLMEngine:
 
     def _window_limit(self, out: SchedulerOutput) -> tuple[int, bool]:
         """(how many decode steps this scheduled step may run back to back, whether a row samples):
-        1 unless every sequence's next tokens can be chosen on the device, else num_scheduler_steps
-        cut to the longest remaining output (steps past every max_tokens would be thrown away)."""
+        0 unless every sequence's next tokens can be chosen on the device (no window: one ordinary
+        step), else num_scheduler_steps cut to the longest remaining output (steps past every
+        max_tokens would be thrown away)."""
         longest = 1
         sampled_rows = False
         requests = self.requests
@@ -450,7 +467,7 @@ class LLMEngine:
             req = requests[seq.request_id]
             kind = req.window_kind
             if not 0 < kind <= top_kind or seq.num_output_tokens < req.params.min_tokens:
-                return 1, False
+                return 0, False
             sampled_rows = sampled_rows or kind == 2
             longest = max(longest, req.checkers[seq.index].max_tokens - seq.num_output_tokens)
         return min(self.num_scheduler_steps, longest), sampled_rows

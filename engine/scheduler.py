@@ -256,23 +256,24 @@ class Scheduler:
     def reserve_decode_window(self, output: SchedulerOutput, max_steps: int) -> tuple[SchedulerOutput, int]:
         """Multi-step decoding: (the step with slots for `num_steps` tokens per sequence, num_steps).
 
-        num_steps is 1 (output returned unchanged) unless the step is pure decode (every scheduled
-        sequence feeds one already sampled token and samples, no proposals), nothing waits and
-        nothing was preempted; otherwise it is max_steps cut to what the free blocks allow. A sequence
+        num_steps is 0 (not a window: output returned unchanged, to run as an ordinary step) unless
+        the step is pure decode (every scheduled sequence feeds one already sampled token and
+        samples, no proposals), nothing waits and nothing was preempted; otherwise it is max_steps
+        (>= 1) cut to what the free blocks allow (1: step 0's slots, which the step already has). A sequence
         that reaches max_model_len inside the window stops there and gets no slots past it (its later
         steps repeat its last position: multi_step.py), so it does not shorten the others' window.
         The returned batch is step 0's, with the longer block tables."""
         scheduled = output.scheduled
-        if max_steps <= 1 or self.waiting or output.preempted or not scheduled:
-            return output, 1
+        if max_steps < 1 or self.waiting or output.preempted or not scheduled:
+            return output, 0
         for e in scheduled:
             seq = e.seq
             if e.num_new_tokens != 1 or not e.samples or e.spec_token_ids or seq.num_output_tokens == 0:
-                return output, 1
+                return output, 0
         bm = self.block_manager
         seqs = [e.seq for e in scheduled]
-        steps = self._steps_that_fit(seqs, 0, max_steps)
-        if steps <= 1:
+        steps = max(1, self._steps_that_fit(seqs, 0, max_steps))  # step 0's slots are allocated
+        if steps == 1:
             return output, 1
         # step 0's batch copied every table after this step's slot was allocated: only the tables
         # that grow for the window are copied again

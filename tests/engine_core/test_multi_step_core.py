@@ -109,14 +109,18 @@ def outputs(final: dict[str, RequestOutput]) -> dict[str, list[tuple[list[int], 
     }
 
 
-def compare(requests: list[tuple[str, list[int], SamplingParams]], steps=(4, 8), **kw) -> list[int]:  # type: ignore[no-untyped-def]
+def compare(requests: list[tuple[str, list[int], SamplingParams]], steps=(1, 4, 8), **kw) -> list[int]:  # type: ignore[no-untyped-def]
     """Run the requests with one step per call and with each window size, with asynchronous
-    scheduling and without; returns the window lengths the last (asynchronous) run used."""
-    ref_eng, _ = engine(1, **kw)
+    scheduling and without (1 step with it: windows of one step launched ahead); returns the window
+    lengths the last (asynchronous) run used."""
+    ref_eng, runner = engine(1, async_scheduling=False, **kw)
     ref_final, _ = run_all(ref_eng, {0: requests})
+    assert not runner.windows
     ref_stats = ref_eng.stats()
     windows: list[int] = []
     for n, asynchronous in itertools.product(steps, (False, True)):
+        if n == 1 and not asynchronous:
+            continue  # the reference
         eng, runner = engine(n, async_scheduling=asynchronous, **kw)
         final, _ = run_all(eng, {0: requests})
         assert outputs(final) == outputs(ref_final), f"num_scheduler_steps={n}, async {asynchronous}"
@@ -127,7 +131,8 @@ def compare(requests: list[tuple[str, list[int], SamplingParams]], steps=(4, 8),
         assert stats.prompt_tokens_total == ref_stats.prompt_tokens_total
         assert stats.num_requests_finished == ref_stats.num_requests_finished
         windows = runner.windows
-        assert all(1 < w <= n for w in windows)
+        # a synchronous engine runs a one-step window as an ordinary step
+        assert all((1 if asynchronous else 2) <= w <= n for w in windows)
     return windows
 
 
@@ -283,7 +288,7 @@ def test_no_window_while_a_request_waits() -> None:
     _decode_ready(sched, 5)
     sched.add(Sequence("w", [1, 2, 3], greedy()))
     out = sched.schedule()
-    assert sched.reserve_decode_window(out, 8) == (out, 1)
+    assert sched.reserve_decode_window(out, 8) == (out, 0)
 
 
 @pytest.mark.parametrize("kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY])
@@ -366,9 +371,13 @@ def test_num_scheduler_steps_flag() -> None:
     assert config_from_args(args, parser).num_scheduler_steps == 8
     args = parser.parse_args(["serve", "--model", "m.gguf"])
     assert config_from_args(args, parser).num_scheduler_steps == 1
+    assert config_from_args(args, parser).async_scheduling is None  # auto: on with N > 1
+    args = parser.parse_args(["serve", "--model", "m.gguf", "--async-scheduling"])
     assert config_from_args(args, parser).async_scheduling is True
     args = parser.parse_args(["serve", "--model", "m.gguf", "--no-async-scheduling"])
     assert config_from_args(args, parser).async_scheduling is False
+    with pytest.raises(ValueError, match="async_scheduling must be"):
+        EngineConfig(model="m", async_scheduling="yes")  # type: ignore[arg-type]
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "0"])
 
@@ -432,6 +441,48 @@ def test_async_windows_follow_each_other_to_the_last_token() -> None:
     eng, runner = engine(4, async_scheduling=False)
     run_all(eng, {0: req})
     assert runner.windows == [4] * 7 and not any(runner.followed)
+
+
+def test_async_scheduling_with_one_step_windows() -> None:
+    """num_scheduler_steps 1 with async_scheduling on: every decode step is a one-step window launched
+    before the last one's token is processed (the host's work overlaps the device), with the tokens
+    of ordinary steps. Auto (None) turns it on for a CUDA runner only; a runner that cannot launch
+    windows falls back to ordinary steps."""
+    req = [("r", [1, 2, 3], greedy(max_tokens=12, ignore_eos=True))]
+    ref, _ = run_all(engine(1)[0], {0: req})
+    eng, runner = engine(1, async_scheduling=True)
+    final, _ = run_all(eng, {0: req})
+    assert outputs(final) == outputs(ref)
+    assert runner.windows == [1] * 11 and runner.followed == [False] + [True] * 10
+    for auto_or_off in (None, False):  # auto: off on the CPU (the fake runner has no device: CPU)
+        eng, runner = engine(1, async_scheduling=auto_or_off)
+        run_all(eng, {0: req})
+        assert not runner.windows
+    eng, _ = engine(4, async_scheduling=None)
+    assert eng._async_windows
+    # auto on a CUDA runner: one-step windows (the attribute is all the policy reads)
+    gpu = MultiStepFakeRunner(rule=mixing_rule)
+    gpu.device = "cuda:0"  # type: ignore[attr-defined]
+    eng = LLMEngine(EngineConfig(model="fake"), runner=gpu, tokenizer=FakeTokenizer(), sampler=FakeSampler())
+    assert eng._async_windows
+    final, _ = run_all(eng, {0: req})
+    assert outputs(final) == outputs(ref) and gpu.windows == [1] * 11
+    eng = LLMEngine(
+        EngineConfig(model="fake", async_scheduling=False),
+        runner=MultiStepFakeRunner(rule=mixing_rule),
+        tokenizer=FakeTokenizer(),
+        sampler=FakeSampler(),
+    )
+    assert not eng._async_windows
+    plain = LLMEngine(
+        EngineConfig(model="fake", async_scheduling=True),
+        runner=FakeRunner(rule=mixing_rule),
+        tokenizer=FakeTokenizer(),
+        sampler=FakeSampler(),
+    )
+    assert not plain._async_windows
+    final, _ = run_all(plain, {0: req})
+    assert outputs(final) == outputs(ref)
 
 
 def test_a_request_aborted_with_its_window_in_flight() -> None:

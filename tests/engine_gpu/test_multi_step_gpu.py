@@ -140,8 +140,11 @@ def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:
         assert engine.stats().generation_tokens_total == sum(max_tokens)
         return [done[f"r{i}"] for i in range(len(prompts))], windows
 
-    base, no_windows = generate(1)
+    base, no_windows = generate(1, False)
     assert not no_windows
+    one, one_step_windows = generate(1, True)  # asynchronous scheduling of one-step windows
+    assert one_step_windows and max(one_step_windows) == 1
+    assert one == base
     for asynchronous in (False, True):
         multi, windows = generate(8, asynchronous)
         assert windows and max(windows) == 8

@@ -141,7 +141,7 @@ def test_greedy_windows_are_token_identical(
     ]
     later = [("late", SHARED + "Name a colour.", greedy(11, ignore_eos=True))]
     results = {}
-    for steps, asynchronous in ((1, False), (4, False), (4, True), (8, True)):
+    for steps, asynchronous in ((1, False), (1, True), (4, False), (4, True), (8, True)):
         recording = Recording(runner)
         engine = make_engine(recording, tokenizer, gguf_path, steps, async_scheduling=asynchronous)
         final, _ = run(engine, requests, later)
@@ -154,6 +154,7 @@ def test_greedy_windows_are_token_identical(
             stats.prompt_tokens_total,
         )
         assert final["late"].num_cached_tokens > 0  # a prefix-cache hit on the shared system prompt
+    assert results[1, True] == results[1, False]  # one-step windows launched ahead
     assert results[4, False] == results[1, False]
     assert results[4, True] == results[1, False]
     assert results[8, True] == results[1, False]

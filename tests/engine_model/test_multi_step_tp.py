@@ -22,7 +22,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_tp2_windows_match_tp1_single_steps(checkpoint: Path) -> None:
-    """Synchronous and asynchronous windows (the worker follows its own last window on its device)."""
+    """Synchronous and asynchronous windows, one-step asynchronous windows too (the worker follows
+    its own last window on its device)."""
     params = SamplingParams(temperature=0, max_tokens=19, ignore_eos=True)
     prompts = ["Hello, my name is", "The capital of France is", "tensor parallel"]
 
@@ -31,7 +32,7 @@ def test_tp2_windows_match_tp1_single_steps(checkpoint: Path) -> None:
             engine_config(checkpoint, tp, num_scheduler_steps=steps, async_scheduling=asynchronous)
         )
         windows: list[int] = []
-        if steps > 1:
+        if steps > 1 or asynchronous:
             name = "launch_multi_step" if asynchronous else "execute_multi_step"
             inner = getattr(engine.runner, name)
 
@@ -46,10 +47,10 @@ def test_tp2_windows_match_tp1_single_steps(checkpoint: Path) -> None:
             engine.close()
         return [list(o.outputs[0].token_ids) for o in outs], windows
 
-    ref, _ = run(1, 1)
-    for asynchronous in (False, True):
-        got, windows = run(2, 4, asynchronous)
-        assert windows and max(windows) == 4
+    ref, _ = run(1, 1, False)
+    for steps, asynchronous in ((4, False), (4, True), (1, True)):  # (1, True): one-step windows
+        got, windows = run(2, steps, asynchronous)
+        assert windows and max(windows) == steps
         assert got == ref
 
 
