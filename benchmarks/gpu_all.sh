@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -682,6 +682,37 @@ elif [ "$phase" = v11b ]; then
         echo "== $f"
         grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| .*single stream \| (tok/s|decode|host us)|^exit" | cut -c1-200
     done
+elif [ "$phase" = v12b ]; then
+    # one call (v12, ~5 min on one H200): asynchronous scheduling of one-step windows
+    # (--num-scheduler-steps 1 --async-scheduling): the multi-step GPU tests (the engine with one-step
+    # windows gives the single-step tokens), then gpu_bench.py (both models, no peer) with one step
+    # and no windows (the default engine), one-step asynchronous windows, and 8-step asynchronous windows
+    tests 0 engine 200 tests/engine_gpu/test_multi_step_gpu.py
+    for cfg in 1-no-async-scheduling 1-async-scheduling 8-async-scheduling; do
+        mkdir -p "$out/$cfg"
+        CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py --no-peer --out "$out/$cfg" \
+            --num-scheduler-steps "${cfg%%-*}" "--${cfg#*-}" >"$out/gpu_bench_$cfg.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$cfg.log"
+    done
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_bench_*-*.log; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| |^exit|^built-in|compiled during" | cut -c1-240
+    done
+elif [ "$phase" = v12c ]; then
+    # one call (v12 final, ~5 min on one H200): asynchronous scheduling is now the default on CUDA
+    # (one-step windows at --num-scheduler-steps 1): the engine GPU tests (default configs: one-step
+    # windows), then gpu_bench.py with the default engine (no flags, both models, no peer)
+    g=tests/engine_gpu
+    tests 0 engine 240 $g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
+        $g/test_triton_engine.py
+    mkdir -p "$out/default"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out/default" \
+        >"$out/gpu_bench_default.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_default.log"
+    summary "$out"/t_*.log
+    echo "== $out/gpu_bench_default.log"
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench_default.log" | grep -a -E "^\| |^exit|^built-in" | cut -c1-240
 elif [ "$phase" = v11c ]; then
     # one call (v11 final, ~4 min on one H200): the engine GPU tests, gpu_bench.py (both models, no
     # peer; async scheduling, the default), then the 8B's 256 requests with the fp8 KV cache

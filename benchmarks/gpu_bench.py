@@ -396,7 +396,7 @@ def make_engine(
     eager: bool,
     num_scheduler_steps: int = 1,
     kv_cache_dtype: str = "auto",
-    async_scheduling: bool = True,
+    async_scheduling: bool | None = None,
     block_size: int = 16,
 ) -> LLMEngine:
     config = EngineConfig(
@@ -761,9 +761,9 @@ def table(
     bandwidth: float,
     num_scheduler_steps: int = 1,
     kv_cache_dtype: str = "auto",
-    async_scheduling: bool = True,
+    async_scheduling: bool = False,
 ) -> str:
-    asynchronous = "on" if async_scheduling and num_scheduler_steps > 1 else "off"
+    asynchronous = "on" if async_scheduling else "off"
     lines = [
         f"built-in engine, num_scheduler_steps {num_scheduler_steps}, async scheduling {asynchronous}, "
         f"kv_cache_dtype {kv_cache_dtype}"
@@ -871,9 +871,9 @@ def main() -> None:
     parser.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the engine's async_scheduling: with --num-scheduler-steps > 1, launch the next decode window "
-        "before the last one's tokens are processed",
+        default=None,
+        help="the engine's async_scheduling: launch the next decode window before the last one's tokens "
+        "are processed (default: on with --num-scheduler-steps > 1; given with 1: one-step windows)",
     )
     parser.add_argument(
         "--cuda-graphs",
@@ -933,7 +933,9 @@ def main() -> None:
                     indent=1,
                 )
             )
-    print(table(bandwidth, args.num_scheduler_steps, args.kv_cache_dtype, args.async_scheduling))
+    # the engines' own decision (auto: on with windows > 1 or on a CUDA device)
+    decided = {r.get("async_scheduling") for r in RESULTS.values()}
+    print(table(bandwidth, args.num_scheduler_steps, args.kv_cache_dtype, decided == {True}))
 
 
 if __name__ == "__main__":

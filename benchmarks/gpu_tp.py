@@ -216,9 +216,9 @@ def main() -> int:
     parser.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with --num-scheduler-steps > 1: launch the next decode window before the last one's tokens "
-        "are processed",
+        default=None,
+        help="launch the next decode window before the last one's tokens are processed (default: on with "
+        "--num-scheduler-steps > 1; given with 1: one-step windows)",
     )
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="profile this many decode steps on rank 0 (0: none)"
