@@ -467,13 +467,6 @@ def test_async_scheduling_with_one_step_windows() -> None:
     assert eng._async_windows
     final, _ = run_all(eng, {0: req})
     assert outputs(final) == outputs(ref) and gpu.windows == [1] * 11
-    eng = LLMEngine(
-        EngineConfig(model="fake", async_scheduling=False),
-        runner=MultiStepFakeRunner(rule=mixing_rule),
-        tokenizer=FakeTokenizer(),
-        sampler=FakeSampler(),
-    )
-    assert not eng._async_windows
     plain = LLMEngine(
         EngineConfig(model="fake", async_scheduling=True),
         runner=FakeRunner(rule=mixing_rule),
