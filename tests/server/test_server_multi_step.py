@@ -1,7 +1,8 @@
 """The real server process on the default model (CPU) with multi-step decoding (`--num-scheduler-steps
-4`), with asynchronous scheduling (the default) and without: greedy streamed and plain answers agree
-and are the same in both modes, concurrent streams finish with every token, and a client that goes
-away mid-stream, with its window in flight, is aborted and its KV blocks freed while the others go on.
+4`), with asynchronous scheduling (the default) and without, and with one-step asynchronous windows
+(`--async-scheduling` at one step, the GPU's default): greedy streamed and plain answers agree and are
+the same in every mode, concurrent streams finish with every token, and a client that goes away
+mid-stream, with its window in flight, is aborted and its KV blocks freed while the others go on.
 """
 
 from __future__ import annotations
@@ -22,18 +23,36 @@ PROMPT = "The three most useful kitchen tools are"
 GREEDY_TEXT: dict[str, str] = {}  # mode -> the greedy completion of PROMPT
 
 
-@pytest.fixture(scope="module", params=["async-scheduling", "no-async-scheduling"])
+# mode -> (scheduler steps, flag, the start-up log line that names the mode)
+MODES = {
+    "async-scheduling": (
+        "4",
+        "--async-scheduling",
+        "up to 4 decode steps a window, asynchronous scheduling on",
+    ),
+    "no-async-scheduling": (
+        "4",
+        "--no-async-scheduling",
+        "up to 4 decode steps a window, asynchronous scheduling off",
+    ),
+    "one-step-async": (
+        "1",
+        "--async-scheduling",
+        "Asynchronous scheduling: on (decode steps launched one ahead",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    steps, flag, log_line = MODES[request.param]
     flags = ["--max-model-len", "512", "--kv-cache-memory-bytes", "64M", "--max-num-seqs", "4"]
-    engine = start(
-        tmp_path_factory.mktemp("server"), *flags, "--num-scheduler-steps", "4", f"--{request.param}"
-    )
+    engine = start(tmp_path_factory.mktemp("server"), *flags, "--num-scheduler-steps", steps, flag)
     try:
         yield engine.url
     finally:
         engine.stop()
-    on = "on" if request.param == "async-scheduling" else "off"
-    assert f"up to 4 decode steps a window, asynchronous scheduling {on}" in engine.log()
+    assert log_line in engine.log()
 
 
 def completion(max_tokens: int, prompt: str = PROMPT, **kw: Any) -> dict[str, Any]:
