@@ -13,6 +13,7 @@ like a streaming server (`--output-kind cumulative`, the engine's behaviour befo
     python benchmarks/host_overhead.py                               # final_only and cumulative
     python benchmarks/host_overhead.py --num-requests 64 --output-len 64 --output-kind final
     python benchmarks/host_overhead.py --num-scheduler-steps 1,8     # multi-step decoding off / N = 8
+    python benchmarks/host_overhead.py --async-scheduling on         # one-step asynchronous windows
 
 With `--num-scheduler-steps N` > 1 the engine runs decode windows of up to N steps through the
 runner's `execute_multi_step` (the same next-token rule, fed forward in the runner), so scheduling,
@@ -76,8 +77,40 @@ class FastRunner:
         self.seconds += time.perf_counter() - start
         return sampled
 
+    def launch_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: Any = None,
+        seed: Any = None,
+        follow: Any = None,
+        follow_rows: list[int] | None = None,
+    ) -> DoneWindow:
+        """Asynchronous scheduling's launch: the window runs at once (as on a CPU); a follow-on takes
+        its step-0 ids from the window it follows."""
+        if follow is not None:
+            assert follow_rows is not None
+            batch = ForwardBatch(**{**vars(batch), "input_ids": [follow.last_ids[r] for r in follow_rows]})
+        return DoneWindow(self.execute_multi_step(batch, num_steps))
 
-def run(args: argparse.Namespace, kind: RequestOutputKind, num_scheduler_steps: int = 1) -> dict[str, float]:
+
+class DoneWindow:
+    """multi_step.DecodeWindow's interface over ids that are already there."""
+
+    def __init__(self, sampled: list[list[int]]) -> None:
+        self.sampled = sampled
+        self.last_ids = sampled[-1]
+
+    def result(self) -> list[list[int]]:
+        return self.sampled
+
+
+def run(
+    args: argparse.Namespace,
+    kind: RequestOutputKind,
+    num_scheduler_steps: int = 1,
+    asynchronous: bool | None = None,
+) -> dict[str, float]:
     tokenizer = Tokenizer.byte_level()
     vocab = int(tokenizer.vocab_size)
     max_len = args.prompt_len + args.output_len + 16
@@ -89,6 +122,7 @@ def run(args: argparse.Namespace, kind: RequestOutputKind, num_scheduler_steps: 
             max_num_seqs=args.num_requests,
             max_num_batched_tokens=8192,
             num_scheduler_steps=num_scheduler_steps,
+            async_scheduling=asynchronous,
         ),
         runner=runner,
         tokenizer=tokenizer,
@@ -170,7 +204,15 @@ def main() -> None:
         help="time only the steps after every prompt is prefilled (decode windows); adds ms per engine "
         "step and its window reservation / window processing parts",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the engine's async_scheduling (auto: on with N > 1, off at 1 on this CPU runner; on: "
+        "one-step windows at N = 1 too, each launched before the last one's tokens are processed)",
+    )
     args = parser.parse_args()
+    asynchronous = {"auto": None, "on": True, "off": False}[args.async_scheduling]
     steps = [int(x) for x in args.num_scheduler_steps.split(",")]
     torch.set_num_threads(1)
     kinds = ["final", "cumulative"] if args.output_kind == "both" else [args.output_kind]
@@ -185,7 +227,7 @@ def main() -> None:
     for name in kinds:
         for n in steps:
             gc.collect()  # the previous run's engine, else its garbage is collected inside this run
-            r = run(args, KINDS[name], n)
+            r = run(args, KINDS[name], n, asynchronous)
             print(
                 f"{name:<12} {n:>5} {r['host_us_per_token']:>11.1f} {r['schedule_us']:>9.1f} "
                 f"{r['sample_us']:>8.1f} {r['rest_us']:>8.1f} {r['runner_s']:>9.2f} "
