@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -713,6 +713,14 @@ elif [ "$phase" = v12c ]; then
     summary "$out"/t_*.log
     echo "== $out/gpu_bench_default.log"
     grep -v -E "Warning|enable\(self" "$out/gpu_bench_default.log" | grep -a -E "^\| |^exit|^built-in" | cut -c1-240
+elif [ "$phase" = v12d ]; then
+    # one call (v12, ~4 min on one H200): the other GPU tests that run whole engines, now with one-step
+    # asynchronous windows by default: fp8 KV cache, speculative decoding (async off with it), PDL,
+    # the planner's builtin rule against the engine's start-up, the GPU runner
+    g=tests/engine_gpu
+    tests 0 engines 400 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py
+    summary "$out"/t_*.log
 elif [ "$phase" = v11c ]; then
     # one call (v11 final, ~4 min on one H200): the engine GPU tests, gpu_bench.py (both models, no
     # peer; async scheduling, the default), then the 8B's 256 requests with the fp8 KV cache
