@@ -716,10 +716,13 @@ elif [ "$phase" = v12c ]; then
 elif [ "$phase" = v12d ]; then
     # one call (v12, ~4 min on one H200): the other GPU tests that run whole engines, now with one-step
     # asynchronous windows by default: fp8 KV cache, speculative decoding (async off with it), PDL,
-    # the planner's builtin rule against the engine's start-up, the GPU runner
+    # the planner's builtin rule against the engine's start-up, the GPU runner. The planner's tests
+    # (0.9 of the GPU's memory) run in a process of their own: after the others in one process they
+    # ran out of memory on freshly started machines (runs 54, 58; docs/gpu-notes.md v12)
     g=tests/engine_gpu
     tests 0 engines 400 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py \
-        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py
+        tests/engine_model/test_gpu_runner.py
+    tests 0 planner 200 tests/planner/test_builtin_engine_gpu.py
     summary "$out"/t_*.log
 elif [ "$phase" = v11c ]; then
     # one call (v11 final, ~4 min on one H200): the engine GPU tests, gpu_bench.py (both models, no
