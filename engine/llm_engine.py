@@ -225,7 +225,7 @@ class LLMEngine:
         # launching ahead would only hold each step's outputs back by a step
         on_gpu = str(getattr(runner, "device", "cpu")).startswith("cuda")
         self._async_windows = (
-            (self.num_scheduler_steps > 1 or on_gpu if asked is None else asked)
+            ((self.num_scheduler_steps > 1 or on_gpu) if asked is None else asked)
             and self.speculator is None
             and callable(getattr(runner, "launch_multi_step", None))
         )
