@@ -873,7 +873,7 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="the engine's async_scheduling: launch the next decode window before the last one's tokens "
-        "are processed (default: on with --num-scheduler-steps > 1; given with 1: one-step windows)",
+        "are processed (default: the engine's auto, on on a CUDA GPU or with --num-scheduler-steps > 1)",
     )
     parser.add_argument(
         "--cuda-graphs",

@@ -218,7 +218,7 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="launch the next decode window before the last one's tokens are processed (default: on with "
-        "--num-scheduler-steps > 1; given with 1: one-step windows)",
+        "--num-scheduler-steps > 1 or on a CUDA GPU)",
     )
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="profile this many decode steps on rank 0 (0: none)"
