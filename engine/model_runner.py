@@ -9,6 +9,7 @@ measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLL
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import os
@@ -152,6 +153,16 @@ class ModelRunner:
         self.kv_dtype = kv_cache.kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.block_size = config.block_size
         torch.manual_seed(config.seed)
+        held_bytes = 0
+        if self.device.type == "cuda":
+            # an engine dropped earlier in this process may wait for the cyclic collector (the engine
+            # raises its threshold): collect it now, before memory is measured (v13, run 61: the
+            # planner's GPU tests found ~12 GiB of such engines on fresh machines)
+            gc.collect()
+            torch.cuda.empty_cache()
+            # GPU memory this process still holds (a live engine, the caller's tensors): the KV cache is
+            # sized without it, as memory another process holds is (non_torch_bytes)
+            held_bytes = torch.cuda.memory_allocated(self.device)
 
         self.model_config = load_model_config(config.model)
         check_tensor_parallel(self.model_config, tp)
@@ -195,7 +206,7 @@ class ModelRunner:
             config.gpu_memory_utilization,
             weights_bytes,
             peak_activation_bytes,
-            non_torch_bytes,
+            non_torch_bytes + held_bytes,
             cuda_graph_bytes=graph_reserve,
             kv_cache_memory_bytes=explicit,
         )
@@ -208,8 +219,13 @@ class ModelRunner:
         if self.num_kv_blocks < 1:
             raise ValueError(
                 f"no memory left for the KV cache (budget {kv_budget / 2**30:.2f} GiB after "
-                f"{weights_bytes / 2**30:.2f} GiB weights and {peak_activation_bytes / 2**30:.2f} GiB activations); "
-                "raise gpu_memory_utilization or kv_cache_memory_bytes, or use a smaller model"
+                f"{weights_bytes / 2**30:.2f} GiB weights and {peak_activation_bytes / 2**30:.2f} GiB activations"
+                + (
+                    f", {held_bytes / 2**30:.2f} GiB this process held before the engine started"
+                    if held_bytes
+                    else ""
+                )
+                + "); raise gpu_memory_utilization or kv_cache_memory_bytes, or use a smaller model"
             )
         self.max_model_len = self._max_model_len(model_len)
         self.kv_caches = self._allocate_kv_cache()
@@ -219,6 +235,7 @@ class ModelRunner:
             weights_bytes=weights_bytes,
             peak_activation_bytes=peak_activation_bytes,
             non_torch_bytes=non_torch_bytes,
+            held_bytes=held_bytes,
             kv_cache_bytes=kv_budget,
             kv_bytes_per_token=self.kv_bytes_per_token,
             num_kv_blocks=self.num_kv_blocks,

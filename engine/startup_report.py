@@ -28,6 +28,9 @@ class StartupReport:
     num_cuda_graphs: int = 0
     cuda_graph_bytes: int = 0
     cuda_graph_capture_s: float = 0.0
+    # GPU memory the process held before the engine started (another engine, the caller's tensors):
+    # left out of the KV cache's budget like other processes' memory
+    held_bytes: int = 0
 
     @property
     def weights_gib(self) -> float:
@@ -54,6 +57,11 @@ class StartupReport:
             f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
             f"KV cache dtype: {self.kv_cache_dtype}, {self.kv_bytes_per_token:,} bytes per token",
         ]
+        if self.held_bytes:
+            lines.append(
+                f"GPU memory this process held before the engine started: {self.held_bytes / GIB:.2f} GiB "
+                "(another engine or other tensors; left out of the KV cache)"
+            )
         if self.cuda_graph_reserved_bytes:
             lines.append(
                 f"CUDA graph memory set aside before sizing the KV cache: "
@@ -73,6 +81,7 @@ class StartupReport:
             "weights_gib": self.weights_gib,
             "activation_gib": self.peak_activation_bytes / GIB,
             "non_torch_gib": self.non_torch_bytes / GIB,
+            "held_gib": self.held_bytes / GIB,
             "available_kv_gib": self.available_kv_gib,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_cache_tokens": self.kv_cache_tokens,

@@ -50,3 +50,31 @@ def test_random_qwen2_logits_match_transformers_on_cuda() -> None:
     with torch.inference_mode():
         ref = hf(torch.tensor([ids], device="cuda")).logits[0, -1].float()
     assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-3
+
+
+def test_kv_cache_leaves_out_memory_the_process_already_holds() -> None:
+    """A second engine (or the caller's tensors) in one process: the KV cache is sized without the
+    memory already held, so 0.9 of the GPU stays 0.9 instead of running out of memory."""
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    total = torch.cuda.mem_get_info()[1]
+    held = torch.empty(int(total * 0.2), dtype=torch.uint8, device="cuda")  # 0.9 + 0.2 > 1 without the rule
+    before = torch.cuda.memory_allocated()
+    runner = ModelRunner(
+        EngineConfig(
+            model="random:Qwen/Qwen2.5-0.5B",
+            device="cuda",
+            max_model_len=2048,
+            gpu_memory_utilization=0.9,
+            enforce_eager=True,
+        )
+    )
+    report = runner.startup_report
+    assert report.held_bytes == before >= held.numel()
+    assert any("held before the engine started" in line for line in report.log_lines())
+    assert torch.cuda.memory_allocated() <= total * 0.9 + 2**30  # the budget, with rounding slack
+    del runner, held
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -69,6 +69,13 @@ def test_startup_report_cuda_graph_lines() -> None:
     assert "Graph capturing finished in 2.50 secs, took 0.75 GiB (45 graphs)" in captured.log_lines()
     d = captured.to_dict()
     assert d["cuda_graph_gib"] == 0.75 and d["num_cuda_graphs"] == 45 and d["cuda_graph_reserved_gib"] == 0.5
+    assert d["held_gib"] == 0 and not any("held" in line for line in report.log_lines())
+    held = dataclasses.replace(report, held_bytes=3 * 2**30)
+    assert any(
+        line.startswith("GPU memory this process held before the engine started: 3.00 GiB")
+        for line in held.log_lines()
+    )
+    assert held.to_dict()["held_gib"] == 3
 
 
 @pytest.mark.parametrize(

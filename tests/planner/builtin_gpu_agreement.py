@@ -24,6 +24,8 @@ def compare(model_id: str, max_model_len: int = 8192, utilization: float = 0.9) 
     from llmdeploy.catalog.models import resolve_model
     from llmdeploy.planner import PlanInputs, plan_from_inputs
 
+    # the plan is for a process that holds nothing else: what is still held shows in the row (the
+    # runner collects dropped engines first and sizes its cache without what is left)
     runner = ModelRunner(
         EngineConfig(
             model=f"random:{model_id}",
@@ -50,6 +52,7 @@ def compare(model_id: str, max_model_len: int = 8192, utilization: float = 0.9) 
         f"act {plan.activation_gib:5.2f}/{actual.peak_activation_bytes / GIB:5.2f}  "
         f"non-torch {plan.non_torch_gib:4.2f}/{actual.non_torch_bytes / GIB:4.2f}  "
         f"KV tokens {plan.kv_cache_tokens:>9,}/{actual.kv_cache_tokens:>9,}  error {error * 100:+.2f}%"
+        + (f"  (held before start {actual.held_bytes / GIB:.2f} GiB)" if actual.held_bytes else "")
     )
     del runner
     gc.collect()
