@@ -8,8 +8,12 @@ is bound by the host. A replay launches the whole step at once.
 
 Shapes are fixed per graph: the batch is padded up to the next captured batch size and decode
 contexts to the bucket's number of KV blocks (masked, as the eager path pads to the longest context).
-Padding rows repeat row 0 (same token, position, slot and block table): they recompute and rewrite
-row 0's K/V into row 0's own slot, so no other sequence's cache is touched; their outputs are dropped.
+Padding rows take row 0's token at position 0 and write and read only the runner's padding block,
+one KV block past the pool that the scheduler never hands out (`ModelRunner.padding_block`): each
+attends to one key (a few in a window's later steps) instead of a real sequence's whole context, and
+no sequence's cache is touched; their outputs are dropped. A runner without that block (tests' fakes)
+gets the older layout: padding rows repeat row 0 (token, position, slot, block table) and rewrite row
+0's K/V into row 0's own slot, reading row 0's context again.
 
 Uniform multi-token batches (every sequence feeds q new tokens and wants their logits, as
 speculative verification does) replay the same graphs: each new token is one row that attends to
@@ -36,8 +40,9 @@ Multi-step decoding (`execute_multi_step`, num_scheduler_steps > 1): a decode wi
 graph, picked for the context of the window's LAST step, once per step. Every step's positions,
 slots and context lengths (and the block tables, once) are known on the host, packed into a second
 pinned buffer and sent in one copy; per step, a device copy moves that step's inputs into the graph's
-static buffers, the input ids are the previous step's argmax (gathered so padding rows keep
-repeating row 0's token: they rewrite row 0's slot, which must get row 0's K/V), and the argmax lands in an [N, b] device tensor read back once at the end.
+static buffers, the input ids are the previous step's argmax (gathered so padding rows take row 0's
+token: without a padding block they rewrite row 0's slot, which must get row 0's K/V), and the argmax
+lands in an [N, b] device tensor read back once at the end.
 
 Memory: the planner's builtin rule (`cuda_graph_bytes`) sets the graphs' memory aside before the KV
 cache is sized; after capture the measured figure is added to the start-up report.
@@ -157,6 +162,7 @@ class CudaGraphRunner:
         self.multi_token_rows = multi_token_rows
         self.runner = runner
         self.block_size: int = runner.block_size
+        self.padding_block: int | None = getattr(runner, "padding_block", None)
         if max_blocks is None:
             self.block_buckets = cuda_graph_context_buckets(runner.max_model_len, self.block_size)
         else:
@@ -317,7 +323,9 @@ class CudaGraphRunner:
     def _fill(self, g: _DecodeGraph, batch: ForwardBatch) -> int:
         """Write the graph's packed inputs into the pinned host buffer; returns their length."""
         self._copied.synchronize()  # the previous step's copy has left the buffer
-        return pack_decode_inputs(self._host_np, batch, g.batch_size, g.num_blocks)
+        return pack_decode_inputs(
+            self._host_np, batch, g.batch_size, g.num_blocks, self.padding_block, self.block_size
+        )
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
@@ -386,7 +394,7 @@ class CudaGraphRunner:
         size = window_size(b, nb, num_steps)
         total = size + (b if follow is not None else 0)
         host = self._window_buffer(total)
-        pack_decode_window(host, batch, num_steps, b, nb, self.block_size, cap)
+        pack_decode_window(host, batch, num_steps, b, nb, self.block_size, cap, self.padding_block)
         if follow_rows is not None:
             host[size : size + n] = follow_rows
             host[size + n : total] = follow_rows[0]
@@ -451,13 +459,15 @@ def pack_decode_window(
     nb: int,
     block_size: int,
     max_position: int = NO_CAP,
+    padding_block: int | None = None,
 ) -> int:
     """Lay a decode window out for a graph of b rows and nb blocks: step 0 exactly as
     `pack_decode_inputs` packs it (ids, positions, slots, lengths, block tables), then the padding
     gather index (b: rows past the batch take row 0's sampled token), then per later step its
-    positions, slots and lengths (3 x b). Returns the number of int64 written."""
+    positions, slots and lengths (3 x b; padding rows at positions 1, 2, ... of the padding block).
+    Returns the number of int64 written."""
     n = batch.num_seqs
-    step0 = pack_decode_inputs(out, batch, b, nb)
+    step0 = pack_decode_inputs(out, batch, b, nb, padding_block, block_size)
     out[step0 : step0 + n] = np.arange(n)
     out[step0 + n : step0 + b] = 0
     size = window_size(b, nb, num_steps)
@@ -468,16 +478,25 @@ def pack_decode_window(
     return size
 
 
-def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) -> int:
+def pack_decode_inputs(
+    out: np.ndarray,
+    batch: ForwardBatch,
+    b: int,
+    nb: int,
+    padding_block: int | None = None,
+    block_size: int = 0,
+) -> int:
     """Lay a uniform batch out as a graph of b rows and nb context blocks reads it, one row per new
     token: ids, positions, slots, context lengths (position + 1: each token sees its own prefix; b
-    each, rows past the batch's tokens repeat row 0), then b x nb block ids (each token's sequence's
-    table, cut to nb and padded with block 0). Returns the number of int64 written."""
+    each), then b x nb block ids (each token's sequence's table, cut to nb and padded with block 0).
+    Rows past the batch's tokens take row 0's token at position 0 of `padding_block` (slot, length 1,
+    a table of that block only); without one they repeat row 0. Returns the number of int64 written."""
     n, rows = batch.num_seqs, batch.num_tokens
     positions = np.asarray(batch.positions, dtype=np.int64)
+    padded = (batch.input_ids[0], 0, padding_block * block_size, 1) if padding_block is not None else None
     for k, values in enumerate((batch.input_ids, positions, batch.slot_mapping, positions + 1)):
         out[k * b : k * b + rows] = values
-        out[k * b + rows : (k + 1) * b] = values[0]
+        out[k * b + rows : (k + 1) * b] = values[0] if padded is None else padded[k]
     tables = out[4 * b : 4 * b + b * nb].reshape(b, nb)
     q = batch.query_len[0]
     per_seq = tables[:n] if q == 1 else np.empty((n, nb), dtype=np.int64)
@@ -495,5 +514,5 @@ def pack_decode_inputs(out: np.ndarray, batch: ForwardBatch, b: int, nb: int) ->
     per_seq[seq_rows, cols] = flat
     if q != 1:
         tables[:rows] = np.repeat(per_seq, q, axis=0)
-    tables[rows:] = tables[0]
+    tables[rows:] = tables[0] if padding_block is None else padding_block
     return b * (4 + nb)

@@ -228,6 +228,11 @@ class ModelRunner:
                 + "); raise gpu_memory_utilization or kv_cache_memory_bytes, or use a smaller model"
             )
         self.max_model_len = self._max_model_len(model_len)
+        # CUDA graphs pad a batch up to a captured size: the padding rows write and read one block of
+        # their own past the pool (the scheduler never hands it out), 2 MiB for an 8B model at 16
+        # tokens a block, inside the graphs' fixed reserve (builtin_rule.CUDA_GRAPH_FIXED_BYTES)
+        graphs = self.device.type == "cuda" and not config.enforce_eager
+        self.padding_block: int | None = self.num_kv_blocks if graphs else None
         self.kv_caches = self._allocate_kv_cache()
         self.startup_report = StartupReport(
             device=self.device.type,
@@ -455,7 +460,8 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         mc = self.model_config
-        shape = (self.num_kv_blocks, self.block_size, self.num_local_kv_heads, mc.head_dim)
+        blocks = self.num_kv_blocks + (self.padding_block is not None)
+        shape = (blocks, self.block_size, self.num_local_kv_heads, mc.head_dim)
         # zeros, not empty: padded context positions read slot 0 and must never hold NaN
         return [
             (

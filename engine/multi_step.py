@@ -127,9 +127,10 @@ def pack_window_steps(
     """Positions, slots and context lengths of steps 1..num_steps-1 for a graph of b rows.
 
     `tables` [b, nb] and `positions0` [b] are step 0's rows as the graph reads them (padding rows
-    repeat row 0); `out` is [num_steps - 1, 3, b]: per step, positions (capped at max_position), slots,
-    context lengths (position + 1). Slots come from the same tables, so padding rows keep writing row
-    0's slot."""
+    start at position 0 of the padding block, or repeat row 0 without one); `out` is
+    [num_steps - 1, 3, b]: per step, positions (capped at max_position), slots, context lengths
+    (position + 1). Slots come from the same tables, so padding rows keep to the padding block (or
+    keep writing row 0's slot)."""
     b = tables.shape[0]
     pos = positions0[None, :] + np.arange(1, num_steps, dtype=np.int64)[:, None]  # [num_steps - 1, b]
     np.minimum(pos, max_position, out=pos)

@@ -83,6 +83,32 @@ def test_pack_decode_inputs_pads_rows_and_tables() -> None:
     assert out[16:24].reshape(4, 2).tolist() == [[1, 2], [4, 5], [9, 0], [1, 2]]
 
 
+def test_pack_decode_inputs_sends_padding_rows_to_the_padding_block() -> None:
+    """With the runner's padding block, padding rows read and write only that block: position 0, its
+    first slot, one key, a table of that block; the real rows are packed as before."""
+    import numpy as np
+    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+
+    batch = ForwardBatch(
+        input_ids=[11, 12, 13],
+        positions=[20, 40, 5],
+        slot_mapping=[100, 200, 300],
+        query_start=[0, 1, 2],
+        query_len=[1, 1, 1],
+        context_len=[21, 41, 6],
+        block_tables=[[7, 8], [3, 4, 5], [9]],
+        sample_indices=[0, 1, 2],
+    )
+    out = np.full(6 * 7, -1, dtype=np.int64)
+    b, nb = 6, 3
+    assert pack_decode_inputs(out, batch, b, nb, padding_block=50, block_size=16) == b * (4 + nb)
+    assert out[:6].tolist() == [11, 12, 13, 11, 11, 11]
+    assert out[6:12].tolist() == [20, 40, 5, 0, 0, 0]
+    assert out[12:18].tolist() == [100, 200, 300, 800, 800, 800]
+    assert out[18:24].tolist() == [21, 41, 6, 1, 1, 1]
+    assert out[24:].reshape(6, 3).tolist() == [[7, 8, 0], [3, 4, 5], [9, 0, 0]] + [[50, 50, 50]] * 3
+
+
 def uniform(contexts: list[int], q: int, num_logits: list[int] | None) -> ForwardBatch:
     """n sequences feeding q new tokens each (speculative verification shape)."""
     n = len(contexts)

@@ -193,12 +193,17 @@ def test_delta_stream_concatenates_to_the_same_text(
     assert final["d"].finished
 
 
+@pytest.mark.parametrize("padding_block", [None, 20])
 @pytest.mark.parametrize("max_position", [None, 15])
-def test_graph_window_packing_equals_each_steps_packing(max_position: int | None) -> None:
+def test_graph_window_packing_equals_each_steps_packing(
+    max_position: int | None, padding_block: int | None
+) -> None:
     """The CUDA-graph window layout (built on the CPU): step 0 as a single replay packs it, every later
-    step's positions, slots and lengths as a single replay of that step would pack them, padding rows
-    repeating row 0, and the gather index sending padding rows row 0's token. With a cap on positions
-    (max_model_len - 1), the first row's steps past it repeat position 15 (slot, length)."""
+    step's positions, slots and lengths of the real rows as a single replay of that step would pack
+    them, and the gather index sending padding rows row 0's token. Padding rows repeat row 0 or, with
+    a padding block, take its positions 0, 1, 2, ... (slots in that block, lengths position + 1). With
+    a cap on positions (max_model_len - 1), the first row's steps past it repeat position 15 (slot,
+    length)."""
     import numpy as np
     from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, pack_decode_window, window_size
     from llmdeploy_engine.multi_step import NO_CAP
@@ -209,19 +214,24 @@ def test_graph_window_packing_equals_each_steps_packing(max_position: int | None
     positions = [13, 6, 2]  # 13 + 4 = 17: the window's last step is in the fifth block
     batch = make_batch_from_tables(tables, positions, ids=[101, 102, 103], bs=bs)
     out = np.full(window_size(b, nb, num_steps) + 3, -1, dtype=np.int64)
-    size = pack_decode_window(out, batch, num_steps, b, nb, bs, cap)
+    size = pack_decode_window(out, batch, num_steps, b, nb, bs, cap, padding_block)
     assert size == window_size(b, nb, num_steps) and (out[size:] == -1).all()
     step0 = b * (4 + nb)
     single = np.zeros(step0, dtype=np.int64)
-    assert pack_decode_inputs(single, batch, b, nb) == step0
+    assert pack_decode_inputs(single, batch, b, nb, padding_block, bs) == step0
     assert (out[:step0] == single).all()
     assert out[step0 : step0 + b].tolist() == [0, 1, 2, 0]
-    later = out[step0 + b : size].reshape(num_steps - 1, 3 * b)
+    later = out[step0 + b : size].reshape(num_steps - 1, 3, b)
     for k in range(1, num_steps):
         step = step_batch(batch, k, bs, cap)
         assert step.positions[0] == min(13 + k, cap) and step.context_len[0] == step.positions[0] + 1
-        pack_decode_inputs(single, step, b, nb)
-        assert (later[k - 1] == single[b : 4 * b]).all(), k
+        pack_decode_inputs(single, step, b, nb, padding_block, bs)
+        expect = single[b : 4 * b].reshape(3, b)
+        assert (later[k - 1][:, :3] == expect[:, :3]).all(), k
+        if padding_block is None:
+            assert (later[k - 1][:, 3] == expect[:, 3]).all(), k
+        else:
+            assert later[k - 1][:, 3].tolist() == [k, padding_block * bs + k % bs, k + 1], k
 
 
 def make_batch_from_tables(tables: list[list[int]], positions: list[int], ids: list[int], bs: int) -> Any:
