@@ -84,6 +84,17 @@ logger = logging.getLogger("llmdeploy_engine")
 
 
 @dataclass(frozen=True)
+class PackedTables:
+    """The block tables a window was packed with, kept for the window that follows it: rows [n, nb]
+    as packed (zeros past each row's blocks), blocks per row and each row's last block id."""
+
+    window: DecodeWindow
+    tables: np.ndarray
+    lens: np.ndarray
+    lasts: np.ndarray
+
+
+@dataclass(frozen=True)
 class CaptureReport:
     num_graphs: int
     capture_time_s: float
@@ -188,6 +199,7 @@ class CudaGraphRunner:
         self._window_host = torch.zeros(0, dtype=torch.long)
         self._window_dev: torch.Tensor | None = None
         self._window_copied = torch.cuda.Event()
+        self._packed: PackedTables | None = None  # the last window's block tables
         self.report = self._capture_all()
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
@@ -394,7 +406,9 @@ class CudaGraphRunner:
         size = window_size(b, nb, num_steps)
         total = size + (b if follow is not None else 0)
         host = self._window_buffer(total)
-        pack_decode_window(host, batch, num_steps, b, nb, self.block_size, cap, self.padding_block)
+        prev = self._packed if follow is not None and self._packed is not None else None
+        following = (prev, follow_rows) if prev is not None and prev.window is follow else None
+        pack_decode_window(host, batch, num_steps, b, nb, self.block_size, cap, self.padding_block, following)
         if follow_rows is not None:
             host[size : size + n] = follow_rows
             host[size + n : total] = follow_rows[0]
@@ -424,7 +438,9 @@ class CudaGraphRunner:
                 logits = self.runner.model.compute_logits(g.hidden[:n])
             sampler.sample(logits, sampled[k])
         self.num_replays += num_steps
-        return device_window(sampled)
+        window = device_window(sampled)
+        self._packed = packed_tables(window, host[4 * b : 4 * b + n * nb].reshape(n, nb), batch)
+        return window
 
     def _window_buffer(self, size: int) -> np.ndarray:
         """The window's pinned host buffer as numpy, at least `size` long, once the previous window's
@@ -433,6 +449,40 @@ class CudaGraphRunner:
         if self._window_host.numel() < size:
             self._window_host = torch.zeros(size, dtype=torch.long, pin_memory=True)
         return self._window_host.numpy()
+
+
+def follow_tables(
+    out: np.ndarray, lens: np.ndarray, block_tables: list[list[int]], prev: PackedTables, rows: list[int]
+) -> bool:
+    """Pack the block tables of a window that follows `prev`'s window (row i continues prev's row
+    rows[i]) into out [n, nb] from prev's packed rows, rewriting only the rows whose number of blocks
+    or last block changed (a window's reservation appends blocks; flattening every table again was
+    most of a follow-on's packing at 256 sequences). False, with nothing written, when prev's width
+    differs or a table does not fit nb: the caller packs them all. A running sequence's blocks never
+    change between a window and its follow-on (no preemption or re-admission runs in between, and
+    blocks are shared only when full), so equal counts and last blocks mean equal tables."""
+    n, nb = out.shape
+    if prev.tables.shape[1] != nb or (n and int(lens.max()) > nb):
+        return False
+    index = np.asarray(rows, dtype=np.int64)
+    np.take(prev.tables, index, axis=0, out=out)
+    lasts = np.fromiter((t[-1] if t else -1 for t in block_tables), dtype=np.int64, count=n)
+    stale = np.flatnonzero((lens != prev.lens[index]) | (lasts != prev.lasts[index]))
+    for i in stale.tolist():
+        table = block_tables[i]
+        out[i] = 0
+        out[i, : len(table)] = table
+    return True
+
+
+def packed_tables(window: DecodeWindow, tables: np.ndarray, batch: ForwardBatch) -> PackedTables:
+    """What `follow_tables` needs of a window just packed: a copy of its rows (the host buffer is
+    rewritten by the next window), blocks per row (cut to the width) and each row's last block."""
+    n, nb = tables.shape
+    lens = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=n)
+    np.minimum(lens, nb, out=lens)
+    lasts = np.fromiter((t[-1] if t else -1 for t in batch.block_tables), dtype=np.int64, count=n)
+    return PackedTables(window, tables.copy(), lens, lasts)
 
 
 def spaced_rows(rows: list[int]) -> slice | None:
@@ -460,14 +510,16 @@ def pack_decode_window(
     block_size: int,
     max_position: int = NO_CAP,
     padding_block: int | None = None,
+    following: tuple[PackedTables, list[int]] | None = None,
 ) -> int:
     """Lay a decode window out for a graph of b rows and nb blocks: step 0 exactly as
     `pack_decode_inputs` packs it (ids, positions, slots, lengths, block tables), then the padding
     gather index (b: rows past the batch take row 0's sampled token), then per later step its
     positions, slots and lengths (3 x b; padding rows at positions 1, 2, ... of the padding block).
-    Returns the number of int64 written."""
+    `following`: the tables of the window this one follows and, per row, its row there; the block
+    tables are then taken from those rows (`follow_tables`). Returns the number of int64 written."""
     n = batch.num_seqs
-    step0 = pack_decode_inputs(out, batch, b, nb, padding_block, block_size)
+    step0 = pack_decode_inputs(out, batch, b, nb, padding_block, block_size, following)
     out[step0 : step0 + n] = np.arange(n)
     out[step0 + n : step0 + b] = 0
     size = window_size(b, nb, num_steps)
@@ -485,12 +537,14 @@ def pack_decode_inputs(
     nb: int,
     padding_block: int | None = None,
     block_size: int = 0,
+    following: tuple[PackedTables, list[int]] | None = None,
 ) -> int:
     """Lay a uniform batch out as a graph of b rows and nb context blocks reads it, one row per new
     token: ids, positions, slots, context lengths (position + 1: each token sees its own prefix; b
     each), then b x nb block ids (each token's sequence's table, cut to nb and padded with block 0).
     Rows past the batch's tokens take row 0's token at position 0 of `padding_block` (slot, length 1,
-    a table of that block only); without one they repeat row 0. Returns the number of int64 written."""
+    a table of that block only); without one they repeat row 0. `following` (one token per
+    sequence): see `follow_tables`. Returns the number of int64 written."""
     n, rows = batch.num_seqs, batch.num_tokens
     positions = np.asarray(batch.positions, dtype=np.int64)
     padded = (batch.input_ids[0], 0, padding_block * block_size, 1) if padding_block is not None else None
@@ -500,8 +554,11 @@ def pack_decode_inputs(
     tables = out[4 * b : 4 * b + b * nb].reshape(b, nb)
     q = batch.query_len[0]
     per_seq = tables[:n] if q == 1 else np.empty((n, nb), dtype=np.int64)
-    per_seq[:] = 0
     lens = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=n)
+    if q == 1 and following is not None and follow_tables(per_seq, lens, batch.block_tables, *following):
+        tables[rows:] = tables[0] if padding_block is None else padding_block
+        return b * (4 + nb)
+    per_seq[:] = 0
     if n and int(lens.max()) > nb:
         cut = [t[:nb] for t in batch.block_tables]
         lens = np.minimum(lens, nb)

@@ -435,16 +435,24 @@ class LLMEngine:
         longest = 0
         sampled_rows = False
         requests = self.requests
+        max_len, num_steps = self.max_model_len, window.num_steps
         for i, entry in enumerate(window.out.scheduled):
             seq = entry.seq
             if seq.is_finished:  # stopped in the window before this one, or aborted since
                 continue
-            left = self._num_tokens_left(seq) - window.num_steps
+            req = requests[seq.request_id]
+            # _num_tokens_left, inline (per sequence and step)
+            left = (
+                min(req.checkers[seq.index].max_tokens - seq.num_output_tokens, max_len - seq.num_tokens)
+                - num_steps
+            )
             if left <= 0:  # the window ends it (max_tokens or the longest context)
                 continue
             rows.append(i)
-            longest = max(longest, left)
-            sampled_rows = sampled_rows or requests[seq.request_id].window_kind == 2
+            if left > longest:
+                longest = left
+            if req.window_kind == 2:
+                sampled_rows = True
         followed = self.scheduler.follow_decode_window(
             window.out, window.num_steps, rows, min(self.num_scheduler_steps, longest)
         )

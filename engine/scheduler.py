@@ -309,11 +309,17 @@ class Scheduler:
         positions: list[int] = []
         slot_mapping: list[int] = []
         tables: list[list[int]] = []
+        max_len = self.config.max_model_len
         for seq in seqs:
-            reserved = bm.allocate_slots(seq, self._window_slots(seq, done_steps, steps))
-            assert reserved, "the window's blocks were counted as free"
-            pos = seq.num_computed_tokens + done_steps
-            table = list(seq.block_table)
+            computed = seq.num_computed_tokens
+            # the sequence's own list, not a copy: the runner packs (or sends) the batch when it
+            # launches the window, before anything changes the table again
+            table = seq.block_table
+            slots = min(done_steps + steps, max_len - computed)  # _window_slots, inline (per sequence)
+            if -(-(computed + slots) // bs) > len(table):  # most steps take no new block
+                reserved = bm.allocate_slots(seq, slots)
+                assert reserved, "the window's blocks were counted as free"
+            pos = computed + done_steps
             positions.append(pos)
             slot_mapping.append(table[pos // bs] * bs + pos % bs)
             tables.append(table)
@@ -340,16 +346,17 @@ class Scheduler:
         """The most steps, up to max_steps, whose slots for every sequence fit in the free blocks
         (0 when not even one does)."""
         bm = self.block_manager
+        bs, max_len = bm.block_size, self.config.max_model_len
         steps = max_steps
         while steps >= 1:
-            need = sum(
-                max(
-                    0,
-                    bm.blocks_needed(s.num_computed_tokens + self._window_slots(s, done_steps, steps))
-                    - len(s.block_table),
+            need = 0
+            for s in seqs:  # blocks_needed(computed + _window_slots) - blocks held, inline
+                computed = s.num_computed_tokens
+                extra = -(-(computed + min(done_steps + steps, max_len - computed)) // bs) - len(
+                    s.block_table
                 )
-                for s in seqs
-            )
+                if extra > 0:
+                    need += extra
             if need <= bm.num_free_blocks:
                 return steps
             steps -= 1

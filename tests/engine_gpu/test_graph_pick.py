@@ -193,3 +193,51 @@ def test_spaced_rows_select_the_same_rows_as_an_index() -> None:
         assert torch.equal(table[picked], table[torch.tensor(rows)]), rows
     for rows in ([], [0, 2, 3], [3, 1], [2, 2], [1, 4, 8]):
         assert spaced_rows(rows) is None, rows
+
+
+def test_follow_on_tables_equal_a_full_packing() -> None:
+    """A window that follows another packs its block tables from the other's packed rows, rewriting
+    the rows whose tables grew: the same bytes as packing every table again, through row drops,
+    reorders, appended blocks and a wider bucket (which packs them all)."""
+    import random
+
+    import numpy as np
+    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, packed_tables
+    from llmdeploy_engine.multi_step import DecodeWindow
+
+    rng = random.Random(5)
+    bs, b = 16, 16
+    tables = [[rng.randrange(1000) for _ in range(rng.randint(1, 6))] for _ in range(12)]
+    positions = [len(t) * bs - 1 - rng.randrange(bs) for t in tables]
+    prev = None
+    for step in range(40):
+        n = len(tables)
+        nb = 8 if step < 30 else 16
+        batch = ForwardBatch(
+            input_ids=[-1] * n,
+            positions=positions,
+            slot_mapping=[t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)],
+            query_start=list(range(n)),
+            query_len=[1] * n,
+            context_len=[p + 1 for p in positions],
+            block_tables=tables,
+            sample_indices=list(range(n)),
+        )
+        full = np.full(b * (4 + nb), -7, dtype=np.int64)
+        pack_decode_inputs(full, batch, b, nb, padding_block=999, block_size=bs)
+        out = np.full(b * (4 + nb), -7, dtype=np.int64)
+        pack_decode_inputs(out, batch, b, nb, 999, bs, prev)
+        assert (out == full).all(), step
+        window = DecodeWindow(torch.zeros(1, n, dtype=torch.long))
+        packed = packed_tables(window, out[4 * b : 4 * b + n * nb].reshape(n, nb), batch)
+        # the next window: some rows end, the rest may come in another order, each advances one
+        # position and takes a new block when it crosses into one
+        keep = [i for i in range(n) if rng.random() > 0.1] or [0]
+        if rng.random() < 0.3:
+            rng.shuffle(keep)
+        tables = [list(tables[i]) for i in keep]
+        positions = [positions[i] + 1 for i in keep]
+        for t, p in zip(tables, positions, strict=True):
+            if p // bs >= len(t):
+                t.append(rng.randrange(1000))
+        prev = (packed, keep)
