@@ -70,12 +70,15 @@ def sync(device: str) -> None:
 def config_for(
     model: str, device: str, args: argparse.Namespace, spec: dict[str, Any] | None
 ) -> EngineConfig:
+    # a draft model gets as many KV blocks as the target: with --draft-self every speculative engine
+    # (the draft rows share the n-gram rows' runner) has a fixed cache that leaves the draft room
+    draft = spec is not None and getattr(args, "draft_self", False)
     return EngineConfig(
         model=model,
         device=device,
         dtype="bfloat16" if device == "cuda" else "float32",
         max_model_len=args.max_model_len,
-        kv_cache_memory_bytes=2**28 if device == "cpu" else None,
+        kv_cache_memory_bytes=2**28 if device == "cpu" else (2**32 if draft else None),
         gpu_memory_utilization=0.85,
         seed=0,
         speculative_config=spec,
@@ -198,6 +201,10 @@ def bench_model(name: str, model: str, device: str, args: argparse.Namespace) ->
             "prompt_lookup_min": 1,
         }
         configs.append((f"ngram k={k}", spec))
+    if args.draft_self:
+        # the model drafts for itself (same seed, so the same random weights): every proposal matches,
+        # and the row shows what the draft's steps cost (`draft_ms_per_pass`)
+        configs += [(f"draft k={k}", {"model": model, "num_speculative_tokens": k}) for k in args.ks]
     rows = []
     reference = None
     base: LLMEngine | None = None
@@ -219,12 +226,15 @@ def bench_model(name: str, model: str, device: str, args: argparse.Namespace) ->
                 config_for(model, device, args, spec), runner=base.runner, tokenizer=base.tokenizer
             )
         assert engine is not None
+        draft_timer = DraftTimer(engine, device)
         prompt = prompt_for(base, args)
         run_once(engine, prompt[: args.prompt_len // 2], min(16, args.output_len), device, f"{label}-warm")
+        draft_timer.reset()
         results = [
             run_once(engine, prompt, args.output_len, device, f"{label}-{i}") for i in range(args.repeats)
         ]
         best = max(results, key=lambda r: r["tok_s"])
+        best["draft_ms_per_pass"] = draft_timer.ms_per_pass()
         if reference is None:
             reference = best["token_ids"]
         row = {k: v for k, v in best.items() if k != "token_ids"}
@@ -234,7 +244,7 @@ def bench_model(name: str, model: str, device: str, args: argparse.Namespace) ->
         log(
             f"{name} {label}: {row['tok_s']:.1f} tok/s, {row['tokens_per_decode_step']:.2f} tok/step, "
             f"acceptance {row['acceptance_rate']}, same output {row['same_output_as_off']}, "
-            f"graph replays {row['cuda_graph_replays']}"
+            f"graph replays {row['cuda_graph_replays']}, draft ms a forward pass {row['draft_ms_per_pass']}"
         )
     off = rows[0]["tok_s"]
     for row in rows:
@@ -244,6 +254,36 @@ def bench_model(name: str, model: str, device: str, args: argparse.Namespace) ->
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+class DraftTimer:
+    """Wall time of a draft model's proposals (synchronised), per draft forward pass, over the timed
+    runs (all repeats); None without a draft model."""
+
+    def __init__(self, engine: LLMEngine, device: str) -> None:
+        self.seconds = 0.0
+        self.passes = 0
+        self.proposer = getattr(getattr(engine, "speculator", None), "draft", None)
+        if self.proposer is None:
+            return
+        propose = self.proposer.propose
+
+        def timed(requests: Any) -> Any:
+            sync(device)
+            t0 = time.perf_counter()
+            out = propose(requests)
+            sync(device)
+            self.seconds += time.perf_counter() - t0
+            self.passes += max((r.k for r in requests), default=0)
+            return out
+
+        self.proposer.propose = timed
+
+    def reset(self) -> None:
+        self.seconds, self.passes = 0.0, 0
+
+    def ms_per_pass(self) -> float | None:
+        return self.seconds / self.passes * 1e3 if self.passes else None
 
 
 def _repeats(token_ids: list[int]) -> float:
@@ -260,14 +300,15 @@ def _repeats(token_ids: list[int]) -> float:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'model':13} {'config':11} {'tok/s':>8} {'decode':>8} {'x off':>6} {'tok/step':>8} "
-        f"{'accept':>7} {'same':>5} {'replays':>7}"
+        f"{'accept':>7} {'same':>5} {'replays':>7} {'draft ms':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         lines.append(
             f"{r['model']:13} {r['config']:11} {r['tok_s']:8.1f} {r['decode_tok_s']:8.1f} {r['speedup_vs_off']:6.2f} "
-            f"{r['tokens_per_decode_step']:8.2f} {acc:>7} {r['same_output_as_off']!s:>5} {r['cuda_graph_replays']!s:>7}"
+            f"{r['tokens_per_decode_step']:8.2f} {acc:>7} {r['same_output_as_off']!s:>5} {r['cuda_graph_replays']!s:>7} "
+            + ("       -" if r.get("draft_ms_per_pass") is None else f"{r['draft_ms_per_pass']:8.2f}")
         )
     return "\n".join(lines)
 
@@ -302,6 +343,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--branch-scale", type=float, default=1e-3, help="--continuing-model: o_proj / down_proj weight scale"
+    )
+    parser.add_argument(
+        "--draft-self",
+        action="store_true",
+        help="also run a draft model for each k: the model itself (same weights; what the draft costs)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run of the script)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

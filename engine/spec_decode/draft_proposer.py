@@ -1,7 +1,9 @@
 """Draft-model proposals: a second, smaller model runs k decode steps ahead of the target.
 
 The draft's ModelRunner has the target's block size and number of KV blocks, so it writes its own K/V
-tensors through the target's block tables and slots: no second block manager. The draft keeps, per
+tensors through the target's block tables and slots: no second block manager. On a CUDA device
+(unless enforce_eager) the runner is wrapped in a CudaGraphRunner: the steps after the first feed one
+token per sequence and replay its decode graphs. The draft keeps, per
 sequence, how far its KV matches the sequence's tokens; before proposing it feeds what it has not
 seen (the prompt on first use, then the tokens verification appended) and then feeds its own
 proposals one at a time. Proposals it wrote KV for and that the target rejected are simply
@@ -15,6 +17,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.sampler import plain_greedy
 from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.sequence import Sequence
 
@@ -95,6 +98,12 @@ class DraftProposer:
         probs: dict[int, list[torch.Tensor]],
     ) -> None:
         outputs = [r.seq.output_token_ids + drafts[r.seq.seq_id] for r in requests]
+        if all(plain_greedy(r.params, out, logprobs=False) for r, out in zip(requests, outputs, strict=True)):
+            # the argmax is each proposal and no distribution is kept: one kernel and one read back
+            # instead of processed_probs' per-row masks and index copies
+            for r, token in zip(requests, logits.argmax(dim=-1).tolist(), strict=True):
+                drafts[r.seq.seq_id].append(int(token))
+            return
         q = self.sampler.processed_probs(
             logits, [r.params for r in requests], [r.prompt_token_ids for r in requests], outputs
         )
@@ -127,7 +136,9 @@ class DraftProposer:
         out: list[torch.Tensor] = []
         for chunk in chunks:
             if chunk:
-                out.append(self.runner.execute(self._batch(chunk, drafts)))
+                logits = self.runner.execute(self._batch(chunk, drafts))
+                # a CUDA graph's logits are a view of a buffer the next replay rewrites
+                out.append(logits.clone() if len(chunks) > 1 else logits)
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def _batch(

@@ -190,14 +190,23 @@ def build_speculator(config: EngineConfig, runner: Any, sampler: Any) -> Specula
     )
     try:
         draft_runner = ModelRunner(draft_config, num_kv_blocks=runner.num_kv_blocks)
+        assert draft_runner.block_size == runner.block_size
+        assert draft_runner.num_kv_blocks == runner.num_kv_blocks
+        proposer_runner: Any = draft_runner
+        if draft_runner.device.type == "cuda" and not config.enforce_eager:
+            # the draft's steps after its first are one token per sequence: replayed from CUDA graphs
+            # like the target's decode steps (eagerly, each launched ~300 kernels from Python: a small
+            # draft's step cost more host time than the 8B target's whole decode step)
+            from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+
+            proposer_runner = CudaGraphRunner(draft_runner, logits_max_batch=draft_runner.graph_logits_rows())
     except torch.OutOfMemoryError as e:
         raise ValueError(
-            f"speculative_config: no device memory left for the draft model {spec.model!r} and its KV cache "
-            f"({runner.num_kv_blocks} blocks, as many as the target's); lower gpu_memory_utilization or set "
-            "kv_cache_memory_bytes so the target leaves room for the draft"
+            f"speculative_config: no device memory left for the draft model {spec.model!r}, its KV cache "
+            f"({runner.num_kv_blocks} blocks, as many as the target's) and its CUDA graphs; lower "
+            "gpu_memory_utilization or set kv_cache_memory_bytes so the target leaves room for the draft"
         ) from e
-    assert draft_runner.block_size == runner.block_size and draft_runner.num_kv_blocks == runner.num_kv_blocks
-    return Speculator(spec, sampler, DraftProposer(draft_runner, sampler))
+    return Speculator(spec, sampler, DraftProposer(proposer_runner, sampler))
 
 
 def _vocab_size(runner: Any) -> int | None:

@@ -1,5 +1,6 @@
 """On a CUDA GPU: speculative decoding (n-gram and a draft model) gives the same greedy tokens as plain
-decoding (CUDA graphs for plain decode steps, eager verification steps), and frees every KV block."""
+decoding (CUDA graphs for plain decode steps, eager verification steps; the draft model's steps
+after its first replay its own graphs), and frees every KV block."""
 
 from __future__ import annotations
 
@@ -69,3 +70,6 @@ def test_speculative_greedy_matches_plain_greedy(
     assert stats.spec_decode_num_draft_tokens > 0
     if "model" in spec:  # the same random weights as the target: it proposes the target's own tokens
         assert stats.spec_decode_num_accepted_tokens >= 0.9 * stats.spec_decode_num_draft_tokens
+        # the draft's one-token steps replay its own CUDA graphs
+        assert engine.speculator is not None and engine.speculator.draft is not None
+        assert engine.speculator.draft.runner.num_replays > 0
