@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -713,6 +713,134 @@ elif [ "$phase" = v12c ]; then
     summary "$out"/t_*.log
     echo "== $out/gpu_bench_default.log"
     grep -v -E "Warning|enable\(self" "$out/gpu_bench_default.log" | grep -a -E "^\| |^exit|^built-in" | cut -c1-240
+elif [ "$phase" = v13a ]; then
+    # one call (v13, ~7 min on one H200): padding rows of a CUDA graph read and write only the runner's
+    # padding block (they re-read row 0's context before): the engine GPU tests, then the 8B's 256
+    # requests (no peer) with this engine and the one before it (b8b60d6's engine/, carried in
+    # .whl/old_engine), alternating new, old, new, old, each its own process
+    g=tests/engine_gpu
+    tests 0 engine 240 $g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
+        $g/test_triton_engine.py
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    i=0
+    for eng in new old new old; do
+        i=$((i + 1))
+        path=/tmp/pkgs
+        [ "$eng" = old ] && path=/tmp/pkgs_old
+        mkdir -p "$out/$i-$eng"
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py \
+            --no-peer --models llama --throughput-models llama --out "$out/$i-$eng" >"$out/gpu_bench_$i-$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$i-$eng.log"
+    done
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_bench_*-*.log; do
+        echo "== $f"
+        grep -a -E "SM clock and board" "$f" | cut -c1-200
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| llama|^exit" | cut -c1-200 | grep -v transformers
+    done
+elif [ "$phase" = v13b ]; then
+    # one call (v13, ~5 min on one H200): the whole-engine GPU tests and the planner's in ONE process
+    # again (they ran out of memory on fresh machines in runs 54 and 58): the planner's comparison now
+    # collects earlier engines' garbage first and the engine sizes its KV cache without memory the
+    # process already holds; the GPU runner file has the held-memory test
+    g=tests/engine_gpu
+    tests 0 engines 450 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py
+    tests 0 multistep 150 $g/test_multi_step_gpu.py  # run 60 failed it on the padding block (test fixed)
+    summary "$out"/t_*.log
+    grep -a -E "KV tokens" "$out/t_engines.log" | cut -c1-240
+elif [ "$phase" = v13d ]; then
+    # one call (v13, ~6 min on one H200): less host work a one-step window (a follow-on's block tables
+    # packed from the window before it, the scheduler's per-sequence work inline): the engine GPU
+    # tests, gpu_bench.py with the default engine (both models, no peer), then the 0.5B alone with
+    # the engine before the change (5470e1a's engine/, carried in .whl/old_engine) and this one,
+    # alternating, and with 8-step windows (the host-light reference); each its own process
+    g=tests/engine_gpu
+    tests 0 engine 240 $g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
+        $g/test_triton_engine.py
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for run in default 1-old 2-new 3-old 4-new 5-new-8; do
+        mkdir -p "$out/$run"
+        path=/tmp/pkgs args=""
+        [ "$run" != default ] && args="--models qwen --throughput-models qwen"
+        [ "$run" = 5-new-8 ] && args="$args --num-scheduler-steps 8"
+        case $run in *old*) path=/tmp/pkgs_old ;; esac
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py \
+            --no-peer --out "$out/$run" $args >"$out/gpu_bench_$run.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$run.log"
+    done
+    summary "$out"/t_*.log
+    for run in default 1-old 2-new 3-old 4-new 5-new-8; do
+        echo "== $run"
+        grep -v -E "Warning|enable\(self" "$out/gpu_bench_$run.log" | grep -a -E "^\| |^exit|^built-in" \
+            | grep -a -E "tok/s|roofline|host|^exit|^built-in" | cut -c1-200
+    done
+elif [ "$phase" = v13e ] || [ "$phase" = v13f ]; then
+    # one call (v13, ~4 min on one H200): run 63's A/B again with more runs, in the order old new new
+    # old old new (a host that slows through the call weighs on both): the 0.5B alone (single stream,
+    # 256 requests, no peer) with 5470e1a's engine (.whl/old_engine) and this one
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    i=0
+    order="old new new old old new"
+    # v13f (run 65): eight runs, ABBA twice, as run 64 disagreed with run 63
+    [ "$phase" = v13f ] && order="new old old new old new new old"
+    for eng in $order; do
+        i=$((i + 1))
+        path=/tmp/pkgs
+        [ "$eng" = old ] && path=/tmp/pkgs_old
+        mkdir -p "$out/$i-$eng"
+        pin=""  # v13f: every run on the same four cores (run 64's processes ran at different host speeds)
+        [ "$phase" = v13f ] && command -v taskset >/dev/null && pin="taskset -c 4-7"
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 100 $pin python3 benchmarks/gpu_bench.py \
+            --no-peer --models qwen --throughput-models qwen --out "$out/$i-$eng" >"$out/gpu_bench_$i-$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$i-$eng.log"
+    done
+    for f in "$out"/gpu_bench_*-*.log; do
+        echo "== $f"
+        grep -a -E "^\| qwen \| (single stream \| tok/s|256 requests \| (output|host))|^exit" "$f" | cut -c1-200
+    done
+elif [ "$phase" = v13g ] || [ "$phase" = v13h ]; then
+    # one call (v13, ~4 min on one H200): the draft model's steps replay CUDA graphs: the speculative
+    # decoding GPU tests, then gpu_spec.py on the 0.5B (off, n-gram and a self-draft, k = 4) with
+    # b836086's engine (eager draft, .whl/old_engine) and this one
+    # v13h (run 67): the gpu_spec.py runs again without the tests (run 66's ran out of memory: the draft
+    # rows shared the n-gram rows' runner, whose KV cache took 0.85 of the GPU; fixed in gpu_spec.py)
+    [ "$phase" = v13g ] && tests 0 spec 150 tests/engine_gpu/test_spec_decode_gpu.py
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for eng in old new; do
+        path=/tmp/pkgs
+        [ "$eng" = old ] && path=/tmp/pkgs_old
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_spec.py \
+            --models qwen --ks 4 --draft-self --repeats 2 --output-len 128 --out "$out/spec_$eng.json" \
+            >"$out/gpu_spec_$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_spec_$eng.log"
+    done
+    summary "$out"/t_*.log
+    for eng in old new; do
+        echo "== $eng"
+        tail -6 "$out/gpu_spec_$eng.log"
+    done
+elif [ "$phase" = v13c ]; then
+    # one call (v13 final, ~6 min on one H200, a freshly started machine): the whole-engine GPU tests
+    # and the planner's in one process with the final code (the runner collects dropped engines itself;
+    # v13b's run had the collection in the planner's comparison), then gpu_bench.py with the default
+    # engine (both models, no peer) and the 8B's 256 requests with the fp8 KV cache
+    g=tests/engine_gpu
+    tests 0 engines 450 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py
+    mkdir -p "$out/default" "$out/fp8"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out/default" \
+        >"$out/gpu_bench_default.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_default.log"
+    CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" >"$out/gpu_bench_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_fp8.log"
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_bench_default.log "$out"/gpu_bench_fp8.log; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "^\| |^exit|^built-in" | grep -v transformers \
+            | cut -c1-200
+    done
 elif [ "$phase" = v12d ]; then
     # one call (v12, ~4 min on one H200): the other GPU tests that run whole engines, now with one-step
     # asynchronous windows by default: fp8 KV cache, speculative decoding (async off with it), PDL,
