@@ -54,11 +54,9 @@ def test_other_batches_run_eagerly() -> None:
     assert r._pick(partial) is None
 
 
-def test_pack_decode_inputs_pads_rows_and_tables() -> None:
-    import numpy as np
-    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
-
-    batch = ForwardBatch(
+def three_decodes() -> ForwardBatch:
+    """Three sequences decoding one token each, at positions 20, 40 and 5."""
+    return ForwardBatch(
         input_ids=[11, 12, 13],
         positions=[20, 40, 5],
         slot_mapping=[100, 200, 300],
@@ -68,6 +66,13 @@ def test_pack_decode_inputs_pads_rows_and_tables() -> None:
         block_tables=[[7, 8], [3, 4, 5], [9]],
         sample_indices=[0, 1, 2],
     )
+
+
+def test_pack_decode_inputs_pads_rows_and_tables() -> None:
+    import numpy as np
+    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+
+    batch = three_decodes()
     out = np.full(64, -1, dtype=np.int64)  # stale values must not survive in the table region
     b, nb = 4, 4
     assert pack_decode_inputs(out, batch, b, nb) == b * (4 + nb)
@@ -89,16 +94,7 @@ def test_pack_decode_inputs_sends_padding_rows_to_the_padding_block() -> None:
     import numpy as np
     from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
 
-    batch = ForwardBatch(
-        input_ids=[11, 12, 13],
-        positions=[20, 40, 5],
-        slot_mapping=[100, 200, 300],
-        query_start=[0, 1, 2],
-        query_len=[1, 1, 1],
-        context_len=[21, 41, 6],
-        block_tables=[[7, 8], [3, 4, 5], [9]],
-        sample_indices=[0, 1, 2],
-    )
+    batch = three_decodes()
     out = np.full(6 * 7, -1, dtype=np.int64)
     b, nb = 6, 3
     assert pack_decode_inputs(out, batch, b, nb, padding_block=50, block_size=16) == b * (4 + nb)
@@ -202,6 +198,7 @@ def test_follow_on_tables_equal_a_full_packing() -> None:
     import random
 
     import numpy as np
+    from gpu_engine_helpers import batch_for
     from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, packed_tables
     from llmdeploy_engine.multi_step import DecodeWindow
 
@@ -213,16 +210,7 @@ def test_follow_on_tables_equal_a_full_packing() -> None:
     for step in range(40):
         n = len(tables)
         nb = 8 if step < 30 else 16
-        batch = ForwardBatch(
-            input_ids=[-1] * n,
-            positions=positions,
-            slot_mapping=[t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)],
-            query_start=list(range(n)),
-            query_len=[1] * n,
-            context_len=[p + 1 for p in positions],
-            block_tables=tables,
-            sample_indices=list(range(n)),
-        )
+        batch = batch_for([[-1]] * n, positions, tables, bs)
         full = np.full(b * (4 + nb), -7, dtype=np.int64)
         pack_decode_inputs(full, batch, b, nb, padding_block=999, block_size=bs)
         out = np.full(b * (4 + nb), -7, dtype=np.int64)
