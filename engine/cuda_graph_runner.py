@@ -466,7 +466,7 @@ def follow_tables(
         return False
     index = np.asarray(rows, dtype=np.int64)
     np.take(prev.tables, index, axis=0, out=out)
-    lasts = np.fromiter((t[-1] if t else -1 for t in block_tables), dtype=np.int64, count=n)
+    lasts = last_blocks(block_tables, n)
     stale = np.flatnonzero((lens != prev.lens[index]) | (lasts != prev.lasts[index]))
     for i in stale.tolist():
         table = block_tables[i]
@@ -475,13 +475,18 @@ def follow_tables(
     return True
 
 
+def last_blocks(block_tables: list[list[int]], n: int) -> np.ndarray:
+    """Each of the n tables' last block id (-1 for an empty table)."""
+    return np.fromiter((t[-1] if t else -1 for t in block_tables), dtype=np.int64, count=n)
+
+
 def packed_tables(window: DecodeWindow, tables: np.ndarray, batch: ForwardBatch) -> PackedTables:
     """What `follow_tables` needs of a window just packed: a copy of its rows (the host buffer is
     rewritten by the next window), blocks per row (cut to the width) and each row's last block."""
     n, nb = tables.shape
     lens = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=n)
     np.minimum(lens, nb, out=lens)
-    lasts = np.fromiter((t[-1] if t else -1 for t in batch.block_tables), dtype=np.int64, count=n)
+    lasts = last_blocks(batch.block_tables, n)
     return PackedTables(window, tables.copy(), lens, lasts)
 
 
