@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -798,6 +798,38 @@ elif [ "$phase" = v13e ] || [ "$phase" = v13f ]; then
     for f in "$out"/gpu_bench_*-*.log; do
         echo "== $f"
         grep -a -E "^\| qwen \| (single stream \| tok/s|256 requests \| (output|host))|^exit" "$f" | cut -c1-200
+    done
+elif [ "$phase" = v14a ] || [ "$phase" = v14b ]; then
+    # one call (v14, ~6 min on one H200): the engine choosing each decode window's length
+    # (num_scheduler_steps auto, the new default): the multi-step GPU tests (auto included), then the
+    # 0.5B alone (single stream, 256 requests, no peer) alternating auto and one-step windows (the old
+    # default), each its own process, then both models with the default engine
+    # v14b (run 69): the sizer's thresholds moved (grow below a 0.5 wait share, shrink above 0.8);
+    # auto alternating with fixed 8-step windows (the host-light reference)
+    order="auto one auto one auto"
+    [ "$phase" = v14b ] && order="auto eight auto eight auto"
+    tests 0 multistep 150 tests/engine_gpu/test_multi_step_gpu.py
+    i=0
+    for run in $order; do
+        i=$((i + 1))
+        args=""
+        [ "$run" = one ] && args="--num-scheduler-steps 1"
+        [ "$run" = eight ] && args="--num-scheduler-steps 8"
+        mkdir -p "$out/$i-$run"
+        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --models qwen \
+            --throughput-models qwen --out "$out/$i-$run" $args >"$out/gpu_bench_$i-$run.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$i-$run.log"
+    done
+    mkdir -p "$out/default"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out/default" \
+        >"$out/gpu_bench_default.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_default.log"
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_bench_*.log; do
+        echo "== $f"
+        grep -a -E "^\| (qwen|llama) \| (single stream \| (tok/s|decode /)|256 requests \| (output|decode windows|SM))|^exit" \
+            "$f" | cut -c1-200
+        grep -a "window lengths in launch order" "$f" | tail -1 | cut -c1-600
     done
 elif [ "$phase" = v13g ] || [ "$phase" = v13h ]; then
     # one call (v13, ~4 min on one H200): the draft model's steps replay CUDA graphs: the speculative

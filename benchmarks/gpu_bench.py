@@ -21,10 +21,11 @@ llmdeploy's catalog, no hub):
 The engine runs as `LLM.generate` drives it: requests ask for `RequestOutputKind.FINAL_ONLY`. By
 default LLMEngine builds its own CUDA graphs on CUDA and attention dispatches pure-decode batches to
 the Triton kernel when triton is importable; `--eager` sets `enforce_eager`.
-`--num-scheduler-steps N` sets the engine's multi-step decoding (default 1: one decode step per
-scheduler call); with N > 1 greedy decode runs in windows of up to N steps with one host sync, the
-timers count a window's time under execute, per-step figures are per decode step (forward pass),
-and the throughput profile starts at engine step `--profile-step` // N. The throughput figure counts
+`--num-scheduler-steps N` sets the engine's multi-step decoding (default auto: the engine chooses 1-8
+decode steps a window on a CUDA GPU; 1: one decode step per scheduler call); with windows greedy decode
+runs up to N steps with one host sync, the timers count a window's time under execute, per-step
+figures are per decode step (forward pass), and the throughput profile starts at engine step
+`--profile-step` // N (N = 8 with auto). The log lists the windows the 256-request run launched. The throughput figure counts
 neither the profiled steps' time nor their tokens; the SM clock and board power are sampled through
 the run (a GPU held at its power limit runs below its top clock).
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -65,6 +67,11 @@ MODELS = {"qwen": "random:Qwen/Qwen2.5-0.5B", "llama": "random:meta-llama/Llama-
 PEER_GENERATED_TOK_S = {"qwen": 1909.0, "llama": 622.0}
 RESULTS: dict[str, Any] = {}
 START = time.perf_counter()
+
+
+def steps_or_auto(text: str) -> int | None:
+    """--num-scheduler-steps: a whole number >= 1, or auto (None: the engine's default)."""
+    return None if text == "auto" else int(text)
 
 
 def log(msg: str) -> None:
@@ -188,6 +195,7 @@ class StepTimers:
         self.execute_split = {"graph": 0.0, "eager": 0.0}  # execute time of replayed / eager steps
         self.eager_steps: list[tuple[int, int, float]] = []  # (tokens, sequences, seconds) of eager steps
         self.compiles: list[tuple[int, float, dict[str, int]]] = []  # (execute call, seconds, new variants)
+        self.window_lengths: list[int] = []  # steps of each launched window, in order
         self.steps_seen = 0
         self.steps = 0
         self.forward_steps = 0  # forward passes run (a multi-step window counts each of its steps)
@@ -222,6 +230,8 @@ class StepTimers:
             if name == "execute":
                 if launch:
                     out.result = self._timed_result(out.result)
+                    if self.enabled:
+                        self.window_lengths.append(args[1])
                 else:
                     sync(device)
                 self.forward_steps += args[1] if len(args) > 1 else 1  # execute_multi_step(batch, n)
@@ -262,6 +272,7 @@ class StepTimers:
         self.execute_split = dict.fromkeys(self.execute_split, 0.0)
         self.eager_steps = []
         self.compiles = []
+        self.window_lengths = []
         self.steps = 0
 
     def host_split(self, elapsed: float, tokens: int) -> dict[str, float]:
@@ -655,7 +666,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         prompt,
         # 8 engine steps of warm-up, 5 profiled, each up to num_scheduler_steps tokens
         SamplingParams(
-            max_tokens=13 * args.num_scheduler_steps + 11,
+            max_tokens=13 * engine.num_scheduler_steps + 11,
             ignore_eos=True,
             temperature=0.0,
             output_kind=RequestOutputKind.FINAL_ONLY,
@@ -684,11 +695,21 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     timers.reset()
     if phases is not None:
         phases.reset()
-    profile_at = [max(1, int(s) // args.num_scheduler_steps) for s in args.profile_step.split(",")]
+    # auto windows: divided by the longest window the engine may choose
+    profile_at = [max(1, int(s) // engine.num_scheduler_steps) for s in args.profile_step.split(",")]
+    windows_before = dict(engine.num_windows_by_steps)
     with ClockSampler(dev) as clocks:
         elapsed, tokens, profs = run_requests(
             engine, prompts, out_lens, profile_at, dev, timers, args.profile_top
         )
+    windows = {
+        k: v - windows_before.get(k, 0)
+        for k, v in sorted(engine.num_windows_by_steps.items())
+        if v > windows_before.get(k, 0)
+    }
+    log(f"  decode windows launched in the run, by steps: {windows}")
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(timers.window_lengths)]
+    log("  window lengths in launch order (steps x windows): " + " ".join(f"{k}x{c}" for k, c in runs))
     prof = profs[0] if profs else None
     if clocks.samples:
         log(f"  SM clock and board power during the run: {clocks.summary()}")
@@ -704,6 +725,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         "profiles": profs,
         "clock": clocks.summary(),
         "clock_samples": clocks.samples,
+        "windows_by_steps": windows,
         "eager_steps": [list(x) for x in timers.eager_steps],  # (tokens, sequences, seconds) each
         "triton_compiles": [list(x) for x in timers.compiles],  # (execute call, seconds, new variants)
     }
@@ -759,15 +781,15 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
 
 def table(
     bandwidth: float,
-    num_scheduler_steps: int = 1,
+    num_scheduler_steps: int | None = 1,
     kv_cache_dtype: str = "auto",
     async_scheduling: bool = False,
 ) -> str:
     asynchronous = "on" if async_scheduling else "off"
     lines = [
-        f"built-in engine, num_scheduler_steps {num_scheduler_steps}, async scheduling {asynchronous}, "
-        f"kv_cache_dtype {kv_cache_dtype}"
-        + (" (per-step figures are per decode step)" if num_scheduler_steps > 1 else ""),
+        f"built-in engine, num_scheduler_steps {num_scheduler_steps or 'auto'}, async scheduling "
+        f"{asynchronous}, kv_cache_dtype {kv_cache_dtype}"
+        + (" (per-step figures are per decode step)" if num_scheduler_steps != 1 else ""),
         "",
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read+write)",
         "",
@@ -810,6 +832,13 @@ def table(
                 f"| {key} | {t['requests']} requests | SM clock MHz mean (min-max) / board W mean (max) | "
                 f"{c['sm_mhz_mean']:.0f} ({c['sm_mhz_min']}-{c['sm_mhz_max']}) / "
                 f"{c['power_w_mean']:.0f} ({c['power_w_max']:.0f}) |"
+            )
+        if t.get("windows_by_steps"):
+            w = t["windows_by_steps"]
+            lines.append(
+                f"| {key} | {t['requests']} requests | decode windows by steps (mean steps) | "
+                + ", ".join(f"{k}: {v}" for k, v in w.items())
+                + f" ({sum(k * v for k, v in w.items()) / sum(w.values()):.2f}) |"
             )
         h = t["host_s"]
         lines.append(
@@ -864,9 +893,10 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="enforce_eager: no CUDA graphs")
     parser.add_argument(
         "--num-scheduler-steps",
-        type=int,
-        default=1,
-        help="the engine's num_scheduler_steps: decode steps per scheduler call with one host sync (1: off)",
+        type=steps_or_auto,
+        default=None,
+        help="the engine's num_scheduler_steps: decode steps per scheduler call with one host sync (1: off; "
+        "default auto: the engine chooses 1-8 a window on a CUDA GPU)",
     )
     parser.add_argument(
         "--async-scheduling",

@@ -46,6 +46,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _steps_or_auto(text: str) -> int | None:
+    """--num-scheduler-steps: a whole number >= 1, or auto (None: the engine chooses)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return _positive_int(text)
+    except (argparse.ArgumentTypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or auto, got {text!r}") from None
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -172,11 +182,14 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     sched.add_argument(
         "--num-scheduler-steps",
-        type=_positive_int,
+        type=_steps_or_auto,
         default=d.num_scheduler_steps,
+        metavar="N|auto",
         help="decode steps run back to back per scheduler call, with one host sync at the end (pure "
         "decode batches of greedy or unseeded sampled requests; new requests wait up to N steps and "
-        "streams arrive in chunks of up to N tokens); 1 = off",
+        "streams arrive in chunks of up to N tokens); 1 = off. Default auto: on a CUDA GPU with "
+        "asynchronous scheduling the engine chooses 1-8 steps a window, more while its host work a "
+        "step exceeds the GPU's (small models at large batches), else 1",
     )
     sched.add_argument(
         "--async-scheduling",

@@ -35,8 +35,11 @@ class EngineConfig:
     seed: int = 0
     max_queue_len: int = 1024  # waiting requests beyond this are refused (HTTP 503)
     enforce_eager: bool = False
-    # decode steps run back to back per scheduler call, with one host sync (llm_engine.py); 1 = off
-    num_scheduler_steps: int = 1
+    # decode steps run back to back per scheduler call, with one host sync (llm_engine.py); 1 = off.
+    # None (auto): with asynchronous scheduling on a CUDA device the engine chooses each window's
+    # length, 1 to 8 steps, longer while the host's work a window exceeds the device's
+    # (multi_step.WindowSizer); otherwise 1
+    num_scheduler_steps: int | None = None
     # launch the next decode window before processing the last one's tokens, so the host's work
     # between windows overlaps the device (llm_engine.py; with num_scheduler_steps 1 a window is one
     # decode step). None (auto): on with num_scheduler_steps > 1 or on a CUDA device, off on the CPU
@@ -47,10 +50,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
         steps = self.num_scheduler_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(
                 f"num_scheduler_steps must be a whole number >= 1 (1 = one decode step per scheduler "
-                f"call), got {steps!r}"
+                f"call) or null (auto: the engine chooses), got {steps!r}"
             )
         if self.async_scheduling not in (None, True, False):
             raise ValueError(

@@ -31,6 +31,15 @@ or when not every running sequence is in the window; the tokens it computes for 
 stopped in window k (EOS, a stop string) or was aborted are dropped, and their slots were freed with
 the sequence (the device runs the follow-on's writes to them before anything launched later).
 
+Window length auto (`num_scheduler_steps` None, the default; with asynchronous windows on a CUDA
+device): every window starts at one step; `multi_step.WindowSizer` lengthens the windows (up to 8
+steps) while the host waits ~nothing for each window's ids, i.e. while the device idles between
+windows because the host's work a window is longer than the device's, and shortens them when the
+device has more than twice the host's work. So a model whose steps are long on the device runs
+one-step windows, and a small model at a large batch runs windows long enough to hide the host (the
+multi-step trade-off above then applies: new requests wait up to two windows, streams arrive in
+chunks). Elsewhere auto is one step.
+
 Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call
 must come from one thread (AsyncLLMEngine runs it on its own loop thread).
 """
@@ -48,6 +57,7 @@ from typing import Any, Protocol
 from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.multi_step import WindowSizer
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -210,8 +220,8 @@ class LLMEngine:
             from llmdeploy_engine.spec_decode.speculator import build_speculator
 
             self.speculator = build_speculator(config, runner, self.sampler)
-        self.num_scheduler_steps = 1
-        if config.num_scheduler_steps > 1:
+        self.num_scheduler_steps = 1  # fixed window length, or the most steps auto may choose
+        if config.num_scheduler_steps is not None and config.num_scheduler_steps > 1:
             if self.speculator is not None:
                 logger.warning("num_scheduler_steps is ignored with speculative decoding: one step per call")
             elif not callable(getattr(runner, "execute_multi_step", None)):
@@ -237,7 +247,21 @@ class LLMEngine:
                 else "this runner cannot launch decode windows",
             )
         self._inflight: _Window | None = None  # the launched window whose tokens are not processed yet
-        if self.num_scheduler_steps > 1:
+        # num_scheduler_steps auto with asynchronous windows on a CUDA device: each window's length
+        # from how long the host waited for the one before (multi_step.WindowSizer); else fixed
+        self._sizer: WindowSizer | None = None
+        if config.num_scheduler_steps is None and self._async_windows and on_gpu:
+            self._sizer = WindowSizer()
+            self.num_scheduler_steps = self._sizer.max_steps
+        self._window_done: float | None = None  # when the last window's ids were read, in a chain
+        self.num_windows_by_steps: dict[int, int] = {}  # windows launched, by number of steps
+        if self._sizer is not None:
+            logger.info(
+                "Asynchronous scheduling: on; decode windows of 1-%d steps, longer while the host's "
+                "work a window exceeds the device's (num_scheduler_steps auto)",
+                self._sizer.max_steps,
+            )
+        elif self.num_scheduler_steps > 1:
             logger.info(
                 "Multi-step decoding: up to %d decode steps a window, asynchronous scheduling %s",
                 self.num_scheduler_steps,
@@ -373,6 +397,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         if self._inflight is not None:
             return self._finish_window()
+        self._window_done = None  # a scheduled step breaks the chain of windows
         if self.speculator is not None:
             self.speculator.set_proposals(self.scheduler.running, self._num_tokens_left)
         out = self.scheduler.schedule()
@@ -419,6 +444,8 @@ class LLMEngine:
         handle = self.runner.launch_multi_step(  # type: ignore[attr-defined]
             out.batch, num_steps, params, seed, None if follow is None else follow.handle, follow_rows
         )
+        counts = self.num_windows_by_steps
+        counts[num_steps] = counts.get(num_steps, 0) + 1
         return _Window(out, num_steps, handle)
 
     def _finish_window(self) -> list[RequestOutput]:
@@ -427,7 +454,15 @@ class LLMEngine:
         window = self._inflight
         assert window is not None
         self._inflight = self._follow_on(window)
-        return self._process_window(window.out, window.handle.result())
+        if self._sizer is None:
+            return self._process_window(window.out, window.handle.result())
+        start = time.perf_counter()
+        ids = window.handle.result()
+        done = time.perf_counter()
+        if self._window_done is not None:
+            self._sizer.observe(done - start, done - self._window_done)
+        self._window_done = done if self._inflight is not None else None
+        return self._process_window(window.out, ids)
 
     def _follow_on(self, window: _Window) -> _Window | None:
         """The next window for the sequences `window` does not certainly end, launched now; or None."""
@@ -453,8 +488,9 @@ class LLMEngine:
                 longest = left
             if req.window_kind == 2:
                 sampled_rows = True
+        steps = self.num_scheduler_steps if self._sizer is None else self._sizer.steps
         followed = self.scheduler.follow_decode_window(
-            window.out, window.num_steps, rows, min(self.num_scheduler_steps, longest)
+            window.out, window.num_steps, rows, min(steps, longest)
         )
         if followed is None:
             return None
@@ -482,7 +518,8 @@ class LLMEngine:
                 return 0, False
             sampled_rows = sampled_rows or kind == 2
             longest = max(longest, req.checkers[seq.index].max_tokens - seq.num_output_tokens)
-        return min(self.num_scheduler_steps, longest), sampled_rows
+        steps = self.num_scheduler_steps if self._sizer is None else self._sizer.steps
+        return min(steps, longest), sampled_rows
 
     def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """After a decode window: per sequence, step k's token is appended (its fed token now counts as

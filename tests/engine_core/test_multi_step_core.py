@@ -9,6 +9,7 @@ runs it before anything launched later."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +18,13 @@ from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.multi_step import check_decode_window, check_follow_rows, step_batch
+from llmdeploy_engine.multi_step import (
+    AUTO_MAX_WINDOW_STEPS,
+    WindowSizer,
+    check_decode_window,
+    check_follow_rows,
+    step_batch,
+)
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig
@@ -370,16 +377,19 @@ def test_num_scheduler_steps_flag() -> None:
     args = parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "8"])
     assert config_from_args(args, parser).num_scheduler_steps == 8
     args = parser.parse_args(["serve", "--model", "m.gguf"])
-    assert config_from_args(args, parser).num_scheduler_steps == 1
-    assert config_from_args(args, parser).async_scheduling is None  # auto: on with N > 1
+    assert config_from_args(args, parser).num_scheduler_steps is None  # auto: the engine chooses
+    assert config_from_args(args, parser).async_scheduling is None  # auto: on with N > 1 or on CUDA
+    args = parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "AUTO"])
+    assert config_from_args(args, parser).num_scheduler_steps is None
     args = parser.parse_args(["serve", "--model", "m.gguf", "--async-scheduling"])
     assert config_from_args(args, parser).async_scheduling is True
     args = parser.parse_args(["serve", "--model", "m.gguf", "--no-async-scheduling"])
     assert config_from_args(args, parser).async_scheduling is False
     with pytest.raises(ValueError, match="async_scheduling must be"):
         EngineConfig(model="m", async_scheduling="yes")  # type: ignore[arg-type]
-    with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", "0"])
+    for bad in ("0", "often", "1.5"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", bad])
 
 
 def test_final_only_windows_take_each_sequences_tokens_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -463,7 +473,12 @@ def test_async_scheduling_with_one_step_windows() -> None:
     # auto on a CUDA runner: one-step windows (the attribute is all the policy reads)
     gpu = MultiStepFakeRunner(rule=mixing_rule)
     gpu.device = "cuda:0"  # type: ignore[attr-defined]
-    eng = LLMEngine(EngineConfig(model="fake"), runner=gpu, tokenizer=FakeTokenizer(), sampler=FakeSampler())
+    eng = LLMEngine(
+        EngineConfig(model="fake", num_scheduler_steps=1),
+        runner=gpu,
+        tokenizer=FakeTokenizer(),
+        sampler=FakeSampler(),
+    )
     assert eng._async_windows
     final, _ = run_all(eng, {0: req})
     assert outputs(final) == outputs(ref) and gpu.windows == [1] * 11
@@ -527,3 +542,64 @@ def test_follow_on_window_rules() -> None:
     assert steps == 4 and len(window.scheduled) == 2
     assert sched.follow_decode_window(window, 4, [1], 8) is None  # the first sequence left out
     assert sched.follow_decode_window(window, 4, [0, 1], 8) is not None
+
+
+class SlowWindow(FakeWindow):
+    """A window whose ids take `seconds` to arrive, as a device busier than the host makes them."""
+
+    def __init__(self, sampled: list[list[int]], seconds: float) -> None:
+        super().__init__(sampled)
+        self.seconds = seconds
+
+    def result(self) -> list[list[int]]:
+        time.sleep(self.seconds)
+        return super().result()
+
+
+def test_auto_window_length_follows_the_wait_for_ids() -> None:
+    """num_scheduler_steps auto (the default) on a CUDA runner: windows start at one step and grow
+    (to at most 8) while the host waits ~nothing for each window's ids (the fake runner's ids are
+    there at launch: a device idle between windows); with ids that take 20 ms (a device with more
+    work than the host) they stay at one step. Either way the tokens are one step per call's."""
+    req = [("r", [1, 2, 3], greedy(max_tokens=80, ignore_eos=True))]
+    ref, _ = run_all(engine(1)[0], {0: req})
+
+    def auto_engine(runner: MultiStepFakeRunner) -> LLMEngine:
+        runner.device = "cuda:0"  # type: ignore[attr-defined]
+        return LLMEngine(
+            EngineConfig(model="fake"), runner=runner, tokenizer=FakeTokenizer(), sampler=FakeSampler()
+        )
+
+    idle = MultiStepFakeRunner(rule=mixing_rule, max_model_len=128)
+    eng = auto_engine(idle)
+    assert eng._sizer is not None and eng.num_scheduler_steps == AUTO_MAX_WINDOW_STEPS == 8
+    final, _ = run_all(eng, {0: req})
+    assert outputs(final) == outputs(ref)
+    assert idle.windows[:6] == [1] * 6  # the first decisions come after 4 observed windows
+    assert max(idle.windows) == 8 and idle.windows == sorted(idle.windows[:-1]) + idle.windows[-1:]
+    assert sum(idle.windows) == 79 and eng.num_windows_by_steps[8] >= 5
+
+    class Busy(MultiStepFakeRunner):
+        def launch_multi_step(self, *args, **kw):  # type: ignore[no-untyped-def]
+            return SlowWindow(super().launch_multi_step(*args, **kw).sampled.tolist(), 0.02)
+
+    busy = Busy(rule=mixing_rule, max_model_len=128)
+    short = [("r", [1, 2, 3], greedy(max_tokens=16, ignore_eos=True))]
+    final, _ = run_all(auto_engine(busy), {0: short})
+    assert outputs(final) == outputs(run_all(engine(1)[0], {0: short})[0])
+    assert busy.windows == [1] * 15
+
+
+def test_window_sizer_decisions() -> None:
+    """WindowSizer: per span of windows, the share of time the host waited for ids doubles the length
+    below grow_below (up to max_steps), halves it above shrink_above (down to 1), keeps it between."""
+    sizer = WindowSizer(max_steps=8, span=2, grow_below=0.15, shrink_above=0.6)
+    assert sizer.steps == 1
+    seen = [sizer.observe(0.0001, 0.004) for _ in range(8)]
+    assert seen == [1, 2, 2, 4, 4, 8, 8, 8]
+    assert [sizer.observe(0.004, 0.01) for _ in range(2)] == [8, 8]  # 40 %: held
+    assert [sizer.observe(0.009, 0.01) for _ in range(4)] == [8, 4, 4, 2]  # 90 %: halved each span
+    assert [sizer.observe(0.009, 0.01) for _ in range(6)] == [2, 1, 1, 1, 1, 1]
+    assert sizer.observe(0.0, 0.0) == 1 and sizer.observe(0.0, 0.0) == 1  # no time: counted as waiting
+    with pytest.raises(AssertionError):
+        WindowSizer(grow_below=0.7, shrink_above=0.6)

@@ -1,7 +1,8 @@
 """On a CUDA GPU: multi-step decode windows replayed from CUDA graphs give the tokens of single graph
 steps (float32 random Qwen2.5-0.5B), including windows whose last step needs a larger context bucket
 and batches padded to the graph's size, write no other sequence's KV, and through the engine give the
-same greedy outputs as num_scheduler_steps 1, with asynchronous scheduling and without. An
+same greedy outputs as num_scheduler_steps 1, with asynchronous scheduling and without, and with the
+engine choosing the windows' lengths (auto). An
 asynchronous window fed the last ids of the window before it on the device gives the same tokens, and
 its ids can be read before the windows launched after it have run."""
 
@@ -29,7 +30,7 @@ pytestmark = [
 MODEL = "random:Qwen/Qwen2.5-0.5B"
 
 
-def config(steps: int, asynchronous: bool = True) -> EngineConfig:
+def config(steps: int | None, asynchronous: bool = True) -> EngineConfig:
     # float32: graph steps over different context buckets agree to the last bit that decides a token
     return EngineConfig(
         model=MODEL, device="cuda", dtype="float32", max_model_len=512, max_num_seqs=8,
@@ -118,7 +119,7 @@ def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:
     prompts = [[(37 * i + 11 * j) % (vocab - 10) + 5 for i in range(n)] for j, n in enumerate((9, 120, 33))]
     max_tokens = [37, 50, 21]
 
-    def generate(steps: int, asynchronous: bool = True) -> tuple[list[list[int]], list[int]]:
+    def generate(steps: int | None, asynchronous: bool = True) -> tuple[list[list[int]], list[int]]:
         engine = LLMEngine(config(steps, asynchronous), runner=graphs, tokenizer=tokenizer)
         windows: list[int] = []
         name = "launch_multi_step" if asynchronous else "execute_multi_step"
@@ -152,3 +153,6 @@ def test_engine_windows_give_single_step_outputs(runner: ModelRunner) -> None:
         multi, windows = generate(8, asynchronous)
         assert windows and max(windows) == 8
         assert multi == base
+    auto, auto_windows = generate(None, True)  # num_scheduler_steps auto: the engine's lengths
+    assert auto_windows and max(auto_windows) <= 8
+    assert auto == base
