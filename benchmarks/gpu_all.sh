@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -830,6 +830,28 @@ elif [ "$phase" = v14a ] || [ "$phase" = v14b ]; then
         grep -a -E "^\| (qwen|llama) \| (single stream \| (tok/s|decode /)|256 requests \| (output|decode windows|SM))|^exit" \
             "$f" | cut -c1-200
         grep -a "window lengths in launch order" "$f" | tail -1 | cut -c1-600
+    done
+elif [ "$phase" = v14c ]; then
+    # one call (v14, ~3 min on one H200): the draft model's first pass after each verification replays
+    # its graphs (multi-token-row graphs, catch-ups evened out per sequence): the speculative decoding
+    # GPU tests, then gpu_spec.py on the 0.5B (off, n-gram and a self-draft, k = 4) with 1511c39's
+    # engine (.whl/old_engine) and this one, old new old new
+    tests 0 spec 150 tests/engine_gpu/test_spec_decode_gpu.py
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    i=0
+    for eng in old new old new; do
+        i=$((i + 1))
+        path=/tmp/pkgs
+        [ "$eng" = old ] && path=/tmp/pkgs_old
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_spec.py \
+            --models qwen --ks 4 --draft-self --repeats 2 --output-len 128 --out "$out/spec_$i-$eng.json" \
+            >"$out/gpu_spec_$i-$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_spec_$i-$eng.log"
+    done
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_spec_*.log; do
+        echo "== $f"
+        tail -6 "$f"
     done
 elif [ "$phase" = v13g ] || [ "$phase" = v13h ]; then
     # one call (v13, ~4 min on one H200): the draft model's steps replay CUDA graphs: the speculative

@@ -2,8 +2,10 @@
 
 The draft's ModelRunner has the target's block size and number of KV blocks, so it writes its own K/V
 tensors through the target's block tables and slots: no second block manager. On a CUDA device
-(unless enforce_eager) the runner is wrapped in a CudaGraphRunner: the steps after the first feed one
-token per sequence and replay its decode graphs. The draft keeps, per
+(unless enforce_eager) the runner is wrapped in a CudaGraphRunner whose decode graphs also take several
+tokens per sequence: the steps after the first feed one token per sequence, and the first (the
+tokens verification appended) is evened out to the same count for every sequence
+(`uniform_catch_up`), so both replay graphs. The draft keeps, per
 sequence, how far its KV matches the sequence's tokens; before proposing it feeds what it has not
 seen (the prompt on first use, then the tokens verification appended) and then feeds its own
 proposals one at a time. Proposals it wrote KV for and that the target rejected are simply
@@ -29,6 +31,27 @@ class _DraftState:
     written: list[int] = field(default_factory=list)  # tokens whose KV sits at base, base + 1, ...
 
 
+# catch-ups of at most this many tokens a sequence are evened out (uniform_catch_up)
+MAX_UNIFORM_CATCH_UP = 16
+
+
+def uniform_catch_up(pieces: list[tuple[Any, int, int]]) -> list[tuple[Any, int, int]]:
+    """(request, start, end) pieces of a catch-up pass, each moved to start at end - q, q the longest
+    piece, when every piece is short (<= MAX_UNIFORM_CATCH_UP tokens) and every sequence has q tokens.
+
+    After a verification step the draft has not seen one to k + 1 tokens of each sequence (the bonus
+    token, and its last proposal when all were accepted): a batch of unequal pieces that no CUDA
+    graph takes (graphs take the same number of new tokens per sequence), so it ran eagerly, ~20x a
+    replay for a small draft. Feeding a sequence's already-seen tokens again rewrites their K/V with
+    the same inputs (the draft's K/V only steers proposals; the target verifies every token)."""
+    if not pieces:
+        return pieces
+    q = max(end - start for _, start, end in pieces)
+    if q > MAX_UNIFORM_CATCH_UP or any(end < q for _, _, end in pieces):
+        return pieces
+    return [(r, end - q, end) for r, _, end in pieces]
+
+
 @dataclass(frozen=True)
 class DraftRequest:
     """One sequence to propose for: `k` tokens after its last one; its slots already exist."""
@@ -47,6 +70,7 @@ class DraftProposer:
         self.block_size: int = runner.block_size
         self.max_num_batched_tokens: int = runner.max_num_batched_tokens
         self._states: dict[int, _DraftState] = {}
+        self.num_passes = 0  # draft forward passes run (CudaGraphRunner.num_replays: those replayed)
 
     def forget_except(self, live_seq_ids: set[int]) -> None:
         for seq_id in [s for s in self._states if s not in live_seq_ids]:
@@ -60,7 +84,7 @@ class DraftProposer:
         drafts: dict[int, list[int]] = {r.seq.seq_id: [] for r in requests}
         probs: dict[int, list[torch.Tensor]] = {r.seq.seq_id: [] for r in requests}
         # step 0: catch up on unseen tokens; the last one's logits give the first proposal
-        pieces = [(r, self._valid_len(r.seq), r.seq.num_tokens) for r in requests]
+        pieces = uniform_catch_up([(r, self._valid_len(r.seq), r.seq.num_tokens) for r in requests])
         logits = self._run_pieces(pieces)
         self._take(requests, logits, drafts, probs)
         for step in range(1, max(r.k for r in requests)):
@@ -137,6 +161,7 @@ class DraftProposer:
         for chunk in chunks:
             if chunk:
                 logits = self.runner.execute(self._batch(chunk, drafts))
+                self.num_passes += 1
                 # a CUDA graph's logits are a view of a buffer the next replay rewrites
                 out.append(logits.clone() if len(chunks) > 1 else logits)
         return torch.cat(out) if len(out) > 1 else out[0]

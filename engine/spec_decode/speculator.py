@@ -194,12 +194,15 @@ def build_speculator(config: EngineConfig, runner: Any, sampler: Any) -> Specula
         assert draft_runner.num_kv_blocks == runner.num_kv_blocks
         proposer_runner: Any = draft_runner
         if draft_runner.device.type == "cuda" and not config.enforce_eager:
-            # the draft's steps after its first are one token per sequence: replayed from CUDA graphs
-            # like the target's decode steps (eagerly, each launched ~300 kernels from Python: a small
-            # draft's step cost more host time than the 8B target's whole decode step)
+            # the draft's steps replay CUDA graphs like the target's decode steps (eagerly, each
+            # launched ~300 kernels from Python: a small draft's step cost more host time than the 8B
+            # target's whole decode step); multi-token rows: its first step feeds the 1 to k + 1
+            # tokens verification appended, evened out per sequence (draft_proposer.uniform_catch_up)
             from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
 
-            proposer_runner = CudaGraphRunner(draft_runner, logits_max_batch=draft_runner.graph_logits_rows())
+            proposer_runner = CudaGraphRunner(
+                draft_runner, logits_max_batch=draft_runner.graph_logits_rows(), multi_token_rows=True
+            )
     except torch.OutOfMemoryError as e:
         raise ValueError(
             f"speculative_config: no device memory left for the draft model {spec.model!r}, its KV cache "

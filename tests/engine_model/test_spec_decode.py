@@ -14,6 +14,7 @@ from llmdeploy_engine.llm_engine import LLMEngine
 from llmdeploy_engine.model_runner import ModelRunner
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.spec_decode.draft_proposer import MAX_UNIFORM_CATCH_UP, uniform_catch_up
 from llmdeploy_engine.spec_decode.rejection_sampler import verify_greedy, verify_sampled
 from llmdeploy_engine.tokenizer import Tokenizer
 
@@ -217,3 +218,18 @@ def test_sampling_with_itself_as_draft_accepts_almost_everything(
     assert [c.token_ids for c in run(engine, [CODE], greedy_n2)[0].outputs] == [
         c.token_ids for c in run(plain, [CODE], greedy_n2)[0].outputs
     ]
+
+
+def test_uniform_catch_up_evens_short_pieces_only() -> None:
+    """The draft's first pass after verification: short unequal pieces start q tokens before their end
+    (q the longest), so every sequence feeds q tokens (a shape the CUDA graphs take); a long piece (a
+    prompt) or a sequence shorter than q leaves the pieces as they are."""
+    a, b, c = object(), object(), object()
+    assert uniform_catch_up([(a, 10, 12), (b, 30, 31), (c, 7, 10)]) == [(a, 9, 12), (b, 28, 31), (c, 7, 10)]
+    same = [(a, 10, 12), (b, 30, 32)]
+    assert uniform_catch_up(same) == same
+    long = [(a, 0, MAX_UNIFORM_CATCH_UP + 1), (b, 30, 31)]
+    assert uniform_catch_up(long) == long
+    short_seq = [(a, 1, 2), (b, 20, 23)]  # a has 2 tokens: it cannot feed 3
+    assert uniform_catch_up(short_seq) == short_seq
+    assert uniform_catch_up([]) == []
