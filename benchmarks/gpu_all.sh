@@ -831,15 +831,22 @@ elif [ "$phase" = v14a ] || [ "$phase" = v14b ]; then
             "$f" | cut -c1-200
         grep -a "window lengths in launch order" "$f" | tail -1 | cut -c1-600
     done
-elif [ "$phase" = v14c ]; then
-    # one call (v14, ~3 min on one H200): the draft model's first pass after each verification replays
-    # its graphs (multi-token-row graphs, catch-ups evened out per sequence): the speculative decoding
-    # GPU tests, then gpu_spec.py on the 0.5B (off, n-gram and a self-draft, k = 4) with 1511c39's
-    # engine (.whl/old_engine) and this one, old new old new
-    tests 0 spec 150 tests/engine_gpu/test_spec_decode_gpu.py
+elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ]; then
+    # one call (v13, ~4 min on one H200): the draft model's steps replay CUDA graphs: the speculative
+    # decoding GPU tests, then gpu_spec.py on the 0.5B (off, n-gram and a self-draft, k = 4) with
+    # b836086's engine (eager draft, .whl/old_engine) and this one
+    # v13h (run 67): the gpu_spec.py runs again without the tests (run 66's ran out of memory: the draft
+    # rows shared the n-gram rows' runner, whose KV cache took 0.85 of the GPU; fixed in gpu_spec.py)
+    # v14c (run 70, ~3 min): the draft's first pass after each verification replays its graphs
+    # (multi-token-row graphs, catch-ups evened out per sequence): the tests, then 1511c39's engine
+    # (.whl/old_engine) and this one, old new old new. (Runs 66-67 named the logs gpu_spec_old.log
+    # and gpu_spec_new.log; the runs are now numbered: gpu_spec_1-old.log, ...)
+    [ "$phase" != v13h ] && tests 0 spec 150 tests/engine_gpu/test_spec_decode_gpu.py
     mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    order="old new"
+    [ "$phase" = v14c ] && order="old new old new"
     i=0
-    for eng in old new old new; do
+    for eng in $order; do
         i=$((i + 1))
         path=/tmp/pkgs
         [ "$eng" = old ] && path=/tmp/pkgs_old
@@ -852,27 +859,6 @@ elif [ "$phase" = v14c ]; then
     for f in "$out"/gpu_spec_*.log; do
         echo "== $f"
         tail -6 "$f"
-    done
-elif [ "$phase" = v13g ] || [ "$phase" = v13h ]; then
-    # one call (v13, ~4 min on one H200): the draft model's steps replay CUDA graphs: the speculative
-    # decoding GPU tests, then gpu_spec.py on the 0.5B (off, n-gram and a self-draft, k = 4) with
-    # b836086's engine (eager draft, .whl/old_engine) and this one
-    # v13h (run 67): the gpu_spec.py runs again without the tests (run 66's ran out of memory: the draft
-    # rows shared the n-gram rows' runner, whose KV cache took 0.85 of the GPU; fixed in gpu_spec.py)
-    [ "$phase" = v13g ] && tests 0 spec 150 tests/engine_gpu/test_spec_decode_gpu.py
-    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
-    for eng in old new; do
-        path=/tmp/pkgs
-        [ "$eng" = old ] && path=/tmp/pkgs_old
-        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 110 python3 benchmarks/gpu_spec.py \
-            --models qwen --ks 4 --draft-self --repeats 2 --output-len 128 --out "$out/spec_$eng.json" \
-            >"$out/gpu_spec_$eng.log" 2>&1
-        echo "exit $?" >>"$out/gpu_spec_$eng.log"
-    done
-    summary "$out"/t_*.log
-    for eng in old new; do
-        echo "== $eng"
-        tail -6 "$out/gpu_spec_$eng.log"
     done
 elif [ "$phase" = v13c ]; then
     # one call (v13 final, ~6 min on one H200, a freshly started machine): the whole-engine GPU tests
