@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -799,31 +799,40 @@ elif [ "$phase" = v13e ] || [ "$phase" = v13f ]; then
         echo "== $f"
         grep -a -E "^\| qwen \| (single stream \| tok/s|256 requests \| (output|host))|^exit" "$f" | cut -c1-200
     done
-elif [ "$phase" = v14a ] || [ "$phase" = v14b ]; then
+elif [ "$phase" = v14a ] || [ "$phase" = v14b ] || [ "$phase" = v14e ]; then
     # one call (v14, ~6 min on one H200): the engine choosing each decode window's length
     # (num_scheduler_steps auto, the new default): the multi-step GPU tests (auto included), then the
     # 0.5B alone (single stream, 256 requests, no peer) alternating auto and one-step windows (the old
     # default), each its own process, then both models with the default engine
     # v14b (run 69): the sizer's thresholds moved (grow below a 0.5 wait share, shrink above 0.8);
     # auto alternating with fixed 8-step windows (the host-light reference)
+    # v14e (run 72, ~5 min): the sizer decides on the median window of 8 and shrinks above 0.75; this
+    # engine (auto) alternating with 70c51f1's (.whl/old_engine, auto), the 0.5B then the 8B alone
     order="auto one auto one auto"
     [ "$phase" = v14b ] && order="auto eight auto eight auto"
-    tests 0 multistep 150 tests/engine_gpu/test_multi_step_gpu.py
+    [ "$phase" = v14e ] && order="auto old auto old llama llama-old"
+    [ "$phase" != v14e ] && tests 0 multistep 150 tests/engine_gpu/test_multi_step_gpu.py
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
     i=0
     for run in $order; do
         i=$((i + 1))
-        args=""
-        [ "$run" = one ] && args="--num-scheduler-steps 1"
-        [ "$run" = eight ] && args="--num-scheduler-steps 8"
+        args="--models qwen --throughput-models qwen"
+        path=/tmp/pkgs
+        [ "$run" = one ] && args="$args --num-scheduler-steps 1"
+        [ "$run" = eight ] && args="$args --num-scheduler-steps 8"
+        case $run in llama*) args="--models llama --throughput-models llama" ;; esac
+        case $run in *old) path=/tmp/pkgs_old ;; esac
         mkdir -p "$out/$i-$run"
-        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --models qwen \
-            --throughput-models qwen --out "$out/$i-$run" $args >"$out/gpu_bench_$i-$run.log" 2>&1
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py \
+            --no-peer --out "$out/$i-$run" $args >"$out/gpu_bench_$i-$run.log" 2>&1
         echo "exit $?" >>"$out/gpu_bench_$i-$run.log"
     done
-    mkdir -p "$out/default"
-    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out/default" \
-        >"$out/gpu_bench_default.log" 2>&1
-    echo "exit $?" >>"$out/gpu_bench_default.log"
+    if [ "$phase" != v14e ]; then
+        mkdir -p "$out/default"
+        CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out/default" \
+            >"$out/gpu_bench_default.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_default.log"
+    fi
     summary "$out"/t_*.log
     for f in "$out"/gpu_bench_*.log; do
         echo "== $f"
@@ -860,13 +869,18 @@ elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ]; then
         echo "== $f"
         tail -6 "$f"
     done
-elif [ "$phase" = v13c ]; then
+elif [ "$phase" = v13c ] || [ "$phase" = v14d ]; then
     # one call (v13 final, ~6 min on one H200, a freshly started machine): the whole-engine GPU tests
     # and the planner's in one process with the final code (the runner collects dropped engines itself;
     # v13b's run had the collection in the planner's comparison), then gpu_bench.py with the default
     # engine (both models, no peer) and the 8B's 256 requests with the fp8 KV cache
+    # v14d (run 71, ~7.5 min): the same with v14's final code, the graph, multi-step and Triton engine
+    # tests in the same process
     g=tests/engine_gpu
-    tests 0 engines 450 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py \
+    more=""
+    [ "$phase" = v14d ] && more="$g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py \
+        $g/test_triton_engine.py"
+    tests 0 engines 450 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py $more \
         tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py
     mkdir -p "$out/default" "$out/fp8"
     CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out/default" \

@@ -34,8 +34,8 @@ the sequence (the device runs the follow-on's writes to them before anything lau
 Window length auto (`num_scheduler_steps` None, the default; with asynchronous windows on a CUDA
 device): every window starts at one step; `multi_step.WindowSizer` lengthens the windows (up to 8
 steps) while the host waits ~nothing for each window's ids, i.e. while the device idles between
-windows because the host's work a window is longer than the device's, and shortens them when the
-device has more than twice the host's work. So a model whose steps are long on the device runs
+windows because the host's work a window is over half the device's, and shortens them when the
+device has more than four times the host's work. So a model whose steps are long on the device runs
 one-step windows, and a small model at a large batch runs windows long enough to hide the host (the
 multi-step trade-off above then applies: new requests wait up to two windows, streams arrive in
 chunks). Elsewhere auto is one step.

@@ -46,21 +46,22 @@ class WindowSizer:
     device's lead: ~0 when the host's work per window (processing, scheduling, packing, launching)
     is longer than the device's, so the device idles between windows; near 1 when the device's is
     much longer. A longer window does the same per-window host work (and the device's own per-window
-    copies) for more decode steps. So, per `span` windows: below `grow_below` (the host's work is
-    over half the device's, where the host's jitter already idles the device) the length doubles,
-    up to `max_steps`; above `shrink_above` (the host's work is under a fifth of the device's) it
-    halves, down to 1, which shortens the wait of new requests and the chunks of streamed tokens.
-    With host work a + b L and device work d L for L steps, a wait share above 0.8 at L is at least
-    0.6 at L / 2, so a halving is never undone by the next decision. Measured (run 68, H200): the
-    8B at 256 sequences (~13 ms of device work against ~1.4 ms of host work a step) stays at one
-    step; the 0.5B (~2 ms against ~3 ms) runs longer windows."""
+    copies) for more decode steps. So, per `span` windows, from the median window's share (one host
+    stall, a collection or a descheduled thread, moves a sum but not the median): below `grow_below`
+    (the host's work is over half the device's, where the host's jitter already idles the device)
+    the length doubles, up to `max_steps`; above `shrink_above` (the host's work is under a quarter
+    of the device's) it halves, down to 1, which shortens the wait of new requests and the chunks of
+    streamed tokens. With host work a + b L and device work d L for L steps, a share above s at L is
+    above 2 s - 1 at L / 2: with s = 0.75 that is 0.5, so a halving is never undone by the next
+    decision. Measured (runs 68-72, H200): the 8B at 256 sequences (~13 ms of device work against
+    ~2-3 ms of host work a step) runs one-step windows; the 0.5B (~2 ms against ~3 ms) 2-8 steps."""
 
     def __init__(
         self,
         max_steps: int = AUTO_MAX_WINDOW_STEPS,
-        span: int = 4,
+        span: int = 8,
         grow_below: float = 0.5,
-        shrink_above: float = 0.8,
+        shrink_above: float = 0.75,
     ) -> None:
         assert max_steps >= 1 and span >= 1 and 0.0 <= grow_below < shrink_above <= 1.0
         self.steps = 1
@@ -68,24 +69,22 @@ class WindowSizer:
         self.span = span
         self.grow_below = grow_below
         self.shrink_above = shrink_above
-        self._waited = 0.0
-        self._between = 0.0
-        self._count = 0
+        self._shares: list[float] = []
 
     def observe(self, waited: float, between: float) -> int:
         """One window: seconds the host waited for its ids, and seconds since the window before it
         was done (its whole cycle). Returns the length of the next window."""
-        self._waited += waited
-        self._between += between
-        self._count += 1
-        if self._count >= self.span:
-            share = self._waited / self._between if self._between > 0.0 else 1.0
+        shares = self._shares
+        shares.append(waited / between if between > 0.0 else 1.0)
+        if len(shares) >= self.span:
+            shares.sort()
+            mid = len(shares) // 2
+            share = shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
             if share < self.grow_below:
                 self.steps = min(2 * self.steps, self.max_steps)
             elif share > self.shrink_above:
                 self.steps = max(self.steps // 2, 1)
-            self._waited = self._between = 0.0
-            self._count = 0
+            shares.clear()
         return self.steps
 
 

@@ -561,8 +561,8 @@ def test_auto_window_length_follows_the_wait_for_ids() -> None:
     (to at most 8) while the host waits ~nothing for each window's ids (the fake runner's ids are
     there at launch: a device idle between windows); with ids that take 20 ms (a device with more
     work than the host) they stay at one step. Either way the tokens are one step per call's."""
-    req = [("r", [1, 2, 3], greedy(max_tokens=80, ignore_eos=True))]
-    ref, _ = run_all(engine(1)[0], {0: req})
+    req = [("r", [1, 2, 3], greedy(max_tokens=160, ignore_eos=True))]
+    ref, _ = run_all(engine(1, max_model_len=256)[0], {0: req})
 
     def auto_engine(runner: MultiStepFakeRunner) -> LLMEngine:
         runner.device = "cuda:0"  # type: ignore[attr-defined]
@@ -570,14 +570,14 @@ def test_auto_window_length_follows_the_wait_for_ids() -> None:
             EngineConfig(model="fake"), runner=runner, tokenizer=FakeTokenizer(), sampler=FakeSampler()
         )
 
-    idle = MultiStepFakeRunner(rule=mixing_rule, max_model_len=128)
+    idle = MultiStepFakeRunner(rule=mixing_rule, max_model_len=256)
     eng = auto_engine(idle)
     assert eng._sizer is not None and eng.num_scheduler_steps == AUTO_MAX_WINDOW_STEPS == 8
     final, _ = run_all(eng, {0: req})
     assert outputs(final) == outputs(ref)
-    assert idle.windows[:6] == [1] * 6  # the first decisions come after 4 observed windows
+    assert idle.windows[:10] == [1] * 10  # the first decision comes after 8 observed windows
     assert max(idle.windows) == 8 and idle.windows == sorted(idle.windows[:-1]) + idle.windows[-1:]
-    assert sum(idle.windows) == 79 and eng.num_windows_by_steps[8] >= 5
+    assert sum(idle.windows) == 159 and eng.num_windows_by_steps[8] >= 10
 
     class Busy(MultiStepFakeRunner):
         def launch_multi_step(self, *args, **kw):  # type: ignore[no-untyped-def]
@@ -591,8 +591,9 @@ def test_auto_window_length_follows_the_wait_for_ids() -> None:
 
 
 def test_window_sizer_decisions() -> None:
-    """WindowSizer: per span of windows, the share of time the host waited for ids doubles the length
-    below grow_below (up to max_steps), halves it above shrink_above (down to 1), keeps it between."""
+    """WindowSizer: per span of windows, the median window's share of time the host waited for ids
+    doubles the length below grow_below (up to max_steps), halves it above shrink_above (down to 1),
+    keeps it between; one outlying window does not move the median."""
     sizer = WindowSizer(max_steps=8, span=2, grow_below=0.15, shrink_above=0.6)
     assert sizer.steps == 1
     seen = [sizer.observe(0.0001, 0.004) for _ in range(8)]
@@ -603,3 +604,8 @@ def test_window_sizer_decisions() -> None:
     assert sizer.observe(0.0, 0.0) == 1 and sizer.observe(0.0, 0.0) == 1  # no time: counted as waiting
     with pytest.raises(AssertionError):
         WindowSizer(grow_below=0.7, shrink_above=0.6)
+    sizer = WindowSizer(max_steps=8, span=5)  # the defaults' thresholds: grow below 0.5, shrink above 0.75
+    assert [sizer.observe(w, 0.01) for w in (0.009, 0.009, 0.0, 0.009, 0.009)] == [1] * 5  # one stall: held
+    assert [sizer.observe(w, 0.01) for w in (0.001, 0.002, 0.009, 0.003, 0.001)][-1] == 2  # median 0.2
+    sizer.steps = 4
+    assert [sizer.observe(w, 0.01) for w in (0.008, 0.009, 0.0, 0.0, 0.009)][-1] == 2  # median 0.8
