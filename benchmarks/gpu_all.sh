@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -840,7 +840,7 @@ elif [ "$phase" = v14a ] || [ "$phase" = v14b ] || [ "$phase" = v14e ]; then
             "$f" | cut -c1-200
         grep -a "window lengths in launch order" "$f" | tail -1 | cut -c1-600
     done
-elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ]; then
+elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ] || [ "$phase" = v14f ]; then
     # one call (v13, ~4 min on one H200): the draft model's steps replay CUDA graphs: the speculative
     # decoding GPU tests, then gpu_spec.py on the 0.5B (off, n-gram and a self-draft, k = 4) with
     # b836086's engine (eager draft, .whl/old_engine) and this one
@@ -850,10 +850,11 @@ elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ]; then
     # (multi-token-row graphs, catch-ups evened out per sequence): the tests, then 1511c39's engine
     # (.whl/old_engine) and this one, old new old new. (Runs 66-67 named the logs gpu_spec_old.log
     # and gpu_spec_new.log; the runs are now numbered: gpu_spec_1-old.log, ...)
+    # v14f (run 73, ~3 min): a greedy draft's proposals 2..k as one decode window; old = ae960f1's engine
     [ "$phase" != v13h ] && tests 0 spec 150 tests/engine_gpu/test_spec_decode_gpu.py
     mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
     order="old new"
-    [ "$phase" = v14c ] && order="old new old new"
+    [ "$phase" = v14c ] || [ "$phase" = v14f ] && order="old new old new"
     i=0
     for eng in $order; do
         i=$((i + 1))

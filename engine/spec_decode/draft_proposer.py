@@ -5,7 +5,9 @@ tensors through the target's block tables and slots: no second block manager. On
 (unless enforce_eager) the runner is wrapped in a CudaGraphRunner whose decode graphs also take several
 tokens per sequence: the steps after the first feed one token per sequence, and the first (the
 tokens verification appended) is evened out to the same count for every sequence
-(`uniform_catch_up`), so both replay graphs. The draft keeps, per
+(`uniform_catch_up`), so both replay graphs. When every request is plain greedy and wants the same
+number of proposals, the steps after the first run as one decode window (multi_step.py: k - 1 steps
+back to back, one read back). The draft keeps, per
 sequence, how far its KV matches the sequence's tokens; before proposing it feeds what it has not
 seen (the prompt on first use, then the tokens verification appended) and then feeds its own
 proposals one at a time. Proposals it wrote KV for and that the target rejected are simply
@@ -71,6 +73,7 @@ class DraftProposer:
         self.max_num_batched_tokens: int = runner.max_num_batched_tokens
         self._states: dict[int, _DraftState] = {}
         self.num_passes = 0  # draft forward passes run (CudaGraphRunner.num_replays: those replayed)
+        self.num_windows = 0  # proposals made as one decode window (_propose_in_a_window)
 
     def forget_except(self, live_seq_ids: set[int]) -> None:
         for seq_id in [s for s in self._states if s not in live_seq_ids]:
@@ -87,12 +90,19 @@ class DraftProposer:
         pieces = uniform_catch_up([(r, self._valid_len(r.seq), r.seq.num_tokens) for r in requests])
         logits = self._run_pieces(pieces)
         self._take(requests, logits, drafts, probs)
+        if self._propose_in_a_window(requests, drafts):
+            return self._finish(requests, drafts, probs)
         for step in range(1, max(r.k for r in requests)):
             active = [r for r in requests if r.k > step]
             if not active:
                 break
             pieces = [(r, r.seq.num_tokens + step - 1, r.seq.num_tokens + step) for r in active]
             self._take(active, self._run_pieces(pieces, drafts), drafts, probs)
+        return self._finish(requests, drafts, probs)
+
+    def _finish(
+        self, requests: list[DraftRequest], drafts: dict[int, list[int]], probs: dict[int, list[torch.Tensor]]
+    ) -> tuple[dict[int, list[int]], dict[int, torch.Tensor]]:
         for r in requests:
             seq = r.seq
             self._states[seq.seq_id] = _DraftState(
@@ -100,6 +110,27 @@ class DraftProposer:
             )
         q = {sid: torch.stack(rows) for sid, rows in probs.items() if rows}
         return drafts, q
+
+    def _propose_in_a_window(self, requests: list[DraftRequest], drafts: dict[int, list[int]]) -> bool:
+        """Proposals 2..k as one decode window on the draft's runner (multi_step.py: each step fed
+        the argmax of the one before on the device, one read back at the end) when every request is
+        plain greedy and wants the same k; False (nothing run) otherwise. Each step computes what a
+        one-token pass computes, so the proposals are the loop's."""
+        k = requests[0].k
+        window = getattr(self.runner, "execute_multi_step", None)
+        if k < 2 or window is None or any(r.k != k for r in requests):
+            return False
+        for r in requests:
+            if not plain_greedy(r.params, r.seq.output_token_ids + drafts[r.seq.seq_id], logprobs=False):
+                return False
+        pieces = [(r, r.seq.num_tokens, r.seq.num_tokens + 1, True) for r in requests]
+        ids = window(self._batch(pieces, drafts), k - 1)
+        self.num_passes += k - 1
+        self.num_windows += 1
+        for step_ids in ids:
+            for r, token in zip(requests, step_ids, strict=True):
+                drafts[r.seq.seq_id].append(int(token))
+        return True
 
     # ---- internals ----------------------------------------------------------------------------
     def _valid_len(self, seq: Sequence) -> int:

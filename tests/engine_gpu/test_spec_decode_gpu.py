@@ -76,3 +76,4 @@ def test_speculative_greedy_matches_plain_greedy(
         draft = engine.speculator.draft
         assert draft.runner.num_replays > 0
         assert draft.num_passes - draft.runner.num_replays <= len(prompts)
+        assert draft.num_windows > 0  # proposals 2..k as one decode window of the draft's graphs

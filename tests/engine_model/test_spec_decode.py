@@ -130,6 +130,9 @@ def test_greedy_with_itself_as_draft_accepts_everything(
     check_identical(engine, reference)
     stats = engine.stats()
     assert stats.spec_decode_num_accepted_tokens >= 0.9 * stats.spec_decode_num_draft_tokens > 0
+    # greedy requests wanting 4 proposals: proposals 2-4 come from one decode window of the draft
+    assert engine.speculator is not None and engine.speculator.draft is not None
+    assert engine.speculator.draft.num_windows > 0
 
 
 def test_greedy_with_a_random_draft_is_token_identical(
