@@ -10,7 +10,7 @@ number of proposals, the steps after the first run as one decode window (multi_s
 back to back, one read back). The draft keeps, per
 sequence, how far its KV matches the sequence's tokens; before proposing it feeds what it has not
 seen (the prompt on first use, then the tokens verification appended) and then feeds its own
-proposals one at a time. Proposals it wrote KV for and that the target rejected are simply
+proposals, one pass each or as one window. Proposals it wrote KV for and that the target rejected are simply
 recomputed over later, like the target's own rejected slots.
 """
 
