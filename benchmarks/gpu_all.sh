@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -870,6 +870,13 @@ elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ] || [ "$ph
         echo "== $f"
         tail -6 "$f"
     done
+elif [ "$phase" = v14g ]; then
+    # one call (v14, ~2.5 min on one H200): the engine GPU tests with v14's final code (the sizer's
+    # median, the draft's window came after run 71's tests)
+    g=tests/engine_gpu
+    tests 0 engines 200 $g/test_multi_step_gpu.py $g/test_spec_decode_gpu.py $g/test_cuda_graph_runner.py \
+        $g/test_graph_pick.py $g/test_triton_engine.py tests/engine_model/test_gpu_runner.py
+    summary "$out"/t_*.log
 elif [ "$phase" = v13c ] || [ "$phase" = v14d ]; then
     # one call (v13 final, ~6 min on one H200, a freshly started machine): the whole-engine GPU tests
     # and the planner's in one process with the final code (the runner collects dropped engines itself;
