@@ -488,14 +488,17 @@ class LLMEngine:
                 longest = left
             if req.window_kind == 2:
                 sampled_rows = True
-        steps = self.num_scheduler_steps if self._sizer is None else self._sizer.steps
         followed = self.scheduler.follow_decode_window(
-            window.out, window.num_steps, rows, min(steps, longest)
+            window.out, window.num_steps, rows, min(self._window_steps(), longest)
         )
         if followed is None:
             return None
         out, num_steps = followed
         return self._launch_window(out, num_steps, sampled_rows, window, rows)
+
+    def _window_steps(self) -> int:
+        """The next window's length: num_scheduler_steps, or the sizer's choice with auto."""
+        return self.num_scheduler_steps if self._sizer is None else self._sizer.steps
 
     def _num_tokens_left(self, seq: Sequence) -> int:
         checker = self.requests[seq.request_id].checkers[seq.index]
@@ -518,8 +521,7 @@ class LLMEngine:
                 return 0, False
             sampled_rows = sampled_rows or kind == 2
             longest = max(longest, req.checkers[seq.index].max_tokens - seq.num_output_tokens)
-        steps = self.num_scheduler_steps if self._sizer is None else self._sizer.steps
-        return min(steps, longest), sampled_rows
+        return min(self._window_steps(), longest), sampled_rows
 
     def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """After a decode window: per sequence, step k's token is appended (its fed token now counts as

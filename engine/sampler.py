@@ -59,7 +59,7 @@ class Sampler:
     ) -> SamplerOutput:
         num_rows, vocab = logits.shape
         assert len(params) == len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_rows
-        if all(plain_greedy(p, out) for p, out in zip(params, output_token_ids, strict=True)):
+        if all(plain_greedy(p, len(out)) for p, out in zip(params, output_token_ids, strict=True)):
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * num_rows)
         raw = logits.float()
         x = raw.clone()
@@ -172,16 +172,16 @@ class Sampler:
         return result
 
 
-def plain_greedy(p: SamplingParams, output_token_ids: list[int], logprobs: bool = True) -> bool:
+def plain_greedy(p: SamplingParams, num_output_tokens: int, logprobs: bool = True) -> bool:
     """Greedy with nothing that changes the logits or (when `logprobs`: a draft model's proposals need
-    none) needs them back: the argmax is the token."""
+    none) needs them back, for a sequence with `num_output_tokens` so far: the argmax is the token."""
     return (
         p.greedy
         and (p.logprobs is None or not logprobs)
         and p.repetition_penalty == 1.0
         and p.frequency_penalty == 0.0
         and p.presence_penalty == 0.0
-        and len(output_token_ids) >= p.min_tokens
+        and num_output_tokens >= p.min_tokens
     )
 
 

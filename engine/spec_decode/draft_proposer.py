@@ -89,8 +89,8 @@ class DraftProposer:
         # step 0: catch up on unseen tokens; the last one's logits give the first proposal
         pieces = uniform_catch_up([(r, self._valid_len(r.seq), r.seq.num_tokens) for r in requests])
         logits = self._run_pieces(pieces)
-        self._take(requests, logits, drafts, probs)
-        if self._propose_in_a_window(requests, drafts):
+        greedy = self._take(requests, logits, drafts, probs)
+        if greedy and self._propose_in_a_window(requests, drafts):
             return self._finish(requests, drafts, probs)
         for step in range(1, max(r.k for r in requests)):
             active = [r for r in requests if r.k > step]
@@ -112,17 +112,14 @@ class DraftProposer:
         return drafts, q
 
     def _propose_in_a_window(self, requests: list[DraftRequest], drafts: dict[int, list[int]]) -> bool:
-        """Proposals 2..k as one decode window on the draft's runner (multi_step.py: each step fed
-        the argmax of the one before on the device, one read back at the end) when every request is
-        plain greedy and wants the same k; False (nothing run) otherwise. Each step computes what a
-        one-token pass computes, so the proposals are the loop's."""
+        """After a plain-greedy first proposal: proposals 2..k as one decode window on the draft's
+        runner (multi_step.py: each step fed the argmax of the one before on the device, one read
+        back at the end) when every request wants the same k; False (nothing run) otherwise. Each
+        step computes what a one-token pass computes, so the proposals are the loop's."""
         k = requests[0].k
         window = getattr(self.runner, "execute_multi_step", None)
         if k < 2 or window is None or any(r.k != k for r in requests):
             return False
-        for r in requests:
-            if not plain_greedy(r.params, r.seq.output_token_ids + drafts[r.seq.seq_id], logprobs=False):
-                return False
         pieces = [(r, r.seq.num_tokens, r.seq.num_tokens + 1, True) for r in requests]
         ids = window(self._batch(pieces, drafts), k - 1)
         self.num_passes += k - 1
@@ -151,14 +148,20 @@ class DraftProposer:
         logits: torch.Tensor,
         drafts: dict[int, list[int]],
         probs: dict[int, list[torch.Tensor]],
-    ) -> None:
-        outputs = [r.seq.output_token_ids + drafts[r.seq.seq_id] for r in requests]
-        if all(plain_greedy(r.params, out, logprobs=False) for r, out in zip(requests, outputs, strict=True)):
+    ) -> bool:
+        """Append each request's next proposal from `logits`; True when every request was plain
+        greedy (the proposals are the argmax; min_tokens, the only condition that depends on the
+        tokens, stays met for the later proposals)."""
+        if all(
+            plain_greedy(r.params, r.seq.num_output_tokens + len(drafts[r.seq.seq_id]), logprobs=False)
+            for r in requests
+        ):
             # the argmax is each proposal and no distribution is kept: one kernel and one read back
             # instead of processed_probs' per-row masks and index copies
             for r, token in zip(requests, logits.argmax(dim=-1).tolist(), strict=True):
                 drafts[r.seq.seq_id].append(int(token))
-            return
+            return True
+        outputs = [r.seq.output_token_ids + drafts[r.seq.seq_id] for r in requests]
         q = self.sampler.processed_probs(
             logits, [r.params for r in requests], [r.prompt_token_ids for r in requests], outputs
         )
@@ -170,6 +173,7 @@ class DraftProposer:
             else:
                 drafts[sid].append(int(torch.multinomial(q[i], 1, generator=r.generator)))
                 probs[sid].append(q[i])
+        return False
 
     def _run_pieces(
         self, pieces: list[tuple[DraftRequest, int, int]], drafts: dict[int, list[int]] | None = None
