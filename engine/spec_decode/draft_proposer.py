@@ -215,16 +215,21 @@ class DraftProposer:
         sample: list[int] = []
         for i, (r, start, end, last) in enumerate(chunk):
             seq = r.seq
-            tokens = seq.token_ids + (drafts[seq.seq_id] if drafts is not None else [])
             table = seq.block_table
             assert len(table) * bs >= end, "draft positions beyond the sequence's slots"
             query_start.append(len(input_ids))
             query_len.append(end - start)
             context_len.append(end)
-            input_ids.extend(tokens[start:end])
+            # positions [start, end) of the sequence's tokens followed by its drafts, without copying
+            # either whole (a pass feeds a few tokens of sequences up to the longest context)
+            ids = seq.token_ids
+            input_ids.extend(ids[start:end])
+            if end > len(ids):
+                assert drafts is not None, "positions past the sequence's tokens need its drafts"
+                input_ids.extend(drafts[seq.seq_id][max(start - len(ids), 0) : end - len(ids)])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            tables.append(list(table))
+            tables.append(table)  # read during this pass only, as the scheduler's batches alias theirs
             if last:
                 sample.append(i)
         return ForwardBatch(input_ids, positions, slots, query_start, query_len, context_len, tables, sample)
