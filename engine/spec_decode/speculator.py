@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.outputs import Logprob
+from llmdeploy_engine.sampler import plain_greedy
 from llmdeploy_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from llmdeploy_engine.sequence import Sequence
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig
@@ -116,16 +117,23 @@ class Speculator:
         entries: list[ScheduledSeq] = [e for e in out.scheduled if e.samples]
         counts = out.batch.num_logits or [1] * len(entries)
         assert logits.shape[0] == sum(counts)
-        row_params, row_prompts, row_outputs = [], [], []
-        for e in entries:
-            req = requests[e.seq.request_id]
-            base = e.seq.output_token_ids
-            for j in range(len(e.spec_token_ids) + 1):
-                row_params.append(e.seq.params)
-                row_prompts.append(req.prompt_token_ids)
-                row_outputs.append(base + list(e.spec_token_ids[:j]))
-        probs = self.sampler.processed_probs(logits, row_params, row_prompts, row_outputs)
-        argmax = probs.argmax(dim=-1).tolist()
+        probs: torch.Tensor | None = None
+        if all(plain_greedy(e.seq.params, e.seq.num_output_tokens, logprobs=False) for e in entries):
+            # every row's token is its logits' argmax (what Sampler.sample's plain-greedy path takes,
+            # and processed_probs' one-hot rows): no distributions, and no copy of each sequence's
+            # outputs per row for min_tokens and penalties
+            argmax = logits.argmax(dim=-1).tolist()
+        else:
+            row_params, row_prompts, row_outputs = [], [], []
+            for e in entries:
+                req = requests[e.seq.request_id]
+                base = e.seq.output_token_ids
+                for j in range(len(e.spec_token_ids) + 1):
+                    row_params.append(e.seq.params)
+                    row_prompts.append(req.prompt_token_ids)
+                    row_outputs.append(base + list(e.spec_token_ids[:j]))
+            probs = self.sampler.processed_probs(logits, row_params, row_prompts, row_outputs)
+            argmax = probs.argmax(dim=-1).tolist()
         results: list[Verified] = []
         lp_rows: list[int] = []
         lp_tokens: list[int] = []
@@ -138,6 +146,7 @@ class Speculator:
                 verdict = verify_greedy(argmax[rows], drafts)
             else:
                 gen = requests[seq.request_id].generators[seq.index]
+                assert probs is not None  # a sampled row takes the distributions' branch above
                 verdict = verify_sampled(probs[rows], drafts, self._q_of(seq), gen)
             if drafts:
                 self.stats.record(len(drafts), verdict.num_accepted)
