@@ -871,8 +871,8 @@ elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ] || [ "$ph
         tail -6 "$f"
     done
 elif [ "$phase" = v14g ]; then
-    # one call (v14, ~2.5 min on one H200): the engine GPU tests with v14's final code (the sizer's
-    # median, the draft's window came after run 71's tests)
+    # one call (v14, ~1 min on one H200): the engine GPU tests after the sizer's median and the draft's
+    # window (both came after run 71's tests)
     g=tests/engine_gpu
     tests 0 engines 200 $g/test_multi_step_gpu.py $g/test_spec_decode_gpu.py $g/test_cuda_graph_runner.py \
         $g/test_graph_pick.py $g/test_triton_engine.py tests/engine_model/test_gpu_runner.py
