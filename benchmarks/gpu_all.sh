@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -870,6 +870,39 @@ elif [ "$phase" = v13g ] || [ "$phase" = v13h ] || [ "$phase" = v14c ] || [ "$ph
         echo "== $f"
         tail -6 "$f"
     done
+elif [ "$phase" = v15a ]; then
+    # one call (v15, ~6 min on x2): GPU 1: the whole-engine GPU tests with v14's final code (fp8 KV,
+    # speculative decoding with the host-path changes, PDL, windows, graphs, the GPU runner, the
+    # planner's rule); GPU 0 at the same time: gpu_arrivals.py (requests arriving as a Poisson process)
+    # with auto, one-step and 8-step windows, the 0.5B then the 8B, each setting its own process
+    g=tests/engine_gpu
+    tests 1 engines 420 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py \
+        $g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py $g/test_triton_engine.py \
+        tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py &
+    for cfg in qwen:auto qwen:1 qwen:8 qwen:auto llama:auto llama:1; do
+        model=${cfg%%:*} steps=${cfg#*:}
+        rate=100 n=600
+        [ "$model" = llama ] && rate=20 n=300
+        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
+            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
+            >>"$out/gpu_arrivals.log" 2>&1
+        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
+    done
+    wait
+    summary "$out"/t_*.log
+    grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
+elif [ "$phase" = v15b ]; then
+    # one call (v15, ~4 min on x2): tensor parallelism with window length auto (the default): the
+    # tp 2 engine with a sizer that always grows against tp 1, then gpu_tp.py (push, max_num_seqs
+    # 256) with auto windows (the default) and with one-step windows, each its own process
+    t=tests/engine_gpu/test_tensor_parallel_gpu.py
+    tests 0,1 tp_auto 150 "$t::test_tp2_auto_windows_match_tp1"
+    tests 0,1 tp_graphs 150 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
+    tp_bench gpu_tp_auto 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
+    tp_bench gpu_tp_one 150 --allreduce push --max-num-seqs 256 --num-scheduler-steps 1 ${ARGS:-}
+    summary "$out"/t_*.log
+    tp_report auto one
+    grep -a -h -o "'windows_by_steps': {[^}]*}" "$out"/gpu_tp_*.log
 elif [ "$phase" = v14g ]; then
     # one call (v14, ~1 min on one H200): the engine GPU tests after the sizer's median and the draft's
     # window (both came after run 71's tests)

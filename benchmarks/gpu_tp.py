@@ -45,6 +45,11 @@ from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
 START = time.perf_counter()
 
 
+def steps_or_auto(text: str) -> int | None:
+    """--num-scheduler-steps: a whole number >= 1, or auto (None: the engine's default)."""
+    return None if text == "auto" else int(text)
+
+
 def log(msg: str) -> None:
     print(f"[{time.perf_counter() - START:7.1f}s] {msg}", flush=True)
 
@@ -110,9 +115,9 @@ def single_stream(
         kernels: dict[str, Any] = {}
         while engine.has_unfinished_requests():
             steps += 1
-            # about 64 tokens in (a multi-step window is one engine step)
+            # about 64 tokens in (a multi-step window is one engine step; auto: up to its longest)
             if (
-                steps == max(2, 64 // args.num_scheduler_steps)
+                steps == max(2, 64 // engine.num_scheduler_steps)
                 and args.profile_steps
                 and args.device == "cuda"
             ):
@@ -128,6 +133,7 @@ def single_stream(
                     first = time.perf_counter()
                 tokens = list(out.outputs[0].token_ids)
         end = time.perf_counter() - profiled
+        windows = dict(sorted(engine.num_windows_by_steps.items()))
     finally:
         engine.close()
     assert first is not None and len(tokens) == args.output_len, (first, len(tokens))
@@ -144,6 +150,8 @@ def single_stream(
         "profiled_tokens": profiled_tokens,
         "tok_s": timed_tokens / total,
         "decode_tok_s": (timed_tokens - 1) / decode if decode > 0 else float("nan"),
+        "num_scheduler_steps": args.num_scheduler_steps or "auto",
+        "windows_by_steps": windows,
     }
     if kernels:
         res["profile"] = kernels
@@ -211,7 +219,11 @@ def main() -> int:
         help="comma-separated all-reduce paths to time at tp=N: auto, push, p2p, symm_mem, nccl (eager at tp > 1)",
     )
     parser.add_argument(
-        "--num-scheduler-steps", type=int, default=1, help="decode steps per scheduler call (multi-step)"
+        "--num-scheduler-steps",
+        type=steps_or_auto,
+        default=None,
+        help="decode steps per scheduler call (multi-step), or auto (the engine's default: the engine "
+        "chooses each window's length)",
     )
     parser.add_argument(
         "--async-scheduling",

@@ -157,8 +157,11 @@ def test_tp2_bf16_logits_within_bf16_rounding_of_tp1(num_seqs: int) -> None:
         assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
 
 
-def _run_engine(tp: int, **kw: Any) -> tuple[list[list[int]], int, list[int]]:
-    """(greedy tokens of two prompts, CUDA graph replays on rank 0, worker pids); kw: EngineConfig's."""
+def _run_engine(
+    tp: int, windows: dict[int, int] | None = None, **kw: Any
+) -> tuple[list[list[int]], int, list[int]]:
+    """(greedy tokens of two prompts, CUDA graph replays on rank 0, worker pids); kw: EngineConfig's.
+    `windows`, where given, receives the engine's decode windows by length."""
     from llmdeploy_engine.llm import LLM
     from llmdeploy_engine.llm_engine import LLMEngine
     from llmdeploy_engine.sampling_params import SamplingParams
@@ -168,6 +171,8 @@ def _run_engine(tp: int, **kw: Any) -> tuple[list[list[int]], int, list[int]]:
     engine = LLMEngine(config(tp, False, **kw))
     try:
         outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
+        if windows is not None:
+            windows.update(engine.num_windows_by_steps)
         graphs = engine.runner
         while not hasattr(graphs, "num_replays") and hasattr(graphs, "runner"):
             graphs = graphs.runner
@@ -216,6 +221,29 @@ def test_tp2_graph_windows_match_tp1(asynchronous: bool, graph_reference: list[l
     needs_fresh_symm_mem("auto")
     got, replays, _ = _run_engine(2, num_scheduler_steps=4, async_scheduling=asynchronous)
     assert replays > 0
+    assert got == graph_reference
+
+
+def test_tp2_auto_windows_match_tp1(
+    graph_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Window length auto (the default) at tp 2: the driver's sizer picks each window's length and
+    every rank runs it. A sizer that grows after every two windows (a wait share is under 0.9999
+    whenever the host does anything between windows) makes windows of 2, 4 and 8 steps run; the
+    tokens are tp 1's with single steps."""
+    import functools
+
+    from llmdeploy_engine import llm_engine
+    from llmdeploy_engine.multi_step import WindowSizer
+
+    needs_fresh_symm_mem("auto")
+    monkeypatch.setattr(
+        llm_engine, "WindowSizer", functools.partial(WindowSizer, span=2, grow_below=0.9999, shrink_above=1.0)
+    )
+    windows: dict[int, int] = {}
+    got, replays, _ = _run_engine(2, windows)
+    assert replays > 0
+    assert max(windows) >= 4, windows
     assert got == graph_reference
 
 
