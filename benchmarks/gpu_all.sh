@@ -892,7 +892,7 @@ elif [ "$phase" = v15a ]; then
     summary "$out"/t_*.log
     grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
 elif [ "$phase" = v15b ]; then
-    # one call (v15, ~4 min on x2): tensor parallelism with window length auto (the default): the
+    # one call (v15, ~7 min on x2): tensor parallelism with window length auto (the default): the
     # tp 2 engine with a sizer that always grows against tp 1, then gpu_tp.py (push, max_num_seqs
     # 256) with auto windows (the default) and with one-step windows, each its own process
     t=tests/engine_gpu/test_tensor_parallel_gpu.py
@@ -900,9 +900,22 @@ elif [ "$phase" = v15b ]; then
     tests 0,1 tp_graphs 150 "$t::test_tp2_greedy_with_cuda_graphs_matches_tp1[auto]"
     tp_bench gpu_tp_auto 150 --allreduce push --max-num-seqs 256 ${ARGS:-}
     tp_bench gpu_tp_one 150 --allreduce push --max-num-seqs 256 --num-scheduler-steps 1 ${ARGS:-}
+    # then on GPU 0 (v15, after run 75): gpu_arrivals.py with the slow steps listed, the 8B at 20
+    # requests/s and the 0.5B at 30/s (100/s overloaded it: TTFT in seconds)
+    for cfg in llama:auto llama:1 qwen:auto qwen:1 qwen:8; do
+        model=${cfg%%:*} steps=${cfg#*:}
+        rate=30 n=400
+        [ "$model" = llama ] && rate=20 n=300
+        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
+            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
+            >>"$out/gpu_arrivals.log" 2>&1
+        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
+    done
     summary "$out"/t_*.log
     tp_report auto one
     grep -a -h -o "'windows_by_steps': {[^}]*}" "$out"/gpu_tp_*.log
+    grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
+    grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-900
 elif [ "$phase" = v14g ]; then
     # one call (v14, ~1 min on one H200): the engine GPU tests after the sizer's median and the draft's
     # window (both came after run 71's tests)

@@ -11,7 +11,8 @@ DELTA outputs). The loop adds each request once its arrival time has passed, the
 first token (from its arrival time, so the time it waited for a window to end counts), and the gaps
 between the outputs that carried its later tokens (a window of L steps delivers L tokens at once).
 Printed last: TTFT p50 / p90 / p99, the gap p50 / p99 and the largest, output tok/s over the run,
-the most sequences running, and the windows by length.
+the most sequences running, the windows by length, and every engine step over 100 ms (with the
+engine's Triton kernels compiled during it).
 
     PYTHONPATH=<dir holding llmdeploy_engine> python3 benchmarks/gpu_arrivals.py --num-scheduler-steps auto
     python benchmarks/gpu_arrivals.py --device cpu --quick   # a dry run (random SmolLM2-135M)
@@ -30,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_path import import_engine
-from gpu_bench import log, steps_or_auto, sync
+from gpu_bench import COMPILED, log, steps_or_auto, sync, watch_compiles
 
 import_engine()
 
@@ -38,6 +39,7 @@ from llmdeploy_engine.config import EngineConfig  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
+SLOW_STEP_S = 0.1  # engine.step() calls longer than this are listed (with Triton compilations in them)
 MODELS = {"qwen": "random:Qwen/Qwen2.5-0.5B", "llama": "random:meta-llama/Llama-3.1-8B"}
 
 
@@ -71,6 +73,7 @@ def run(engine: LLMEngine, reqs: list[tuple[float, list[int], int]], device: str
     gaps: list[float] = []
     produced = 0
     most_running = 0
+    slow: list[dict[str, Any]] = []
     before = dict(engine.num_windows_by_steps)
     sync(device)
     t0 = time.perf_counter()
@@ -86,9 +89,22 @@ def run(engine: LLMEngine, reqs: list[tuple[float, list[int], int]], device: str
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[-1][1][0] - (time.perf_counter() - t0)))
             continue
+        waiting = len(engine.scheduler.waiting)
+        compiled = len(COMPILED)
+        t_step = time.perf_counter()
         outs = engine.step()
         most_running = max(most_running, len(engine.scheduler.running))
         now = time.perf_counter() - t0
+        if now + t0 - t_step > SLOW_STEP_S:  # a step that held every stream up: what it was
+            slow.append(
+                {
+                    "at_s": round(now, 3),
+                    "ms": round((now + t0 - t_step) * 1e3, 1),
+                    "running": len(engine.scheduler.running),
+                    "waiting_before": waiting,
+                    "compiled": COMPILED[compiled:],
+                }
+            )
         for out in outs:
             new = len(out.outputs[0].token_ids)
             if not new:
@@ -125,6 +141,7 @@ def run(engine: LLMEngine, reqs: list[tuple[float, list[int], int]], device: str
         },
         "most_running": most_running,
         "windows_by_steps": windows,
+        "slow_steps": slow,
     }
 
 
@@ -161,6 +178,7 @@ def main() -> None:
         num_scheduler_steps=args.num_scheduler_steps,
         seed=0,
     )
+    watch_compiles()
     engine = LLMEngine(config)
     try:
         vocab = int(getattr(engine.tokenizer, "vocab_size", None) or engine.runner.model_config.vocab_size)
@@ -169,7 +187,9 @@ def main() -> None:
             engine.add_request(f"w{i}", list(range(10, 10 + 32 * (i + 1))), warm)
         while engine.has_unfinished_requests():
             engine.step()
-        log(f"{label}: {args.num_requests} requests at {args.rate}/s on {model}")
+        log(
+            f"{label}: {args.num_requests} requests at {args.rate}/s on {model}; {len(COMPILED)} compilations so far"
+        )
         res = run(engine, workload(args, vocab), args.device)
     finally:
         engine.close()
