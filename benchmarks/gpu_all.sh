@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -916,6 +916,25 @@ elif [ "$phase" = v15b ]; then
     grep -a -h -o "'windows_by_steps': {[^}]*}" "$out"/gpu_tp_*.log
     grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-900
+elif [ "$phase" = v15c ]; then
+    # one call (v15, ~5 min on one H200): the eager prefill warm-up at start-up (every varlen_attention
+    # BLOCK_M class compiled before serving): the graph-runner GPU tests (the new one checks that no
+    # attention kernel compiles afterwards), then gpu_arrivals.py as in v15b for the 8B and the 0.5B
+    # with auto and one-step windows (runs 75-76 had a 0.46-0.61 s compile stall with auto)
+    g=tests/engine_gpu
+    tests 0 graphs 200 $g/test_cuda_graph_runner.py $g/test_multi_step_gpu.py
+    for cfg in llama:auto llama:1 qwen:auto qwen:1; do
+        model=${cfg%%:*} steps=${cfg#*:}
+        rate=30 n=400
+        [ "$model" = llama ] && rate=20 n=300
+        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
+            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
+            >>"$out/gpu_arrivals.log" 2>&1
+        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
+    done
+    summary "$out"/t_*.log
+    grep -a -E "^\| [a-z]+-|^exit|warm-up" "$out/gpu_arrivals.log" | cut -c1-250
+    grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-600
 elif [ "$phase" = v14g ]; then
     # one call (v14, ~1 min on one H200): the engine GPU tests after the sizer's median and the draft's
     # window (both came after run 71's tests)

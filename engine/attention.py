@@ -159,6 +159,30 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
     )
 
 
+def default_block_m(rows: int) -> int:
+    """Query rows per program (a sequence's new tokens times the GQA group) for the longest query of
+    a step. H200, bf16, 8 x 1024-token prefill: 128 rows ran 1.5x faster than 64; 4-token
+    verification (16 rows with GQA 4) ran 2x faster at 16 than at 128."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 256 else 128
+
+
+def warm_query_lens(group: int, limit: int) -> list[int]:
+    """One query length (2..limit tokens) for each BLOCK_M `triton_varlen.varlen_attention` can pick with this GQA
+    group: a prefill of each, run once at start-up, compiles every variant a step may need (each
+    compilation is ~0.5 s, which would otherwise hold up every stream the first time a step's longest
+    query falls in a new class; measured on the H200, docs/gpu-notes.md v15)."""
+    lens: list[int] = []
+    seen: set[int] = set()
+    for q in range(2, limit + 1):
+        block_m = default_block_m(q * group)
+        if block_m not in seen:
+            seen.add(block_m)
+            lens.append(q)
+        if block_m == 128:
+            break
+    return lens
+
+
 def build_profile_metadata(num_tokens: int, max_seq_len: int, device: torch.device) -> AttentionMetadata:
     """Metadata for a cache-free prefill of num_tokens tokens split into sequences of max_seq_len."""
     chunks = []

@@ -203,6 +203,7 @@ class CudaGraphRunner:
         self.report = self._capture_all()
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
+        self.warm_prefill_lens = self._warm_eager_prefill()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
@@ -294,6 +295,43 @@ class CudaGraphRunner:
             torch.cuda.memory_reserved(device) - before,
             len(self.prefill_graphs),
         )
+
+    @torch.inference_mode()
+    def _warm_eager_prefill(self) -> list[int]:
+        """Run the eager path once for each attention-kernel variant a prefill step may pick (one
+        prompt of each of attention.warm_query_lens's lengths, its K/V written to the padding
+        block, its logits dropped), so that none compiles in the middle of serving: steps that mix
+        prefills with decodes run eagerly, and the first one whose longest query fell in a new class
+        held every stream up for 0.46-0.61 s (runs 75-76, docs/gpu-notes.md v15). With tensor
+        parallelism every rank runs the same prompts (their all-reduces pair up). Returns the lengths."""
+        if self.padding_block is None:
+            return []
+        from llmdeploy_engine.attention import warm_query_lens
+
+        mc = self.runner.model_config
+        group = max(1, mc.num_attention_heads // max(1, mc.num_key_value_heads))
+        limit = min(self.runner.max_num_batched_tokens, self.runner.max_model_len)
+        pad, bs = self.padding_block, self.block_size
+        lens = warm_query_lens(group, limit)
+        start = time.perf_counter()
+        for q in lens:
+            batch = ForwardBatch(
+                input_ids=[0] * q,
+                positions=list(range(q)),
+                slot_mapping=[pad * bs + p % bs for p in range(q)],  # writes past 16 tokens collide: unread
+                query_start=[0],
+                query_len=[q],
+                context_len=[q],
+                block_tables=[[pad] * -(-q // bs)],
+                sample_indices=[0],
+            )
+            self.runner.execute(batch)
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        logger.info(
+            "eager prefill warm-up: prompts of %s tokens in %.2f s", lens, time.perf_counter() - start
+        )
+        return lens
 
     def prefill_keys(self) -> list[tuple[int, int]]:
         """(rows, context blocks) of the short-prefill graphs: each row count with the buckets up to

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from llmdeploy_engine.attention import VarlenMetadata
+from llmdeploy_engine.attention import VarlenMetadata, default_block_m
 from llmdeploy_engine.triton_attention import _fp8_to_f16, _fp16_query, check_cache, fp8_cvt_available
 
 BLOCK_N = 64
@@ -194,9 +194,7 @@ def varlen_attention(
         return out
     rows = meta.max_query_len * group
     if block_m is None:
-        # H200, bf16, 8 x 1024-token prefill: 128 rows ran 1.5x faster than 64; 4-token
-        # verification (16 rows with GQA 4) ran 2x faster at 16 than at 128
-        block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 256 else 128
+        block_m = default_block_m(rows)
     num_warps = 4 if block_m <= 32 else 8
     cvt_ok = fp8_cvt_available(q, fp8, fp16_dot, BLOCK_N * head_dim, num_warps)
     if fp8_cvt is None:

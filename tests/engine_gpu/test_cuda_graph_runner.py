@@ -155,3 +155,46 @@ def test_short_prefill_replays_its_graph_and_matches_eager(dtype: str, tol: floa
         ours = graphs.execute(step).clone()
         assert graphs.num_replays == replays + 2  # the decode graph
         assert rel_err(ours, runner.execute(step)) < tol
+
+
+def test_start_up_compiles_every_prefill_attention_variant() -> None:
+    """After CudaGraphRunner's start-up, eager prefill steps whose longest query falls in any of
+    varlen_attention's BLOCK_M classes compile no attention kernel (before the warm-up, the first
+    step of a new class compiled for ~0.5 s in the middle of serving: gpu-notes v15); the warm-up
+    wrote only the padding block."""
+    from llmdeploy_engine import attention
+    from triton import knobs
+
+    runner = qwen_runner(512, 4)
+    blocks = runner.num_kv_blocks
+    before = [(k[:blocks].clone(), v[:blocks].clone()) for k, v in runner.kv_caches]
+    graphs = CudaGraphRunner(runner, batch_sizes=(1, 2, 4))
+    mc = runner.model_config
+    group = mc.num_attention_heads // mc.num_key_value_heads
+    limit = min(runner.max_num_batched_tokens, runner.max_model_len)
+    assert graphs.warm_prefill_lens == attention.warm_query_lens(group, limit)
+    classes = {attention.default_block_m(q * group) for q in graphs.warm_prefill_lens}
+    assert classes == {16, 32, 64, 128}
+    for (k, v), (k0, v0) in zip(runner.kv_caches, before, strict=True):
+        assert torch.equal(k[:blocks], k0) and torch.equal(v[:blocks], v0), "the warm-up wrote a pool block"
+    compiled: list[str] = []
+    previous = knobs.runtime.jit_post_compile_hook
+
+    def hook(**kwargs: object) -> object:
+        compiled.append(kwargs["fn"].name)  # type: ignore[attr-defined]
+        return previous(**kwargs) if previous is not None else None
+
+    knobs.runtime.jit_post_compile_hook = hook
+    try:
+        bs = runner.block_size
+        gen = torch.Generator().manual_seed(3)
+        # a decode row next to a prefill of each length (and the lengths one past each class edge)
+        for q in sorted({*graphs.warm_prefill_lens, *(n + 1 for n in graphs.warm_prefill_lens)}):
+            prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (q, 1)]
+            per_seq = -(-(q + 40) // bs)
+            tables = [list(range(0, per_seq)), list(range(per_seq, 2 * per_seq))]
+            graphs.execute(batch_for(prompts, [0, 30], tables, bs))
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_post_compile_hook = previous
+    assert "_varlen_kernel" not in compiled, compiled
