@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -935,6 +935,17 @@ elif [ "$phase" = v15c ]; then
     summary "$out"/t_*.log
     grep -a -E "^\| [a-z]+-|^exit|warm-up" "$out/gpu_arrivals.log" | cut -c1-250
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-600
+elif [ "$phase" = v15d ]; then
+    # one call (v15, ~4 min on one H200): the graph-runner and multi-step GPU tests after run 77's fix
+    # of the warm-up test (its pool comparison now bitwise, after the capture), then gpu_bench.py with
+    # the default engine (both models, no peer)
+    g=tests/engine_gpu
+    tests 0 graphs 200 $g/test_cuda_graph_runner.py $g/test_multi_step_gpu.py
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_bench.py --no-peer --out "$out" \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    summary "$out"/t_*.log
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |^exit|^built-in|warm-up" | cut -c1-200
 elif [ "$phase" = v14g ]; then
     # one call (v14, ~1 min on one H200): the engine GPU tests after the sizer's median and the draft's
     # window (both came after run 71's tests)
