@@ -23,7 +23,7 @@ from llmdeploy_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from llmdeploy_engine.sequence import Sequence
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig
 from llmdeploy_engine.spec_decode.draft_proposer import DraftProposer, DraftRequest
-from llmdeploy_engine.spec_decode.ngram_proposer import propose_ngram
+from llmdeploy_engine.spec_decode.ngram_proposer import NgramIndex
 from llmdeploy_engine.spec_decode.rejection_sampler import verify_greedy, verify_sampled
 
 
@@ -64,6 +64,7 @@ class Speculator:
         self.draft = draft
         self.stats = SpecDecodeStats()
         self._q: dict[int, torch.Tensor] = {}  # this step's draft distributions of sampled sequences
+        self._ngram: dict[int, NgramIndex] = {}  # n-gram: each running sequence's lookup index
 
     # ---- before scheduling --------------------------------------------------------------------
     def set_proposals(self, running: list[Sequence], max_new_tokens: Callable[[Sequence], int]) -> None:
@@ -72,6 +73,10 @@ class Speculator:
         `max_new_tokens(seq)`: how many more tokens the sequence may still produce; proposals leave
         room for the target's own token after them."""
         cfg = self.config
+        ngram = cfg.method == "ngram"
+        if ngram and len(self._ngram) > len(running):  # indexes of sequences no longer running
+            live = {seq.seq_id for seq in running}
+            self._ngram = {sid: index for sid, index in self._ngram.items() if sid in live}
         for seq in running:
             seq.spec_token_ids = []
             if seq.num_uncomputed_tokens != 1 or seq.num_output_tokens == 0:
@@ -79,10 +84,11 @@ class Speculator:
             k = min(cfg.num_speculative_tokens, max_new_tokens(seq) - 1)
             if k < 1:
                 continue
-            if cfg.method == "ngram":
-                seq.spec_token_ids = propose_ngram(
-                    seq.token_ids, k, cfg.prompt_lookup_min, cfg.prompt_lookup_max
-                )
+            if ngram:
+                index = self._ngram.get(seq.seq_id)
+                if index is None:
+                    index = self._ngram[seq.seq_id] = NgramIndex(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+                seq.spec_token_ids = index.propose(seq.token_ids, k)
             else:
                 seq.spec_token_ids = [0] * k  # filled in by `fill` once the slots exist
 

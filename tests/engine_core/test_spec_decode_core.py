@@ -15,7 +15,7 @@ from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmdeploy_engine.sequence import Sequence, SequenceStatus
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig
-from llmdeploy_engine.spec_decode.ngram_proposer import propose_ngram
+from llmdeploy_engine.spec_decode.ngram_proposer import NgramIndex, propose_ngram
 
 # ---- configuration ----------------------------------------------------------------------------
 
@@ -83,6 +83,40 @@ def test_ngram_prefers_longest_match_then_most_recent() -> None:
     assert propose_ngram([7, 7, 7], 4, 1, 2) == [7, 7, 7, 7]
     assert propose_ngram([1, 2, 3, 4], 3, 1, 3) == []
     assert propose_ngram([1, 2, 3, 1], 3, 2, 3) == []  # only a 1-gram recurs, min is 2
+
+
+def scan_ngram(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
+    """The definition, by brute force: for n = hi..lo, the latest earlier occurrence of the last n
+    tokens (ending before the last token), then the k tokens after it, continuing through the copy."""
+    num = len(tokens)
+    if k < 1:
+        return []
+    for n in range(min(hi, num - 1), lo - 1, -1):
+        suffix = tokens[num - n :]
+        for start in range(num - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                out: list[int] = []
+                for j in range(k):
+                    src = start + n + j
+                    out.append(tokens[src] if src < num else out[src - num])
+                return out
+    return []
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 1), (1, 3), (2, 4), (5, 5)])
+def test_ngram_index_matches_the_scan_as_the_sequence_grows(lo: int, hi: int) -> None:
+    """NgramIndex, called after every appended token (and sometimes after several), proposes what the
+    scan of the whole sequence does; small vocabularies make matches of every length frequent."""
+    rng = random.Random(lo * 10 + hi)
+    for vocab in (2, 3, 8):
+        tokens = [rng.randrange(vocab) for _ in range(3)]
+        index = NgramIndex(lo, hi)
+        while len(tokens) < 300:
+            k = rng.randrange(0, 6)
+            assert index.propose(tokens, k) == scan_ngram(tokens, k, lo, hi), (vocab, len(tokens), k)
+            tokens += [rng.randrange(vocab) for _ in range(rng.choice((1, 1, 1, 3)))]
+    # a shorter sequence than the one indexed (not the same sequence): the index starts over
+    assert index.propose([1, 2, 1, 2], 2) == scan_ngram([1, 2, 1, 2], 2, lo, hi)
 
 
 # ---- scheduler and block manager under speculation ----------------------------------------------
