@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -946,6 +946,35 @@ elif [ "$phase" = v15d ]; then
     echo "exit $?" >>"$out/gpu_bench.log"
     summary "$out"/t_*.log
     grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |^exit|^built-in|warm-up" | cut -c1-200
+elif [ "$phase" = v15e ]; then
+    # one call (v15, ~6 min on one H200): the decode rows of mixed steps through paged_decode (the
+    # engine in .whl/old_engine: the commit before, where they ran in the varlen launch): the
+    # attention, graph-runner, engine, multi-step, speculative and fp8 GPU tests; then new and old
+    # alternating, each its own process: the 8B's 256 requests (bf16), and gpu_arrivals.py with
+    # the 0.5B at 100 requests/s (most steps mixed)
+    g=tests/engine_gpu
+    tests 0 engines 240 $g/test_triton_varlen.py $g/test_cuda_graph_runner.py $g/test_triton_engine.py \
+        $g/test_multi_step_gpu.py $g/test_spec_decode_gpu.py $g/test_fp8_kv_cache_gpu.py
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for eng in new old; do
+        path=/tmp/pkgs
+        [ "$eng" = old ] && path=/tmp/pkgs_old
+        mkdir -p "$out/$eng"
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py \
+            --no-peer --models llama --throughput-models llama --out "$out/$eng" >"$out/gpu_bench_$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_$eng.log"
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_arrivals.py \
+            --model qwen --rate 100 --num-requests 600 --label "qwen-$eng" --out "$out" >>"$out/gpu_arrivals.log" 2>&1
+        echo "exit $? ($eng)" >>"$out/gpu_arrivals.log"
+    done
+    summary "$out"/t_*.log
+    for eng in new old; do
+        echo "== 8B $eng"
+        grep -a -E "eager steps \(" "$out/gpu_bench_$eng.log" | cut -c1-330
+        grep -v -E "Warning|enable\(self" "$out/gpu_bench_$eng.log" | grep -a -E "256 requests \| (output|SM)|^exit"
+    done
+    grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
+    grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
 elif [ "$phase" = v14g ]; then
     # one call (v14, ~1 min on one H200): the engine GPU tests after the sizer's median and the draft's
     # window (both came after run 71's tests)

@@ -13,9 +13,9 @@ An fp8 cache (kv_cache.py) is quantized on write with the layer's k_scale / v_sc
 to q's dtype right after the block gather; a prefill without a cached prefix attends over its own
 unquantized K/V, as it never reads the cache. This path is the reference for every fp8 kernel.
 
-On CUDA, 16-bit queries go to the Triton kernels instead (triton_attention.py: decode-only batches;
-triton_varlen.py: any other batch in one launch, from `AttentionMetadata.varlen`), which also take
-fp8 caches; this module's torch code stays the reference and the CPU path.
+On CUDA, 16-bit queries go to the Triton kernels instead (triton_attention.py: decode rows;
+triton_varlen.py: every prefill chunk of a step in one launch, from `AttentionMetadata.varlen`), which
+also take fp8 caches; this module's torch code stays the reference and the CPU path.
 """
 
 from __future__ import annotations
@@ -74,21 +74,29 @@ def pack_aligned(parts: list[list[int]], dtype: torch.dtype, device: torch.devic
     return [buffer[start : start + len(part)] for start, part in zip(starts, parts, strict=True)]
 
 
-def build_varlen_metadata(batch: ForwardBatch, block_size: int, device: torch.device) -> VarlenMetadata:
-    n = batch.num_seqs
-    max_blocks = max((-(-c // block_size) for c in batch.context_len), default=0)
+def build_varlen_metadata(
+    batch: ForwardBatch, block_size: int, device: torch.device, seqs: list[int] | None = None
+) -> VarlenMetadata:
+    """The varlen kernel's metadata for the sequences `seqs` of the batch (None: all of them); their
+    rows keep their places in the flattened batch."""
+    if seqs is None:
+        seqs = list(range(batch.num_seqs))
+    n = len(seqs)
+    context = [batch.context_len[i] for i in seqs]
+    max_blocks = max((-(-c // block_size) for c in context), default=0)
     tables: list[int] = []
-    for i, table in enumerate(batch.block_tables):
-        row = table[: -(-batch.context_len[i] // block_size)]
+    for i, ctx in zip(seqs, context, strict=True):
+        row = batch.block_tables[i][: -(-ctx // block_size)]
         tables += row + [0] * (max_blocks - len(row))
-    parts = [list(batch.query_start), list(batch.query_len), list(batch.context_len), tables]
-    query_start, query_len, context_len, flat_tables = pack_aligned(parts, torch.int32, device)
+    query_len = [batch.query_len[i] for i in seqs]
+    parts = [[batch.query_start[i] for i in seqs], query_len, context, tables]
+    query_start, query_len_t, context_len, flat_tables = pack_aligned(parts, torch.int32, device)
     return VarlenMetadata(
         query_start=query_start,
-        query_len=query_len,
+        query_len=query_len_t,
         context_len=context_len,
         block_tables=flat_tables.view(n, max_blocks),
-        max_query_len=max(batch.query_len, default=0),
+        max_query_len=max(query_len, default=0),
     )
 
 
@@ -99,7 +107,7 @@ class AttentionMetadata:
     decode_blocks: torch.Tensor  # [num_decodes * max_blocks] block tables, flattened, padded with block 0
     decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] True where the key is real
     prefills: tuple[PrefillChunk, ...]
-    varlen: VarlenMetadata | None = None  # CUDA batches with prefills: the one-launch Triton kernel
+    varlen: VarlenMetadata | None = None  # CUDA batches with prefills: the varlen kernel's, prefills only
     # [num_decodes] int32 context length of each decode, built once per step so kernels need not
     # reduce decode_mask in every layer; None: derived from decode_mask (decode_context_lens())
     decode_lengths: torch.Tensor | None = None
@@ -125,9 +133,11 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
     decode_rows = [i for i, n in enumerate(batch.query_len) if n == 1 and batch.context_len[i] > 1]
     decode_set = set(decode_rows)
     prefills = []
+    prefill_seqs: list[int] = []
     for i in range(batch.num_seqs):
         if i in decode_set:
             continue
+        prefill_seqs.append(i)
         start, qlen, ctx = batch.query_start[i], batch.query_len[i], batch.context_len[i]
         blocks = None
         if ctx > qlen:
@@ -153,7 +163,8 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
         decode_lengths=lengths,
         decodes_in_order=decode_tokens == list(range(len(decode_tokens))),
         decode_one_token_per_seq=True,  # decode rows are the sequences with query_len 1
-        varlen=build_varlen_metadata(batch, block_size, device)
+        # the prefill sequences only: a step's decode rows go to the decode kernel (paged_attention_triton)
+        varlen=build_varlen_metadata(batch, block_size, device, prefill_seqs)
         if device.type == "cuda" and prefills
         else None,
     )

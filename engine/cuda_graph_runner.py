@@ -299,11 +299,13 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def _warm_eager_prefill(self) -> list[int]:
         """Run the eager path once for each attention-kernel variant a prefill step may pick (one
-        prompt of each of attention.warm_query_lens's lengths, its K/V written to the padding
-        block, its logits dropped), so that none compiles in the middle of serving: steps that mix
-        prefills with decodes run eagerly, and the first one whose longest query fell in a new class
-        held every stream up for 0.46-0.61 s (runs 75-76, docs/gpu-notes.md v15). With tensor
-        parallelism every rank runs the same prompts (their all-reduces pair up). Returns the lengths."""
+        prompt of each of attention.warm_query_lens's lengths), and on CUDA once for each decode
+        launch a step mixing a prompt with decodes may make (`_mixed_decode_shapes`), every K/V
+        written to the padding block and the logits dropped, so that none compiles in the middle of
+        serving: steps that mix prefills with decodes run eagerly, and the first one whose longest
+        query fell in a new class held every stream up for 0.46-0.61 s (runs 75-76,
+        docs/gpu-notes.md v15). With tensor parallelism every rank runs the same steps (their
+        all-reduces pair up). Returns the prompt lengths."""
         if self.padding_block is None:
             return []
         from llmdeploy_engine.attention import warm_query_lens
@@ -315,23 +317,41 @@ class CudaGraphRunner:
         lens = warm_query_lens(group, limit)
         start = time.perf_counter()
         for q in lens:
-            batch = ForwardBatch(
-                input_ids=[0] * q,
-                positions=list(range(q)),
-                slot_mapping=[pad * bs + p % bs for p in range(q)],  # writes past 16 tokens collide: unread
-                query_start=[0],
-                query_len=[q],
-                context_len=[q],
-                block_tables=[[pad] * -(-q // bs)],
-                sample_indices=[0],
-            )
-            self.runner.execute(batch)
+            self.runner.execute(warm_up_batch(q, [], pad, bs))
+        # the decode rows of mixed steps: paged_decode's variants (splits, configuration) by their
+        # count and longest context
+        mixed = self._mixed_decode_shapes() if self.runner.device.type == "cuda" else []
+        for n, blocks in mixed:
+            self.runner.execute(warm_up_batch(2, [blocks * bs] * n, pad, bs))
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         logger.info(
-            "eager prefill warm-up: prompts of %s tokens in %.2f s", lens, time.perf_counter() - start
-        )
+            "eager warm-up: prompts of %s tokens, mixed steps with (decodes, context blocks) %s, in %.2f s",
+            lens, mixed, time.perf_counter() - start,
+        )  # fmt: skip
         return lens
+
+    def _mixed_decode_shapes(self) -> list[tuple[int, int]]:
+        """(decode rows, context blocks) of one mixed step per distinct paged_decode launch (splits,
+        configuration) that a step with a prefill and 1..max_num_seqs - 1 decodes may make."""
+        from llmdeploy_engine import triton_attention as ta
+
+        runner = self.runner
+        k_cache = runner.kv_caches[0][0]
+        kv_heads = int(k_cache.shape[2])
+        fp8 = k_cache.dtype in ta.FP8_DTYPES
+        max_blocks = -(-runner.max_model_len // self.block_size)
+        # from MAX_SPLITS * MIN_SPLIT_TOKENS tokens on, the context no longer changes the splits
+        max_blocks = min(max_blocks, -(-ta.MAX_SPLITS * ta.MIN_SPLIT_TOKENS // self.block_size) + 1)
+        seen: dict[tuple[int, Any], tuple[int, int]] = {}
+        for n in range(1, runner.config.max_num_seqs):
+            config = ta.decode_config(fp8, n, kv_heads)
+            for blocks in range(1, max_blocks + 1):
+                splits = ta.choose_num_splits(
+                    n, kv_heads, blocks * self.block_size, k_cache.device, config.programs_per_sm
+                )
+                seen.setdefault((splits, config), (n, blocks))
+        return sorted(seen.values())
 
     def prefill_keys(self) -> list[tuple[int, int]]:
         """(rows, context blocks) of the short-prefill graphs: each row count with the buckets up to
@@ -487,6 +507,37 @@ class CudaGraphRunner:
         if self._window_host.numel() < size:
             self._window_host = torch.zeros(size, dtype=torch.long, pin_memory=True)
         return self._window_host.numpy()
+
+
+def warm_up_batch(prompt_len: int, decode_contexts: list[int], pad: int, block_size: int) -> ForwardBatch:
+    """A prompt of prompt_len tokens and one decode row per context in decode_contexts, every slot and
+    block the padding block `pad` (writes of positions past one block collide; the outputs are
+    dropped). The start-up warm-ups' steps."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start: list[int] = []
+    query_len: list[int] = []
+    context_len: list[int] = []
+    tables: list[list[int]] = []
+    for first, count in [(0, prompt_len), *((c - 1, 1) for c in decode_contexts)]:
+        query_start.append(len(ids))
+        ids += [0] * count
+        positions += range(first, first + count)
+        slots += [pad * block_size + p % block_size for p in range(first, first + count)]
+        query_len.append(count)
+        context_len.append(first + count)
+        tables.append([pad] * -(-(first + count) // block_size))
+    return ForwardBatch(
+        input_ids=ids,
+        positions=positions,
+        slot_mapping=slots,
+        query_start=query_start,
+        query_len=query_len,
+        context_len=context_len,
+        block_tables=tables,
+        sample_indices=list(range(len(query_len))),
+    )
 
 
 def follow_tables(

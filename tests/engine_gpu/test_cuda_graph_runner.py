@@ -158,10 +158,10 @@ def test_short_prefill_replays_its_graph_and_matches_eager(dtype: str, tol: floa
 
 
 def test_start_up_compiles_every_prefill_attention_variant() -> None:
-    """After CudaGraphRunner's start-up, eager prefill steps whose longest query falls in any of
-    varlen_attention's BLOCK_M classes compile no attention kernel (before the warm-up, the first
-    step of a new class compiled for ~0.5 s in the middle of serving: gpu-notes v15); the warm-up
-    writes only the padding block."""
+    """After CudaGraphRunner's start-up, eager steps mixing a prefill whose length falls in any of
+    varlen_attention's BLOCK_M classes with decode rows (paged_decode) compile no attention kernel
+    (before the warm-up, the first step of a new class compiled for ~0.5 s in the middle of serving:
+    gpu-notes v15); the warm-up writes only the padding block."""
     from llmdeploy_engine import attention
     from triton import knobs
 
@@ -194,13 +194,17 @@ def test_start_up_compiles_every_prefill_attention_variant() -> None:
     try:
         bs = runner.block_size
         gen = torch.Generator().manual_seed(3)
-        # a decode row next to a prefill of each length (and the lengths one past each class edge)
+        # a prefill of each length (and the lengths one past each class edge) with 1-3 decode rows
+        # of contexts up to the longest (paged_decode's splits vary with both)
         for q in sorted({*graphs.warm_prefill_lens, *(n + 1 for n in graphs.warm_prefill_lens)}):
-            prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (q, 1)]
-            per_seq = -(-(q + 40) // bs)
-            tables = [list(range(0, per_seq)), list(range(per_seq, 2 * per_seq))]
-            graphs.execute(batch_for(prompts, [0, 30], tables, bs))
+            for contexts in ([31], [200, 17], [500, 300, 64], [256, 255, 2]):
+                prompts = [
+                    torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (q, *([1] * len(contexts)))
+                ]
+                per_seq = -(-512 // bs)
+                tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(prompts))]
+                graphs.execute(batch_for(prompts, [0, *(c - 1 for c in contexts)], tables, bs))
         torch.cuda.synchronize()
     finally:
         knobs.runtime.jit_post_compile_hook = previous
-    assert "_varlen_kernel" not in compiled, compiled
+    assert not {"_varlen_kernel", "_paged_decode_kernel", "_merge_splits_kernel"} & set(compiled), compiled

@@ -119,6 +119,7 @@ def test_paged_attention_dispatch_mixed_batch(cache_dtype: torch.dtype) -> None:
     )
     meta = build_attention_metadata(batch, bs, torch.device("cuda"))
     assert meta.varlen is not None and meta.varlen.max_query_len == 40
+    assert meta.varlen.query_len.tolist() == [40, 17, 3]  # the decodes go to paged_decode
     n = len(slots)
     q = torch.randn(n, num_heads, head_dim, generator=gen).to("cuda", torch.bfloat16)
     k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to("cuda", torch.bfloat16)

@@ -43,3 +43,21 @@ def _restore_cache(runner: ModelRunner):  # type: ignore[no-untyped-def]
     for (k, v), (k0, v0) in zip(runner.kv_caches, saved, strict=True):
         k.copy_(k0)
         v.copy_(v0)
+
+
+def test_mixed_warm_up_batch_runs_and_writes_only_the_padding_block(runner: ModelRunner) -> None:
+    """A prompt with decode rows (the mixed steps' warm-up on CUDA), through the CPU runner."""
+    pad = runner.kv_caches[0][0].shape[0] - 1
+    bs = runner.block_size
+    batch = cgr.warm_up_batch(3, [40, 17, 2], pad, bs)
+    assert batch.query_len == [3, 1, 1, 1] and batch.context_len == [3, 40, 17, 2]
+    assert batch.positions == [0, 1, 2, 39, 16, 1]
+    assert all(s // bs == pad for s in batch.slot_mapping)
+    assert [len(t) for t in batch.block_tables] == [1, 3, 2, 1] and {
+        b for t in batch.block_tables for b in t
+    } == {pad}
+    before = [(k[:pad].clone(), v[:pad].clone()) for k, v in runner.kv_caches]
+    logits = runner.execute(batch)
+    assert logits.shape[0] == 4 and torch.isfinite(logits).all()
+    for (k, v), (k0, v0) in zip(runner.kv_caches, before, strict=True):
+        assert torch.equal(k[:pad], k0) and torch.equal(v[:pad], v0)
