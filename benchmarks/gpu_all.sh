@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -973,6 +973,23 @@ elif [ "$phase" = v15e ]; then
         grep -a -E "eager steps \(" "$out/gpu_bench_$eng.log" | cut -c1-330
         grep -v -E "Warning|enable\(self" "$out/gpu_bench_$eng.log" | grep -a -E "256 requests \| (output|SM)|^exit"
     done
+    grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
+    grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
+elif [ "$phase" = v15f ]; then
+    # one call (v15, ~4 min on one H200): windows while every slot is taken and the admission interval:
+    # the multi-step GPU tests, then gpu_arrivals.py with the 0.5B at 100 and 30 requests/s, admission
+    # every step and every 8 steps (each its own process)
+    tests 0 multistep 150 tests/engine_gpu/test_multi_step_gpu.py
+    for cfg in 100:1 100:8 30:1 30:8; do
+        rate=${cfg%%:*} every=${cfg#*:}
+        n=600
+        [ "$rate" = 30 ] && n=400
+        CUDA_VISIBLE_DEVICES=0 timeout 70 python3 benchmarks/gpu_arrivals.py --model qwen --rate $rate \
+            --num-requests $n --admission-interval $every --label "qwen-$rate-every$every" --out "$out" \
+            >>"$out/gpu_arrivals.log" 2>&1
+        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
+    done
+    summary "$out"/t_*.log
     grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
 elif [ "$phase" = v14g ]; then

@@ -150,6 +150,9 @@ def main() -> None:
     parser.add_argument("--model", default="qwen", help="qwen, llama, or a model reference")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--num-scheduler-steps", type=steps_or_auto, default=None, help="N, or auto")
+    parser.add_argument(
+        "--admission-interval", type=int, default=1, help="the engine's admission_interval (decode steps)"
+    )
     parser.add_argument("--rate", type=float, default=100.0, help="requests per second (Poisson)")
     parser.add_argument("--num-requests", type=int, default=600)
     parser.add_argument("--input-min", type=int, default=100)
@@ -177,6 +180,7 @@ def main() -> None:
         gpu_memory_utilization=0.9,
         num_scheduler_steps=args.num_scheduler_steps,
         seed=0,
+        **({"admission_interval": args.admission_interval} if args.admission_interval != 1 else {}),
     )
     watch_compiles()
     engine = LLMEngine(config)

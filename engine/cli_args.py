@@ -201,6 +201,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "on the CPU",
     )
     sched.add_argument(
+        "--admission-interval",
+        type=_positive_int,
+        default=d.admission_interval,
+        metavar="N",
+        help="while sequences decode, waiting requests join at most every N decode steps, so their "
+        "prompts share one prefill step and the steps between run as decode windows (more throughput "
+        "when requests arrive faster than prefills can be batched, up to N - 1 steps more before a new "
+        "request's first token); 1 = every step",
+    )
+    sched.add_argument(
         "--max-queue-len",
         type=_positive_int,
         default=d.max_queue_len,
@@ -344,6 +354,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         max_queue_len=args.max_queue_len,
         enforce_eager=args.enforce_eager,
         num_scheduler_steps=args.num_scheduler_steps,
+        admission_interval=args.admission_interval,
         async_scheduling=args.async_scheduling,
         speculative_config=args.speculative_config,
     )

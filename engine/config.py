@@ -44,6 +44,10 @@ class EngineConfig:
     # between windows overlaps the device (llm_engine.py; with num_scheduler_steps 1 a window is one
     # decode step). None (auto): on with num_scheduler_steps > 1 or on a CUDA device, off on the CPU
     async_scheduling: bool | None = None
+    # while sequences decode, waiting requests join at most every admission_interval decode steps
+    # (scheduler.py): their prompts then share one eager prefill step and the decode steps between run
+    # as graph windows; 1 = every step (vLLM's behaviour)
+    admission_interval: int = 1
     # vLLM's speculative_config: a dict (as on vLLM's CLI) becomes a SpeculativeConfig at construction
     speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None
 
@@ -54,6 +58,12 @@ class EngineConfig:
             raise ValueError(
                 f"num_scheduler_steps must be a whole number >= 1 (1 = one decode step per scheduler "
                 f"call) or null (auto: the engine chooses), got {steps!r}"
+            )
+        interval = self.admission_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(
+                f"admission_interval must be a whole number >= 1 (1 = waiting requests join every step), "
+                f"got {interval!r}"
             )
         if self.async_scheduling not in (None, True, False):
             raise ValueError(

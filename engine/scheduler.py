@@ -16,10 +16,16 @@ cache; `accept_speculative` adds the accepted ones and gives back the rejected l
 
 Multi-step decoding (`num_scheduler_steps` > 1): after a pure-decode step is scheduled,
 `reserve_decode_window` gives every sequence slots for up to N tokens so the runner can run N decode
-steps without coming back. Rule: a window only runs while the waiting queue is empty, so a request
-never waits for admission because of a window (a request that arrives during one waits at most until
-its end, up to N - 1 steps); the window is cut so no sequence passes max_model_len and so its slots
-fit in the free blocks (never by preempting anyone), else one step runs as usual.
+steps without coming back. Rule: a window only runs while no waiting sequence is due to join
+(`admission_due`: nothing waits, or every max_num_seqs slot is taken, or admission_interval has not
+come round), so a request never waits for admission because of a window beyond that (a request that
+arrives during one waits at most until its end, up to N - 1 steps); the window is cut to end by the
+step at which waiting sequences are due, so no sequence passes max_model_len and so its slots fit in
+the free blocks (never by preempting anyone), else one step runs as usual.
+
+Admission interval (`admission_interval` N > 1): while sequences decode, waiting sequences join at
+most every N scheduled steps (at once when nothing runs), so their prompts share one prefill step;
+N = 1 is vLLM's every step.
 `follow_decode_window` (asynchronous windows) schedules the next window before the last one's tokens
 are known, under the same rules. The engine counts
 only the tokens it keeps as computed, so slots past a sequence's stop hold KV that is never
@@ -44,13 +50,20 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     enable_chunked_prefill: bool = True
+    admission_interval: int = 1  # while sequences decode, waiting ones join every N decode steps
 
     @classmethod
     def from_engine(cls, config: EngineConfig, max_model_len: int) -> SchedulerConfig:
         budget = config.max_num_batched_tokens or min(max(max_model_len, 2048), 8192)
         if not config.enable_chunked_prefill:
             budget = max(budget, max_model_len)  # a whole prompt must fit in one step
-        return cls(config.max_num_seqs, budget, max_model_len, config.enable_chunked_prefill)
+        return cls(
+            config.max_num_seqs,
+            budget,
+            max_model_len,
+            config.enable_chunked_prefill,
+            config.admission_interval,
+        )
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._steps_since_admission = 0  # decode steps scheduled (windows' included) since one joined
 
     # ---- queue --------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -146,9 +160,29 @@ class Scheduler:
                 continue
             break
 
-        if not preempted:
+        admitted = False
+        if not preempted and (self.config.admission_interval <= 1 or self.admission_due()):
+            before = len(self.running)
             budget = self._admit_waiting(budget, scheduled)
+            admitted = len(self.running) > before
+        self._steps_since_admission = 0 if admitted else self._steps_since_admission + 1
         return SchedulerOutput(scheduled, self._build_batch(scheduled), preempted)
+
+    def admission_due(self) -> bool:
+        """Whether a waiting sequence may join at the next scheduled step: one waits, a running slot
+        is free, and nothing runs or admission_interval - 1 steps have been scheduled since the last
+        one joined. A decode window runs only while this is False, and ends by the step at which it
+        becomes True; with every slot taken a window may run while requests wait (a slot that frees
+        inside it stays empty until it ends)."""
+        left = self._steps_left_before_admission()
+        return left is not None and (not self.running or left <= 0)
+
+    def _steps_left_before_admission(self) -> int | None:
+        """Decode steps that may still be scheduled before waiting sequences are due to join (<= 0:
+        due now); None when none could join (nothing waits, or every running slot is taken)."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return None
+        return self.config.admission_interval - 1 - self._steps_since_admission
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
         bm = self.block_manager
@@ -264,7 +298,8 @@ class Scheduler:
         steps repeat its last position: multi_step.py), so it does not shorten the others' window.
         The returned batch is step 0's, with the longer block tables."""
         scheduled = output.scheduled
-        if max_steps < 1 or self.waiting or output.preempted or not scheduled:
+        # schedule() counted this step: due now means due at the next step
+        if max_steps < 1 or self.admission_due() or output.preempted or not scheduled:
             return output, 0
         for e in scheduled:
             seq = e.seq
@@ -272,7 +307,11 @@ class Scheduler:
                 return output, 0
         bm = self.block_manager
         seqs = [e.seq for e in scheduled]
+        left = self._steps_left_before_admission()
+        if left is not None:  # >= 1 (not due): this step and `left` more, then the waiting join
+            max_steps = min(max_steps, 1 + left)
         steps = max(1, self._steps_that_fit(seqs, 0, max_steps))  # step 0's slots are allocated
+        self._steps_since_admission += steps - 1
         if steps == 1:
             return output, 1
         # step 0's batch copied every table after this step's slot was allocated: only the tables
@@ -298,13 +337,17 @@ class Scheduler:
         (a window never skips anyone), cut to the free blocks without preempting, no slots past
         max_model_len. A kept sequence that stops inside `window` has its blocks freed then; the
         device runs the follow-on's writes to them before anything launched later."""
-        if not rows or self.waiting or len(rows) != len(self.running) or max_steps < 1:
+        if not rows or self.admission_due() or len(rows) != len(self.running) or max_steps < 1:
             return None
         bm = self.block_manager
         seqs = [window.scheduled[i].seq for i in rows]
+        left = self._steps_left_before_admission()
+        if left is not None:  # >= 1 (not due)
+            max_steps = min(max_steps, left)
         steps = self._steps_that_fit(seqs, done_steps, max_steps)
         if steps < 1:
             return None
+        self._steps_since_admission += steps
         bs = bm.block_size
         positions: list[int] = []
         slot_mapping: list[int] = []

@@ -289,13 +289,65 @@ def test_window_is_cut_to_the_free_blocks_and_never_preempts() -> None:
     assert sched.num_preemptions == 0
 
 
-def test_no_window_while_a_request_waits() -> None:
+def test_no_window_when_a_waiting_request_is_due_to_join() -> None:
+    """A request waits with a slot free and is due at the next step (admission_interval 2, one
+    decode step since the last admission): that step runs alone, no window."""
     bm = BlockManager(num_blocks=16, block_size=4)
-    sched = Scheduler(SchedulerConfig(1, 64, 64), bm)  # max_num_seqs 1: the second one waits
+    sched = Scheduler(SchedulerConfig(2, 64, 64, admission_interval=2), bm)
     _decode_ready(sched, 5)
     sched.add(Sequence("w", [1, 2, 3], greedy()))
     out = sched.schedule()
+    assert len(out.scheduled) == 1 and len(sched.waiting) == 1 and sched.admission_due()
     assert sched.reserve_decode_window(out, 8) == (out, 0)
+
+
+def test_window_while_requests_wait_with_every_slot_taken() -> None:
+    """max_num_seqs 1: the waiting request cannot join before the running one ends, so the decode
+    window runs (before v15 nothing ran as a window while anything waited)."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    sched = Scheduler(SchedulerConfig(1, 64, 64), bm)
+    _decode_ready(sched, 5)
+    sched.add(Sequence("w", [1, 2, 3], greedy()))
+    out = sched.schedule()
+    assert len(out.scheduled) == 1 and len(sched.waiting) == 1
+    assert sched.reserve_decode_window(out, 8)[1] == 8
+
+
+def test_admission_interval_lets_requests_join_every_n_steps() -> None:
+    """admission_interval 4: a request that arrives while another decodes joins at the 4th step
+    after the last admission; the decode windows before it end by that step."""
+    bm = BlockManager(num_blocks=64, block_size=4)
+    sched = Scheduler(SchedulerConfig(8, 64, 64, admission_interval=4), bm)
+    first = _decode_ready(sched, 5)  # its prompt joined at step 0 (an admission)
+    sched.add(Sequence("w", [1, 2, 3], greedy()))
+    joined_at = None
+    for step in range(1, 8):
+        out = sched.schedule()
+        if any(e.seq.request_id == "w" for e in out.scheduled):
+            joined_at = step
+            break
+        assert [e.seq for e in out.scheduled] == [first]
+        sched.update_computed(out)
+        first.append_token(7)
+    assert joined_at == 4
+    # with windows: the first step after an admission may run a window of at most 3 steps
+    sched2 = Scheduler(
+        SchedulerConfig(8, 64, 64, admission_interval=4), BlockManager(num_blocks=64, block_size=4)
+    )
+    _decode_ready(sched2, 5)
+    sched2.add(Sequence("w", [1, 2, 3], greedy()))
+    out, steps = sched2.reserve_decode_window(sched2.schedule(), 8)
+    assert steps == 3 and len(sched2.waiting) == 1
+    assert sched2.admission_due()  # the next scheduled step admits it
+
+
+def test_admission_interval_one_admits_every_step() -> None:
+    bm = BlockManager(num_blocks=64, block_size=4)
+    sched = Scheduler(SchedulerConfig(8, 64, 64), bm)
+    first = _decode_ready(sched, 5)
+    sched.add(Sequence("w", [1, 2, 3], greedy()))
+    out = sched.schedule()
+    assert {e.seq.request_id for e in out.scheduled} == {first.request_id, "w"}
 
 
 @pytest.mark.parametrize("kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY])
@@ -390,6 +442,22 @@ def test_num_scheduler_steps_flag() -> None:
     for bad in ("0", "often", "1.5"):
         with pytest.raises(SystemExit):
             parser.parse_args(["serve", "--model", "m.gguf", "--num-scheduler-steps", bad])
+
+
+def test_admission_interval_flag() -> None:
+    from llmdeploy_engine.cli_args import build_parser, config_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--model", "m.gguf"])
+    assert config_from_args(args, parser).admission_interval == 1
+    args = parser.parse_args(["serve", "--model", "m.gguf", "--admission-interval", "8"])
+    assert config_from_args(args, parser).admission_interval == 8
+    for bad in ("0", "-2", "often"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--model", "m.gguf", "--admission-interval", bad])
+    for bad_value in (0, True, 2.0):
+        with pytest.raises(ValueError, match="admission_interval must be"):
+            EngineConfig(model="m", admission_interval=bad_value)  # type: ignore[arg-type]
 
 
 def test_final_only_windows_take_each_sequences_tokens_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -609,3 +677,39 @@ def test_window_sizer_decisions() -> None:
     assert [sizer.observe(w, 0.01) for w in (0.001, 0.002, 0.009, 0.003, 0.001)][-1] == 2  # median 0.2
     sizer.steps = 4
     assert [sizer.observe(w, 0.01) for w in (0.008, 0.009, 0.0, 0.0, 0.009)][-1] == 2  # median 0.8
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_admission_interval_keeps_every_token(asynchronous: bool) -> None:
+    """admission_interval 5: requests that arrive while others decode join at the interval's steps,
+    so fewer prefill steps run (two prompts share one), and every request gets the tokens it gets
+    when requests join every step, with one-step and with 4-step windows (cut to end there)."""
+    reqs = {
+        0: [("a", [1, 2, 3], greedy(max_tokens=40, ignore_eos=True))],
+        3: [("b", [4, 5], greedy(max_tokens=20, ignore_eos=True))],
+        4: [("c", [6, 7, 8, 9], greedy(max_tokens=25, ignore_eos=True))],
+        9: [("d", [2, 4], greedy(max_tokens=10, ignore_eos=True))],
+    }
+    ref, _ = run_all(engine(1)[0], reqs)
+    prefill_steps = []
+    results = []
+    for interval in (1, 5):
+        # one-step windows: the requests arriving at steps 3 and 4 join apart, or together at step 5
+        eng, runner = engine(1, async_scheduling=asynchronous, admission_interval=interval)
+        assert eng.scheduler.config.admission_interval == interval
+        schedule, count = eng.scheduler.schedule, [0]
+
+        def counted(schedule=schedule, count=count):  # type: ignore[no-untyped-def]
+            out = schedule()
+            count[0] += any(e.num_new_tokens > 1 for e in out.scheduled)
+            return out
+
+        eng.scheduler.schedule = counted  # type: ignore[method-assign]
+        results.append(outputs(run_all(eng, reqs)[0]))
+        prefill_steps.append(count[0])
+    assert results[0] == results[1] == outputs(ref)
+    if not asynchronous:  # (asynchronous windows already join b and c at one window's end)
+        assert prefill_steps[1] < prefill_steps[0]  # b and c share a step
+    eng, runner = engine(4, async_scheduling=asynchronous, admission_interval=5)
+    assert outputs(run_all(eng, reqs)[0]) == outputs(ref)
+    assert runner.windows and max(runner.windows) <= 4
