@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -992,6 +992,18 @@ elif [ "$phase" = v15f ]; then
     summary "$out"/t_*.log
     grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
+elif [ "$phase" = v15g ]; then
+    # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
+    # .whl/old_engine's (before the mixed-step change) alternating, each its own process
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for eng in old new; do
+        path=/tmp/pkgs
+        [ "$eng" = old ] && path=/tmp/pkgs_old
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 50 python3 benchmarks/gpu_arrivals.py \
+            --model qwen --rate 30 --num-requests 400 --label "qwen-30-$eng" --out "$out" >>"$out/gpu_arrivals.log" 2>&1
+        echo "exit $? ($eng)" >>"$out/gpu_arrivals.log"
+    done
+    grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
 elif [ "$phase" = v14g ]; then
     # one call (v14, ~1 min on one H200): the engine GPU tests after the sizer's median and the draft's
     # window (both came after run 71's tests)
