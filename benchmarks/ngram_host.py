@@ -15,7 +15,7 @@ import argparse
 import random
 import time
 
-from llmdeploy_engine.spec_decode.ngram_proposer import NgramIndex
+from llmdeploy_engine.spec_decode.ngram_proposer import NgramIndex, _continuation
 
 
 def scan(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
@@ -35,11 +35,7 @@ def scan(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
             if start < 0:
                 break
             if tokens[start : start + n] == suffix:
-                out: list[int] = []
-                for j in range(k):
-                    src = start + n + j
-                    out.append(tokens[src] if src < num else out[src - num])
-                return out
+                return _continuation(tokens, start + n, k)
             start -= 1
     return []
 
