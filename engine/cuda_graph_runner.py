@@ -321,8 +321,9 @@ class CudaGraphRunner:
         # the decode rows of mixed steps: paged_decode's variants (splits, configuration) by their
         # count and longest context
         mixed = self._mixed_decode_shapes() if self.runner.device.type == "cuda" else []
-        for n, blocks in mixed:
-            self.runner.execute(warm_up_batch(2, [blocks * bs] * n, pad, bs))
+        for n, blocks in mixed:  # contexts filling `blocks` blocks, never past max_model_len
+            context = min(blocks * bs, self.runner.max_model_len)
+            self.runner.execute(warm_up_batch(2, [context] * n, pad, bs))
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         logger.info(
