@@ -340,7 +340,9 @@ class Scheduler:
         if not rows or self.admission_due() or len(rows) != len(self.running) or max_steps < 1:
             return None
         bm = self.block_manager
-        seqs = [window.scheduled[i].seq for i in rows]
+        # a window's entries are all (seq, 1 token, samples, no proposals): the kept ones are reused
+        entries = [window.scheduled[i] for i in rows]
+        seqs = [e.seq for e in entries]
         left = self._steps_left_before_admission()
         if left is not None:  # >= 1 (not due)
             max_steps = min(max_steps, left)
@@ -377,7 +379,7 @@ class Scheduler:
             block_tables=tables,
             sample_indices=list(range(m)),
         )
-        return SchedulerOutput([ScheduledSeq(s, 1, True) for s in seqs], batch, []), steps
+        return SchedulerOutput(entries, batch, []), steps
 
     def _window_slots(self, seq: Sequence, done_steps: int, steps: int) -> int:
         """Slots after the computed tokens for `done_steps` steps already reserved plus `steps` more.

@@ -31,6 +31,9 @@ class SequenceStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
+_UNFINISHED = (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+
+
 class Sequence:
     """Mutable state of one sequence; the scheduler and block manager update it in place."""
 
@@ -96,7 +99,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status not in _UNFINISHED  # SequenceStatus.is_finished, one lookup (per token)
 
     @property
     def waits_for_parent(self) -> bool:
