@@ -476,9 +476,13 @@ class LLMEngine:
             if seq.is_finished:  # stopped in the window before this one, or aborted since
                 continue
             req = requests[seq.request_id]
-            # _num_tokens_left, inline (per sequence and step)
+            # _num_tokens_left, inline (per sequence and step; the counts' properties too)
+            num_tokens = len(seq.token_ids)
             left = (
-                min(req.checkers[seq.index].max_tokens - seq.num_output_tokens, max_len - seq.num_tokens)
+                min(
+                    req.checkers[seq.index].max_tokens - (num_tokens - seq.num_prompt_tokens),
+                    max_len - num_tokens,
+                )
                 - num_steps
             )
             if left <= 0:  # the window ends it (max_tokens or the longest context)
@@ -549,7 +553,10 @@ class LLMEngine:
                 if columns is None:
                     columns = list(zip(*sampled, strict=True))
                 tokens = columns[i]
-                kept, status = checker.on_window_tokens(tokens, seq.num_output_tokens, seq.num_tokens)
+                num_tokens = len(seq.token_ids)  # the counts' properties, inline
+                kept, status = checker.on_window_tokens(
+                    tokens, num_tokens - seq.num_prompt_tokens, num_tokens
+                )
                 seq.token_ids.extend(tokens[:kept])  # first: the blocks registered below hash them
                 before = seq.num_computed_tokens
                 seq.num_computed_tokens += kept
