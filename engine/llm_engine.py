@@ -61,7 +61,7 @@ from llmdeploy_engine.multi_step import WindowSizer
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from llmdeploy_engine.sequence import Sequence
+from llmdeploy_engine.sequence import UNFINISHED, Sequence
 from llmdeploy_engine.stop_checker import StopChecker
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -698,8 +698,11 @@ class LLMEngine:
     def _make_output(self, req: _Request) -> RequestOutput:
         completions = []
         delta = req.params.output_kind is RequestOutputKind.DELTA
+        all_finished = True
         for seq, checker in zip(req.seqs, req.checkers, strict=True):
-            finished = seq.is_finished
+            status = seq.status
+            finished = status not in UNFINISHED  # seq.is_finished, inline (per request and step)
+            all_finished = all_finished and finished
             lps = req.logprobs[seq.index]
             text = checker.visible_text(finished)
             token_ids = seq.output_token_ids
@@ -716,18 +719,20 @@ class LLMEngine:
                     token_ids=token_ids,
                     cumulative_logprob=req.cumulative_logprobs[seq.index] if lps is not None else None,
                     logprobs=lp_list,
-                    finish_reason=seq.status.finish_reason,
+                    finish_reason=status.value if finished else None,  # status.finish_reason
                     stop_reason=seq.stop_reason,
                 )
             )
         m = req.metrics
+        metrics = object.__new__(RequestMetrics)  # a copy: the engine keeps updating its own
+        metrics.__dict__.update(m.__dict__)
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids,  # never changed after add: shared, not copied
             outputs=completions,
-            finished=req.finished,
-            metrics=RequestMetrics(**vars(m)),
+            finished=all_finished,
+            metrics=metrics,
             num_cached_tokens=m.num_cached_prompt_tokens,
         )
 

@@ -31,7 +31,7 @@ class SequenceStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
-_UNFINISHED = (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+UNFINISHED = (SequenceStatus.WAITING, SequenceStatus.RUNNING)  # statuses of a sequence not yet ended
 
 
 class Sequence:
@@ -99,7 +99,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status not in _UNFINISHED  # SequenceStatus.is_finished, one lookup (per token)
+        return self.status not in UNFINISHED  # SequenceStatus.is_finished, one lookup (per token)
 
     @property
     def waits_for_parent(self) -> bool:
