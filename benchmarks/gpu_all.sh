@@ -75,6 +75,19 @@ bench_with_fp8() {  # v9, GPU 0: gpu_bench.py (both models, no peer), then the 8
         grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|compiled during" | cut -c1-300 | tail -30
     done
 }
+arrivals_by_steps() {  # model:steps ...: gpu_arrivals.py on GPU 0, the 8B at 20 requests/s (300), the
+    # 0.5B at 30/s (400), one process each, into $out/gpu_arrivals.log (v15)
+    local cfg model steps rate n
+    for cfg in "$@"; do
+        model=${cfg%%:*} steps=${cfg#*:}
+        rate=30 n=400
+        [ "$model" = llama ] && rate=20 n=300
+        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
+            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
+            >>"$out/gpu_arrivals.log" 2>&1
+        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
+    done
+}
 tp_report() {  # names: the table of each $out/gpu_tp_NAME.log there is (v9)
     for f in "$@"; do
         [ -f "$out/gpu_tp_$f.log" ] || continue
@@ -902,15 +915,7 @@ elif [ "$phase" = v15b ]; then
     tp_bench gpu_tp_one 150 --allreduce push --max-num-seqs 256 --num-scheduler-steps 1 ${ARGS:-}
     # then on GPU 0 (v15, after run 75): gpu_arrivals.py with the slow steps listed, the 8B at 20
     # requests/s and the 0.5B at 30/s (100/s overloaded it: TTFT in seconds)
-    for cfg in llama:auto llama:1 qwen:auto qwen:1 qwen:8; do
-        model=${cfg%%:*} steps=${cfg#*:}
-        rate=30 n=400
-        [ "$model" = llama ] && rate=20 n=300
-        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
-            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
-            >>"$out/gpu_arrivals.log" 2>&1
-        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
-    done
+    arrivals_by_steps llama:auto llama:1 qwen:auto qwen:1 qwen:8
     summary "$out"/t_*.log
     tp_report auto one
     grep -a -h -o "'windows_by_steps': {[^}]*}" "$out"/gpu_tp_*.log
@@ -923,15 +928,7 @@ elif [ "$phase" = v15c ]; then
     # with auto and one-step windows (runs 75-76 had a 0.46-0.61 s compile stall with auto)
     g=tests/engine_gpu
     tests 0 graphs 200 $g/test_cuda_graph_runner.py $g/test_multi_step_gpu.py
-    for cfg in llama:auto llama:1 qwen:auto qwen:1; do
-        model=${cfg%%:*} steps=${cfg#*:}
-        rate=30 n=400
-        [ "$model" = llama ] && rate=20 n=300
-        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
-            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
-            >>"$out/gpu_arrivals.log" 2>&1
-        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
-    done
+    arrivals_by_steps llama:auto llama:1 qwen:auto qwen:1
     summary "$out"/t_*.log
     grep -a -E "^\| [a-z]+-|^exit|warm-up" "$out/gpu_arrivals.log" | cut -c1-250
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-600
