@@ -76,11 +76,11 @@ bench_with_fp8() {  # v9, GPU 0: gpu_bench.py (both models, no peer), then the 8
     done
 }
 arrivals_by_steps() {  # model:steps ...: gpu_arrivals.py on GPU 0, the 8B at 20 requests/s (300), the
-    # 0.5B at 30/s (400), one process each, into $out/gpu_arrivals.log (v15)
+    # 0.5B at $QWEN_RATE/s ($QWEN_N; default 30/s, 400), one process each, into $out/gpu_arrivals.log (v15)
     local cfg model steps rate n
     for cfg in "$@"; do
         model=${cfg%%:*} steps=${cfg#*:}
-        rate=30 n=400
+        rate=${QWEN_RATE:-30} n=${QWEN_N:-400}
         [ "$model" = llama ] && rate=20 n=300
         CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
             --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
@@ -892,15 +892,7 @@ elif [ "$phase" = v15a ]; then
     tests 1 engines 420 $g/test_fp8_kv_cache_gpu.py $g/test_spec_decode_gpu.py $g/test_pdl_gpu.py \
         $g/test_multi_step_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py $g/test_triton_engine.py \
         tests/engine_model/test_gpu_runner.py tests/planner/test_builtin_engine_gpu.py &
-    for cfg in qwen:auto qwen:1 qwen:8 qwen:auto llama:auto llama:1; do
-        model=${cfg%%:*} steps=${cfg#*:}
-        rate=100 n=600
-        [ "$model" = llama ] && rate=20 n=300
-        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
-            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
-            >>"$out/gpu_arrivals.log" 2>&1
-        echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
-    done
+    QWEN_RATE=100 QWEN_N=600 arrivals_by_steps qwen:auto qwen:1 qwen:8 qwen:auto llama:auto llama:1
     wait
     summary "$out"/t_*.log
     grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
