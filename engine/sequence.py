@@ -24,7 +24,7 @@ class SequenceStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+        return self not in UNFINISHED
 
     @property
     def finish_reason(self) -> str | None:

@@ -828,8 +828,8 @@ def paged_attention_triton(
     cache (unless kv_written: ops.rope_and_cache did), then the decode rows run paged_decode and the
     prefill chunks (chunked or with cached prefixes, verification rows) one varlen launch. In a step
     that mixes them the decode rows once ran inside the varlen launch, in its row tiles (up to 128
-    rows for a decode's GQA group of 4-7): ~30 ms more a mixed step of an 8B's 8,192 tokens with
-    ~240 decodes than the same step without them, against ~5 ms through paged_decode (gpu-notes v15)."""
+    rows for a decode's GQA group of 4-7): the 8B's 8,192-token steps with 190-250 decodes took
+    204-208 ms that way and 197-201 ms through paged_decode (gpu-notes v15, run 79)."""
     if not supports(q, kv_cache, meta):
         raise NotImplementedError(
             "not supported by the Triton attention path (see triton_attention.supports)"
