@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -981,6 +981,31 @@ elif [ "$phase" = v15f ]; then
     summary "$out"/t_*.log
     grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log"
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
+elif [ "$phase" = v16a ]; then
+    # one call (v16, ~7 min on one H200): the speculative (NgramIndex inside the GPU engine) and
+    # graph-runner GPU tests (the warm-up's capped decode contexts); the varlen kernel's launch
+    # configurations; the 8B's 256 requests with the device's idle time between launches, at the
+    # default 8,192 batched tokens and at 16,384; the 0.5B's figures with v15's host-path changes
+    g=tests/engine_gpu
+    tests 0 engines 150 $g/test_spec_decode_gpu.py $g/test_cuda_graph_runner.py
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_varlen_sweep.py >"$out/varlen_sweep.log" 2>&1
+    echo "exit $?" >>"$out/varlen_sweep.log"
+    for budget in 8192 16384; do
+        CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+            --throughput-models llama --max-num-batched-tokens $budget --out "$out" >"$out/gpu_bench_8b_$budget.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_8b_$budget.log"
+        mv "$out/gpu_bench.json" "$out/gpu_bench_8b_$budget.json" 2>/dev/null
+    done
+    CUDA_VISIBLE_DEVICES=0 timeout 80 python3 benchmarks/gpu_bench.py --no-peer --models qwen \
+        --throughput-models qwen --out "$out" >"$out/gpu_bench_qwen.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_qwen.log"
+    summary "$out"/t_*.log
+    tail -22 "$out/varlen_sweep.log"
+    for f in "$out"/gpu_bench_*.log; do
+        echo "== $f"
+        grep -a -E "device idle|eager steps \(" "$f" | cut -c1-400
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|^exit"
+    done
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process

@@ -291,6 +291,81 @@ class StepTimers:
         }
 
 
+class DeviceGaps:
+    """Device time with no engine work queued: a CUDA event is recorded on the current stream before
+    and after every runner launch (execute, launch_multi_step) and sampler call, and the time from
+    one call's end event to the next call's start event on the device is idle time (a start event
+    recorded while the device still runs earlier work completes right after it: gap ~0). Under
+    asynchronous windows this says whether the host's work between windows leaves the device idle,
+    which the host timers cannot. CUDA only; calls while `active()` is false (profiled steps) break
+    the chain, so no gap spans them."""
+
+    def __init__(self, engine: LLMEngine, timers: StepTimers) -> None:
+        self.timers = timers  # its calls are recorded while it times them (not bypassed, not profiling)
+        self.calls: list[tuple[str, Any, Any, bool]] = []  # (kind, start, end, first after a break)
+        self._broken = True
+        targets = [("execute", engine.runner, "execute"), ("sample", engine.sampler, "sample")]
+        if hasattr(engine.runner, "launch_multi_step"):
+            targets.append(("window", engine.runner, "launch_multi_step"))
+        for kind, obj, attr in targets:
+            setattr(obj, attr, self._wrap(kind, getattr(obj, attr)))
+
+    def _wrap(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not self.timers.enabled or self.timers.bypass:
+                self._broken = True
+                return fn(*args, **kwargs)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args, **kwargs)
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            if kind == "execute" and args and hasattr(args[0], "num_tokens"):
+                kind_now = "eager" if args[0].num_tokens > args[0].num_seqs else "decode"
+            else:
+                kind_now = kind
+            self.calls.append((kind_now, start, end, self._broken))
+            self._broken = False
+            return out
+
+        return recorded
+
+    def reset(self) -> None:
+        self.calls = []
+        self._broken = True
+
+    def summary(self) -> dict[str, Any]:
+        """Idle ms in all, by the kind of call that followed the gap, the span the calls cover, and
+        the largest gaps (index, kind before -> after, ms)."""
+        torch.cuda.synchronize()
+        idle = 0.0
+        by_next: dict[str, float] = {}
+        gaps: list[tuple[float, int, str]] = []
+        span = 0.0
+        seg_start = None
+        for i, (kind, start, _end, first) in enumerate(self.calls):
+            if first:
+                if seg_start is not None:
+                    span += seg_start.elapsed_time(self.calls[i - 1][2])
+                seg_start = start
+                continue
+            gap = self.calls[i - 1][2].elapsed_time(start)
+            idle += gap
+            by_next[kind] = by_next.get(kind, 0.0) + gap
+            gaps.append((gap, i, f"{self.calls[i - 1][0]}->{kind}"))
+        if seg_start is not None:
+            span += seg_start.elapsed_time(self.calls[-1][2])
+        gaps.sort(reverse=True)
+        return {
+            "calls": len(self.calls),
+            "span_ms": span,
+            "idle_ms": idle,
+            "idle_ms_before": by_next,
+            "gaps_over_0.1ms": sum(1 for g, _, _ in gaps if g > 0.1),
+            "largest": [(i, k, round(g, 2)) for g, i, k in gaps[:8]],
+        }
+
+
 class EagerPhases:
     """Host time of an eager step's phases (the runner's metadata build, the model's forward call,
     the LM head call) and the wait for the GPU after them, summed over steps with more than one
@@ -613,6 +688,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         res["cuda_graph_reserved_gib"] = rep.cuda_graph_reserved_bytes / 2**30
     phases = EagerPhases(engine, dev) if args.eager_phases else None
     timers = StepTimers(engine, dev)
+    gaps = DeviceGaps(engine, timers) if dev == "cuda" else None
     gen = torch.Generator().manual_seed(0)
 
     # warm-up (first kernels, allocator, and the Triton kernels' compiled variants of mixed
@@ -681,7 +757,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     log(f"  single-stream decode step profile: {res['single']['profile_ms_per_step']}")
 
     if key not in args.throughput_models.split(","):
-        del engine, runner, timers, graphs
+        del engine, runner, timers, graphs, gaps
         gc.collect()
         return res
     # throughput
@@ -695,6 +771,8 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
     timers.reset()
     if phases is not None:
         phases.reset()
+    if gaps is not None:
+        gaps.reset()
     # auto windows: divided by the longest window the engine may choose
     profile_at = [max(1, int(s) // engine.num_scheduler_steps) for s in args.profile_step.split(",")]
     windows_before = dict(engine.num_windows_by_steps)
@@ -730,6 +808,9 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
         "triton_compiles": [list(x) for x in timers.compiles],  # (execute call, seconds, new variants)
     }
     log(f"  Triton kernels compiled during the run (execute call, s, kernels): {timers.compiles}")
+    if gaps is not None:
+        res["throughput"]["device_gaps"] = gaps.summary()
+        log(f"  device idle between the engine's launches in the run: {res['throughput']['device_gaps']}")
     if phases is not None:
         res["throughput"]["eager_phases"] = phases.summary()
         log(f"  eager steps with prefill chunks, host ms per step: {phases.summary()}")
@@ -745,7 +826,7 @@ def bench_model(key: str, args: argparse.Namespace, bandwidth: float) -> dict[st
 
     # peer: transformers generate on the same weights
     state = {k: v for k, v in runner.model.hf_state_dict().items()}
-    del engine, runner, timers, graphs
+    del engine, runner, timers, graphs, gaps
     gc.collect()
     if dev == "cuda":
         torch.cuda.empty_cache()

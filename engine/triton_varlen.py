@@ -174,6 +174,9 @@ def varlen_attention(
     block_m: int | None = None,  # rows per program; None: from max_query_len * group (16 to 128)
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
     fp8_cvt: str | None = None,  # "to" or "v" (triton_attention.FP8_CONVERSIONS); None: "v" up to 32 rows
+    block_n: int = BLOCK_N,  # keys per inner tile
+    num_warps: int | None = None,  # None: 4 up to 32 rows per program, else 8
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context (see the module doc).
     Rows of q that belong to no sequence are left uninitialised."""
@@ -195,8 +198,9 @@ def varlen_attention(
     rows = meta.max_query_len * group
     if block_m is None:
         block_m = default_block_m(rows)
-    num_warps = 4 if block_m <= 32 else 8
-    cvt_ok = fp8_cvt_available(q, fp8, fp16_dot, BLOCK_N * head_dim, num_warps)
+    if num_warps is None:
+        num_warps = 4 if block_m <= 32 else 8
+    cvt_ok = fp8_cvt_available(q, fp8, fp16_dot, block_n * head_dim, num_warps)
     if fp8_cvt is None:
         # up to 32 rows the dots are mma.sync and V's fp8 bytes would be re-laid out one at a time
         # (as in paged_decode); from 64 rows on Hopper's wgmma path reads the fp8 tiles without that
@@ -232,12 +236,12 @@ def varlen_attention(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=block_n,
         FP8=fp8,
         F16_DOT=fp16_dot,
         CVT_V=fp8_cvt == "v",
         E5M2=k_cache.dtype == torch.float8_e5m2,
         num_warps=num_warps,
-        num_stages=2,
+        num_stages=num_stages,
     )
     return out
