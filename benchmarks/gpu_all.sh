@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1004,6 +1004,35 @@ elif [ "$phase" = v16a ]; then
     for f in "$out"/gpu_bench_*.log; do
         echo "== $f"
         grep -a -E "device idle|eager steps \(" "$f" | cut -c1-400
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|^exit"
+    done
+elif [ "$phase" = v16b ]; then
+    # one call (v16, ~7 min on one H200): windows that follow each other past a sequence's last token
+    # (the engine in .whl/old_engine: the commit before, where each one broke the chain): the
+    # multi-step GPU tests; the varlen kernel's launch configurations on long prompts and over an
+    # fp8 cache; then new, old, new (8B, 256 requests) and new, old (0.5B), each its own process
+    tests 0 multistep 120 tests/engine_gpu/test_multi_step_gpu.py
+    CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_varlen_sweep.py --cases 1x8192,2x4096,chunk \
+        --block-m 64,128 --block-n 32,64 --warps 4,8 --stages 2,3,4 >"$out/varlen_sweep.log" 2>&1
+    echo "exit $?" >>"$out/varlen_sweep.log"
+    CUDA_VISIBLE_DEVICES=0 timeout 80 python3 benchmarks/gpu_varlen_sweep.py --cases chunk,1x8192 \
+        --kv-cache-dtype fp8_e4m3 --block-m 64,128 --block-n 32,64 --warps 4,8 --stages 2,3 >>"$out/varlen_sweep.log" 2>&1
+    echo "exit $?" >>"$out/varlen_sweep.log"
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for run in llama:new llama:old llama:new2 qwen:new qwen:old; do
+        model=${run%%:*} eng=${run#*:}
+        path=/tmp/pkgs
+        [ "$eng" = old ] && path=/tmp/pkgs_old
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/gpu_bench.py \
+            --no-peer --models $model --throughput-models $model --out "$out" >"$out/gpu_bench_${model}_$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_${model}_$eng.log"
+        rm -f "$out/gpu_bench.json"
+    done
+    summary "$out"/t_*.log
+    grep -a -E "^\| |^exit" "$out/varlen_sweep.log"
+    for f in "$out"/gpu_bench_*.log; do
+        echo "== $f"
+        grep -a -E "device idle" "$f" | cut -c1-400
         grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|^exit"
     done
 elif [ "$phase" = v15g ]; then

@@ -467,6 +467,7 @@ class LLMEngine:
     def _follow_on(self, window: _Window) -> _Window | None:
         """The next window for the sequences `window` does not certainly end, launched now; or None."""
         rows: list[int] = []
+        ending = 0  # still running, but window ends them
         longest = 0
         sampled_rows = False
         requests = self.requests
@@ -486,6 +487,7 @@ class LLMEngine:
                 - num_steps
             )
             if left <= 0:  # the window ends it (max_tokens or the longest context)
+                ending += 1
                 continue
             rows.append(i)
             if left > longest:
@@ -493,7 +495,7 @@ class LLMEngine:
             if req.window_kind == 2:
                 sampled_rows = True
         followed = self.scheduler.follow_decode_window(
-            window.out, window.num_steps, rows, min(self._window_steps(), longest)
+            window.out, window.num_steps, rows, min(self._window_steps(), longest), ending
         )
         if followed is None:
             return None

@@ -327,17 +327,21 @@ class Scheduler:
         return SchedulerOutput(scheduled, batch, output.preempted), steps
 
     def follow_decode_window(
-        self, window: SchedulerOutput, done_steps: int, rows: list[int], max_steps: int
+        self, window: SchedulerOutput, done_steps: int, rows: list[int], max_steps: int, ending: int = 0
     ) -> tuple[SchedulerOutput, int] | None:
         """Asynchronous windows: (the decode window that continues `rows` of `window`, its steps), or
         None. `window` ran `done_steps` steps whose tokens are not appended yet; each kept sequence is
         taken to keep them all, so it feeds its window's last token (an unknown id, -1 here: the runner
-        gathers it on the device) at position num_computed_tokens + done_steps. Same rules as
-        `reserve_decode_window`: only while nothing waits and every running sequence is in `rows`
-        (a window never skips anyone), cut to the free blocks without preempting, no slots past
+        gathers it on the device) at position num_computed_tokens + done_steps. `ending` of window's
+        sequences are still running but end inside it (max_tokens or the longest context reached:
+        they finish when its tokens are processed), so they are not in `rows`. Same rules as
+        `reserve_decode_window`: only while nothing waits and every other running sequence is in
+        `rows` (a window never skips anyone), cut to the free blocks without preempting, no slots past
         max_model_len. A kept sequence that stops inside `window` has its blocks freed then; the
-        device runs the follow-on's writes to them before anything launched later."""
-        if not rows or self.admission_due() or len(rows) != len(self.running) or max_steps < 1:
+        device runs the follow-on's writes to them before anything launched later. (Before `ending`,
+        every sequence reaching its max_tokens broke the chain: the next window waited for the host,
+        ~250 times in the 8B's 256-request run, 0.6 s of an idle device; docs/gpu-notes.md v16.)"""
+        if not rows or self.admission_due() or len(rows) + ending != len(self.running) or max_steps < 1:
             return None
         bm = self.block_manager
         # a window's entries are all (seq, 1 token, samples, no proposals): the kept ones are reused

@@ -561,6 +561,20 @@ def test_async_scheduling_with_one_step_windows() -> None:
     assert outputs(final) == outputs(ref)
 
 
+def test_a_sequence_reaching_max_tokens_keeps_the_chain_of_windows() -> None:
+    """Sequences that end inside the window in flight (max_tokens) are left out of its follow-on, and
+    the others' windows keep following each other (the chain used to break each time one ended: the
+    next window then waited for the host). Same tokens as ordinary steps."""
+    reqs = [(f"r{i}", [1 + i, 2, 3], greedy(max_tokens=n, ignore_eos=True)) for i, n in enumerate((5, 9, 14))]
+    ref, _ = run_all(engine(1)[0], {0: reqs})
+    for steps in (1, 4):
+        eng, runner = engine(steps, async_scheduling=True)
+        final, _ = run_all(eng, {0: reqs})
+        assert outputs(final) == outputs(ref)
+        assert runner.followed[0] is False and all(runner.followed[1:]), (steps, runner.followed)
+        assert sum(runner.windows) == 13  # the longest's 13 decode steps, none run twice
+
+
 def test_a_request_aborted_with_its_window_in_flight() -> None:
     """Aborting a request whose sequences are in the window in flight frees its blocks at once; the
     window's tokens for it are dropped and the others go on as if it had never run with them."""
@@ -610,6 +624,9 @@ def test_follow_on_window_rules() -> None:
     assert steps == 4 and len(window.scheduled) == 2
     assert sched.follow_decode_window(window, 4, [1], 8) is None  # the first sequence left out
     assert sched.follow_decode_window(window, 4, [0, 1], 8) is not None
+    # the first sequence left out because the window ends it (it is still running until then)
+    followed = sched.follow_decode_window(window, 4, [1], 8, ending=1)
+    assert followed is not None and [e.seq for e in followed[0].scheduled] == [pair[1]]
 
 
 class SlowWindow(FakeWindow):
