@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1035,6 +1035,30 @@ elif [ "$phase" = v16b ]; then
         grep -a -E "device idle" "$f" | cut -c1-400
         grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|^exit"
     done
+elif [ "$phase" = v16c ]; then
+    # one call (v16, ~6 min on one H200): the varlen kernel's new launch configurations (64 rows a
+    # program, 4 warps; BLOCK_N 32 and 3 stages over a bf16 cache): the varlen, graph-runner and fp8
+    # GPU tests; gpu_bench.py with the default engine (both models, no peer); the 8B's 256 requests
+    # over an fp8 e4m3 cache; gpu_arrivals.py with the 8B at 20 requests/s
+    g=tests/engine_gpu
+    tests 0 engines 170 $g/test_triton_varlen.py $g/test_cuda_graph_runner.py $g/test_fp8_kv_cache_gpu.py
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/gpu_bench.py --no-peer --out "$out" \
+        >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    mkdir -p "$out/fp8"
+    CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --kv-cache-dtype fp8_e4m3 --out "$out/fp8" >"$out/gpu_bench_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_fp8.log"
+    rm -f "$out/fp8/gpu_bench.json"
+    arrivals_by_steps llama:auto
+    summary "$out"/t_*.log
+    for f in "$out"/gpu_bench*.log; do
+        echo "== $f"
+        grep -a -E "device idle|eager steps \(" "$f" | cut -c1-300
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|roofline|^exit"
+    done
+    grep -a -E "^\| [a-z]+-|^exit|warm-up" "$out/gpu_arrivals.log" | cut -c1-250
+    grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process

@@ -170,18 +170,36 @@ def build_attention_metadata(batch: ForwardBatch, block_size: int, device: torch
     )
 
 
+# the largest query rows per program `default_block_m` picks (the warm-up stops at its class)
+LARGEST_BLOCK_M = 64
+
+
 def default_block_m(rows: int) -> int:
     """Query rows per program (a sequence's new tokens times the GQA group) for the longest query of
-    a step. H200, bf16, 8 x 1024-token prefill: 128 rows ran 1.5x faster than 64; 4-token
-    verification (16 rows with GQA 4) ran 2x faster at 16 than at 128."""
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows < 256 else 128
+    a step. H200, bf16: 4-token verification (16 rows with GQA 4) ran 2x faster at 16 than at 128;
+    prefills ran faster at 64 rows with 4 warps (`varlen_launch`) than at 128 with 8, 1.07-1.31x
+    (8,192-token chunks of 100-1,024-token prompts 1.21x, 1 x 8,192 1.07x, 32 x 256 1.31x; fp8 cache
+    1.35x; `benchmarks/gpu_varlen_sweep.py`, docs/gpu-notes.md v16)."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else LARGEST_BLOCK_M
+
+
+def varlen_launch(block_m: int, fp8: bool) -> tuple[int, int, int]:
+    """(BLOCK_N keys per inner tile, num_warps, num_stages) of the varlen kernel for block_m rows per
+    program and the cache's dtype: the fastest of the v16 sweep for 64 rows (bf16 cache: 32 keys, 3
+    stages; fp8: 64 keys, 2 stages, where 32 keys ran 1.1-1.3x slower), as before for the rest."""
+    if block_m <= 32:
+        return 64, 4, 2
+    if block_m == 64:
+        return (64, 4, 2) if fp8 else (32, 4, 3)
+    return 64, 8, 2
 
 
 def warm_query_lens(group: int, limit: int) -> list[int]:
     """One query length (2..limit tokens) for each BLOCK_M `triton_varlen.varlen_attention` can pick with this GQA
     group: a prefill of each, run once at start-up, compiles every variant a step may need (each
     compilation is ~0.5 s, which would otherwise hold up every stream the first time a step's longest
-    query falls in a new class; measured on the H200, docs/gpu-notes.md v15)."""
+    query falls in a new class; measured on the H200, docs/gpu-notes.md v15). A block_m's launch
+    configuration (`varlen_launch`) depends only on it and the engine's cache dtype."""
     lens: list[int] = []
     seen: set[int] = set()
     for q in range(2, limit + 1):
@@ -189,7 +207,7 @@ def warm_query_lens(group: int, limit: int) -> list[int]:
         if block_m not in seen:
             seen.add(block_m)
             lens.append(q)
-        if block_m == 128:
+        if block_m == LARGEST_BLOCK_M:
             break
     return lens
 

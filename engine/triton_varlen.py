@@ -19,10 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from llmdeploy_engine.attention import VarlenMetadata, default_block_m
+from llmdeploy_engine.attention import VarlenMetadata, default_block_m, varlen_launch
 from llmdeploy_engine.triton_attention import _fp8_to_f16, _fp16_query, check_cache, fp8_cvt_available
-
-BLOCK_N = 64
 
 
 @triton.jit
@@ -171,12 +169,12 @@ def varlen_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,  # float32 one-element tensors; needed for fp8 caches
     v_scale: torch.Tensor | None = None,
-    block_m: int | None = None,  # rows per program; None: from max_query_len * group (16 to 128)
+    block_m: int | None = None,  # rows per program; None: from max_query_len * group (16 to 64)
     fp16_dot: bool | None = None,  # None: fp16 dots for a bf16 query over an fp8 cache
     fp8_cvt: str | None = None,  # "to" or "v" (triton_attention.FP8_CONVERSIONS); None: "v" up to 32 rows
-    block_n: int = BLOCK_N,  # keys per inner tile
-    num_warps: int | None = None,  # None: 4 up to 32 rows per program, else 8
-    num_stages: int = 2,
+    block_n: int | None = None,  # keys per inner tile; None and below: attention.varlen_launch's
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context (see the module doc).
     Rows of q that belong to no sequence are left uninitialised."""
@@ -198,8 +196,10 @@ def varlen_attention(
     rows = meta.max_query_len * group
     if block_m is None:
         block_m = default_block_m(rows)
-    if num_warps is None:
-        num_warps = 4 if block_m <= 32 else 8
+    tuned = varlen_launch(block_m, fp8)
+    block_n = tuned[0] if block_n is None else block_n
+    num_warps = tuned[1] if num_warps is None else num_warps
+    num_stages = tuned[2] if num_stages is None else num_stages
     cvt_ok = fp8_cvt_available(q, fp8, fp16_dot, block_n * head_dim, num_warps)
     if fp8_cvt is None:
         # up to 32 rows the dots are mma.sync and V's fp8 bytes would be re-laid out one at a time
