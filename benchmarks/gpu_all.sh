@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1059,6 +1059,13 @@ elif [ "$phase" = v16c ]; then
     done
     grep -a -E "^\| [a-z]+-|^exit|warm-up" "$out/gpu_arrivals.log" | cut -c1-250
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
+elif [ "$phase" = v16d ]; then
+    # one call (v16, ~1.5 min on one H200): the 8B's projections at the decode graphs' row counts from
+    # 128 to 256 through cuBLAS as the engine calls it, cuBLASLt, and the transposed product W @ x^T
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_batch_diag.py --parts gemm --no-triton \
+        --rows 64,128,144,160,176,192,208,224,240,256 --out "$out" >"$out/gemm_layout.log" 2>&1
+    echo "exit $?" >>"$out/gemm_layout.log"
+    grep -a -E "m=|exit|Error" "$out/gemm_layout.log" | cut -c1-260
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process

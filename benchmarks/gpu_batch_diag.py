@@ -7,7 +7,8 @@ Two parts, one GPU, no engine:
   it (F.linear), cuBLASLt (torch's preferred BLAS library switched), and a Triton GEMM with a small
   sweep of tiles (weights read as [N, K] rows, tl.dot on the tensor cores; programs of one weight
   tile adjacent so the other row tiles read it from L2; split-K through float32 atomics where few
-  tiles would leave SMs idle). Each cell is a CUDA graph of back-to-back calls cycling through copies
+  tiles would leave SMs idle), and the transposed product W @ x^T through cuBLAS (its row count as
+  cuBLAS's N: another kernel choice), alone and with the transpose copied back (v16). Each cell is a CUDA graph of back-to-back calls cycling through copies
   of the weight (>= 256 MB in all, so L2 never holds the previous call's weight); median of 7
   replays. Every Triton config is checked against cuBLAS before it is timed.
 - `attention`: one layer's paged decode (32 query / 8 KV heads, head_dim 128, block 16) over the
@@ -139,6 +140,15 @@ def cublas_call(x: torch.Tensor, ws: list[torch.Tensor], out: torch.Tensor, i: i
     torch.matmul(x, ws[i % len(ws)].t(), out=out)
 
 
+def cublas_t_call(x: torch.Tensor, ws: list[torch.Tensor], out_t: torch.Tensor, out: torch.Tensor | None,
+                  i: int) -> None:  # fmt: skip
+    """The transposed product W @ x^T ([N, M]; cuBLAS sees the row count as its N), and with `out`
+    its transpose copied back to [M, N] as the engine's next op would need it."""
+    torch.matmul(ws[i % len(ws)], x.t(), out=out_t)
+    if out is not None:
+        out.copy_(out_t.t())
+
+
 def triton_call(x: torch.Tensor, ws: list[torch.Tensor], out: torch.Tensor, cfg: tuple[int, ...],
                 acc32: torch.Tensor | None, i: int) -> None:  # fmt: skip
     triton_linear(x, ws[i % len(ws)], out, cfg, acc32)
@@ -178,8 +188,8 @@ def time_graph(fn: Callable[[int], None], calls: int, dev: torch.device) -> floa
 
 def gemm_part(args: argparse.Namespace, dev: torch.device) -> None:
     shapes = {k: v for k, v in SHAPES.items() if k in args.shapes.split(",")}
-    rows = (16, 64) if args.quick else ROWS
-    configs = TRITON_CONFIGS[:2] if args.quick else TRITON_CONFIGS
+    rows = (16, 64) if args.quick else tuple(map(int, args.rows.split(","))) if args.rows else ROWS
+    configs = [] if args.no_triton else TRITON_CONFIGS[:2] if args.quick else TRITON_CONFIGS
     for name, (n, k) in shapes.items():
         if args.quick:
             n, k = n // 64, k // 32
@@ -205,6 +215,14 @@ def gemm_part(args: argparse.Namespace, dev: torch.device) -> None:
                     log(f"  {name} m={m} {lib}: {type(e).__name__}: {e}")
             if dev.type == "cuda":
                 torch.backends.cuda.preferred_blas_library("cublas")
+            out_t = torch.empty(n, m, device=dev, dtype=torch.bfloat16)
+            cublas_t_call(x, ws, out_t, out, 0)
+            err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 2e-2, f"W @ x^T differs from F.linear: {err:.2e}"
+            cell["cublas_t"] = time_graph(functools.partial(cublas_t_call, x, ws, out_t, None), calls, dev)
+            cell["cublas_t_copy"] = time_graph(
+                functools.partial(cublas_t_call, x, ws, out_t, out), calls, dev
+            )
             best: tuple[float, tuple[int, ...]] | None = None
             for cfg in configs:
                 bm, bn, bk, _, _, split = cfg
@@ -226,7 +244,7 @@ def gemm_part(args: argparse.Namespace, dev: torch.device) -> None:
             cell["triton"] = best[0] if best else None
             cell["triton_cfg"] = list(best[1]) if best else None
             figs = []
-            for key in ("cublas", "cublaslt", "triton"):
+            for key in ("cublas", "cublaslt", "cublas_t", "cublas_t_copy", "triton"):
                 us = cell[key]
                 figs.append(
                     f"{key} {us:8.1f} us {flops / us / 1e6:6.0f} TF/s {wbytes / us / 1e6:5.2f} TB/s"
@@ -356,6 +374,8 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (a CPU dry run under the interpreter)"
     )
+    parser.add_argument("--rows", default=None, help="gemm row counts, comma-separated (default: ROWS)")
+    parser.add_argument("--no-triton", action="store_true", help="gemm: cuBLAS layouts only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dev = torch.device(args.device)
