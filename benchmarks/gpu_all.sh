@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -76,14 +76,15 @@ bench_with_fp8() {  # v9, GPU 0: gpu_bench.py (both models, no peer), then the 8
     done
 }
 arrivals_by_steps() {  # model:steps ...: gpu_arrivals.py on GPU 0, the 8B at 20 requests/s (300), the
-    # 0.5B at $QWEN_RATE/s ($QWEN_N; default 30/s, 400), one process each, into $out/gpu_arrivals.log (v15)
+    # 0.5B at $QWEN_RATE/s ($QWEN_N; default 30/s, 400), one process each, into $out/gpu_arrivals.log (v15);
+    # labels model-steps$ARRIVALS_TAG
     local cfg model steps rate n
     for cfg in "$@"; do
         model=${cfg%%:*} steps=${cfg#*:}
         rate=${QWEN_RATE:-30} n=${QWEN_N:-400}
         [ "$model" = llama ] && rate=20 n=300
         CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_arrivals.py --model "$model" --rate $rate \
-            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps" --out "$out" \
+            --num-requests $n --num-scheduler-steps "$steps" --label "$model-$steps${ARRIVALS_TAG:-}" --out "$out" \
             >>"$out/gpu_arrivals.log" 2>&1
         echo "exit $? ($cfg)" >>"$out/gpu_arrivals.log"
     done
@@ -1066,6 +1067,20 @@ elif [ "$phase" = v16d ]; then
         --rows 64,128,144,160,176,192,208,224,240,256 --out "$out" >"$out/gemm_layout.log" 2>&1
     echo "exit $?" >>"$out/gemm_layout.log"
     grep -a -E "m=|exit|Error" "$out/gemm_layout.log" | cut -c1-260
+elif [ "$phase" = v16e ]; then
+    # one call (v16, ~3.5 min on one H200): requests arriving one by one after the window-chain fix:
+    # gpu_arrivals.py with the 0.5B at 30 requests/s in two processes (v15 saw a 32-59 ms median
+    # TTFT spread between processes of one code) and at 100/s; then the 8B's 256 requests again
+    ARRIVALS_TAG=-30a arrivals_by_steps qwen:auto
+    ARRIVALS_TAG=-30b arrivals_by_steps qwen:auto
+    ARRIVALS_TAG=-100 QWEN_RATE=100 QWEN_N=600 arrivals_by_steps qwen:auto
+    CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/gpu_bench.py --no-peer --models llama \
+        --throughput-models llama --out "$out" >"$out/gpu_bench_8b.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_8b.log"
+    grep -a -E "^\| [a-z]+-|^exit|warm-up" "$out/gpu_arrivals.log" | cut -c1-250
+    grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
+    grep -a -E "device idle" "$out/gpu_bench_8b.log" | cut -c1-300
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench_8b.log" | grep -a -E "(requests|single stream) \| (output|SM|tok)|roofline|^exit"
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process
