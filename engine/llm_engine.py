@@ -38,7 +38,10 @@ windows because the host's work a window is over half the device's, and shortens
 device has more than four times the host's work. So a model whose steps are long on the device runs
 one-step windows, and a small model at a large batch runs windows long enough to hide the host (the
 multi-step trade-off above then applies: new requests wait up to two windows, streams arrive in
-chunks). Elsewhere auto is one step.
+chunks). While requests arrive (one was added while sequences decoded in the last ARRIVAL_HOLD_S,
+1 s) and a max_num_seqs slot is free, auto windows are at most ARRIVAL_WINDOW_STEPS (2) steps: an
+unsaturated engine's throughput follows the arrivals, and its new requests' wait follows the windows.
+Elsewhere auto is one step.
 
 Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call
 must come from one thread (AsyncLLMEngine runs it on its own loop thread).
@@ -57,7 +60,7 @@ from typing import Any, Protocol
 from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.multi_step import WindowSizer
+from llmdeploy_engine.multi_step import ARRIVAL_HOLD_S, ARRIVAL_WINDOW_STEPS, WindowSizer
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -250,6 +253,7 @@ class LLMEngine:
         # num_scheduler_steps auto with asynchronous windows on a CUDA device: each window's length
         # from how long the host waited for the one before (multi_step.WindowSizer); else fixed
         self._sizer: WindowSizer | None = None
+        self._arrived_while_decoding = -float("inf")  # time.monotonic() of the last such request
         if config.num_scheduler_steps is None and self._async_windows and on_gpu:
             self._sizer = WindowSizer()
             self.num_scheduler_steps = self._sizer.max_steps
@@ -374,6 +378,8 @@ class LLMEngine:
             window_kind=_window_kind(params),
         )
         self.requests[request_id] = req
+        if self.scheduler.running:  # it will wait for the windows in flight (see _window_steps)
+            self._arrived_while_decoding = time.monotonic()
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -503,8 +509,19 @@ class LLMEngine:
         return self._launch_window(out, num_steps, sampled_rows, window, rows)
 
     def _window_steps(self) -> int:
-        """The next window's length: num_scheduler_steps, or the sizer's choice with auto."""
-        return self.num_scheduler_steps if self._sizer is None else self._sizer.steps
+        """The next window's length: num_scheduler_steps, or with auto the sizer's choice, at most
+        ARRIVAL_WINDOW_STEPS within ARRIVAL_HOLD_S of a request added while sequences decode while a
+        max_num_seqs slot is free (a request that arrives waits for the windows in flight)."""
+        if self._sizer is None:
+            return self.num_scheduler_steps
+        steps = self._sizer.steps
+        if (
+            steps > ARRIVAL_WINDOW_STEPS
+            and time.monotonic() - self._arrived_while_decoding < ARRIVAL_HOLD_S
+            and len(self.scheduler.running) < self.scheduler.config.max_num_seqs
+        ):
+            return ARRIVAL_WINDOW_STEPS
+        return steps
 
     def _num_tokens_left(self, seq: Sequence) -> int:
         checker = self.requests[seq.request_id].checkers[seq.index]

@@ -36,6 +36,14 @@ NO_CAP = 1 << 62
 
 # num_scheduler_steps auto: the longest window the engine chooses by itself
 AUTO_MAX_WINDOW_STEPS = 8
+# window length auto while requests arrive: a request added while sequences decode waits for the
+# window in flight and its follow-on, so for ARRIVAL_HOLD_S after such an arrival (and while a
+# max_num_seqs slot is free for the next one) windows are at most ARRIVAL_WINDOW_STEPS steps. The
+# 0.5B at 30 requests/s ran 8-step windows there, with a 39-43 ms median time to first token against
+# 21-23 ms with one-step windows at the same token rate (H200, docs/gpu-notes.md v15-v16); at that
+# load the longer windows bought no throughput (the arrivals set it)
+ARRIVAL_WINDOW_STEPS = 2
+ARRIVAL_HOLD_S = 1.0
 
 
 class WindowSizer:

@@ -19,6 +19,7 @@ from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.llm_engine import LLMEngine
 from llmdeploy_engine.multi_step import (
+    ARRIVAL_WINDOW_STEPS,
     AUTO_MAX_WINDOW_STEPS,
     WindowSizer,
     check_decode_window,
@@ -673,6 +674,46 @@ def test_auto_window_length_follows_the_wait_for_ids() -> None:
     final, _ = run_all(auto_engine(busy), {0: short})
     assert outputs(final) == outputs(run_all(engine(1)[0], {0: short})[0])
     assert busy.windows == [1] * 15
+
+
+def test_auto_windows_stay_short_while_requests_arrive() -> None:
+    """Window length auto: once the sizer has grown the windows to 8 steps, a request added while a
+    sequence decodes caps them at ARRIVAL_WINDOW_STEPS (it waits for the windows in flight) until
+    ARRIVAL_HOLD_S has passed; with every max_num_seqs slot taken (the newcomer cannot join anyway)
+    they stay long. The tokens are those of one-step decoding either way."""
+
+    def auto_engine(max_num_seqs: int = 256) -> tuple[LLMEngine, MultiStepFakeRunner]:
+        runner = MultiStepFakeRunner(rule=mixing_rule, num_kv_blocks=128, max_model_len=512)
+        runner.device = "cuda:0"  # type: ignore[attr-defined]
+        cfg = EngineConfig(model="fake", max_num_seqs=max_num_seqs)
+        return LLMEngine(cfg, runner=runner, tokenizer=FakeTokenizer(), sampler=FakeSampler()), runner
+
+    first = ("a", [1, 2, 3], greedy(max_tokens=300, ignore_eos=True))
+    late = ("b", [4, 5], greedy(max_tokens=60, ignore_eos=True))
+    ref, _ = run_all(engine(1, num_kv_blocks=128, max_model_len=512)[0], {0: [first]})
+    ref_late, _ = run_all(engine(1, num_kv_blocks=128, max_model_len=512)[0], {0: [late]})
+    for max_num_seqs, capped in ((256, True), (1, False)):
+        eng, runner = auto_engine(max_num_seqs)
+        eng.add_request(*first)
+        final: dict[str, RequestOutput] = {}
+        while not runner.windows or runner.windows[-1] < AUTO_MAX_WINDOW_STEPS:  # the sizer grows them
+            final.update({o.request_id: o for o in eng.step() if o.finished})
+        eng.add_request(*late)
+        seen = len(runner.windows)
+        for _ in range(6):
+            final.update({o.request_id: o for o in eng.step() if o.finished})
+        after = runner.windows[seen + 1 :]  # the one launched with the arrival's step may be long
+        assert after, runner.windows
+        if capped:
+            assert max(after) <= ARRIVAL_WINDOW_STEPS, runner.windows
+        else:
+            assert min(after) == AUTO_MAX_WINDOW_STEPS, runner.windows
+        eng._arrived_while_decoding -= 10.0  # ARRIVAL_HOLD_S later
+        seen = len(runner.windows)
+        while eng.has_unfinished_requests():
+            final.update({o.request_id: o for o in eng.step() if o.finished})
+        assert max(runner.windows[seen + 1 :]) == AUTO_MAX_WINDOW_STEPS, runner.windows
+        assert outputs(final) == outputs(ref) | outputs(ref_late)
 
 
 def test_window_sizer_decisions() -> None:
