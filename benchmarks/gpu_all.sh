@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1081,6 +1081,24 @@ elif [ "$phase" = v16e ]; then
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
     grep -a -E "device idle" "$out/gpu_bench_8b.log" | cut -c1-300
     grep -v -E "Warning|enable\(self" "$out/gpu_bench_8b.log" | grep -a -E "(requests|single stream) \| (output|SM|tok)|roofline|^exit"
+elif [ "$phase" = v16f ]; then
+    # one call (v16, ~4.5 min on one H200): auto windows capped at 2 steps while requests arrive (the
+    # engine in .whl/old_engine: the commit before): gpu_arrivals.py with the 0.5B at 30 requests/s,
+    # new / old / new / old, each its own process; then this engine at 100/s and the 0.5B's 256
+    # requests (gpu_bench.py, no peer)
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for eng in new old new2 old2; do
+        path=/tmp/pkgs
+        case $eng in old*) path=/tmp/pkgs_old ;; esac
+        PYTHONPATH=$path:$PWD:/tmp/site ARRIVALS_TAG=-30-$eng arrivals_by_steps qwen:auto
+    done
+    ARRIVALS_TAG=-100-new QWEN_RATE=100 QWEN_N=600 arrivals_by_steps qwen:auto
+    CUDA_VISIBLE_DEVICES=0 timeout 80 python3 benchmarks/gpu_bench.py --no-peer --models qwen \
+        --throughput-models qwen --out "$out" >"$out/gpu_bench_qwen.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_qwen.log"
+    grep -a -E "^\| [a-z]+-|^exit" "$out/gpu_arrivals.log" | cut -c1-250
+    grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-200
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench_qwen.log" | grep -a -E "(requests|single stream) \| (output|SM|tok)|^exit"
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process
