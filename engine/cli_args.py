@@ -189,7 +189,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "decode batches of greedy or unseeded sampled requests; new requests wait up to N steps and "
         "streams arrive in chunks of up to N tokens); 1 = off. Default auto: on a CUDA GPU with "
         "asynchronous scheduling the engine chooses 1-8 steps a window, more while its host work a "
-        "step exceeds the GPU's (small models at large batches), else 1",
+        "step exceeds the GPU's (small models at large batches), at most 2 within 1 s of a request "
+        "arriving while others decode, else 1",
     )
     sched.add_argument(
         "--async-scheduling",

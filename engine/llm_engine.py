@@ -40,7 +40,8 @@ one-step windows, and a small model at a large batch runs windows long enough to
 multi-step trade-off above then applies: new requests wait up to two windows, streams arrive in
 chunks). While requests arrive (one was added while sequences decoded in the last ARRIVAL_HOLD_S,
 1 s) and a max_num_seqs slot is free, auto windows are at most ARRIVAL_WINDOW_STEPS (2) steps: an
-unsaturated engine's throughput follows the arrivals, and its new requests' wait follows the windows.
+unsaturated engine's throughput follows the arrivals, not the windows, and its streams arrive in
+smaller chunks.
 Elsewhere auto is one step.
 
 Owns the model runner, block manager, scheduler, sampler and tokenizer. Single-threaded: every call

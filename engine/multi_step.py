@@ -39,9 +39,10 @@ AUTO_MAX_WINDOW_STEPS = 8
 # window length auto while requests arrive: a request added while sequences decode waits for the
 # window in flight and its follow-on, so for ARRIVAL_HOLD_S after such an arrival (and while a
 # max_num_seqs slot is free for the next one) windows are at most ARRIVAL_WINDOW_STEPS steps. The
-# 0.5B at 30 requests/s ran 8-step windows there, with a 39-43 ms median time to first token against
-# 21-23 ms with one-step windows at the same token rate (H200, docs/gpu-notes.md v15-v16); at that
-# load the longer windows bought no throughput (the arrivals set it)
+# 0.5B at 30 requests/s ran 8-step windows there, which bought no throughput (the arrivals set it)
+# and streamed tokens in chunks: with the cap the median gap between a stream's tokens went from
+# 9.1-12.8 to 2.3-2.5 ms at the same tok/s; the median time to first token stayed within the spread
+# between processes (37 ms; H200, run 87, docs/gpu-notes.md v16)
 ARRIVAL_WINDOW_STEPS = 2
 ARRIVAL_HOLD_S = 1.0
 
