@@ -97,6 +97,14 @@ tp_report() {  # names: the table of each $out/gpu_tp_NAME.log there is (v9)
             cut -c1-200
     done
 }
+bench_report() {  # gpu_bench.py logs: the device's idle time, the eager steps, the table's figures (v16)
+    local f
+    for f in "$@"; do
+        echo "== $f"
+        grep -a -E "device idle|eager steps \(" "$f" | cut -c1-400
+        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|roofline|^exit"
+    done
+}
 summary() {
     for f in "$@"; do
         echo "== $f"
@@ -1002,11 +1010,7 @@ elif [ "$phase" = v16a ]; then
     echo "exit $?" >>"$out/gpu_bench_qwen.log"
     summary "$out"/t_*.log
     tail -22 "$out/varlen_sweep.log"
-    for f in "$out"/gpu_bench_*.log; do
-        echo "== $f"
-        grep -a -E "device idle|eager steps \(" "$f" | cut -c1-400
-        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|^exit"
-    done
+    bench_report "$out"/gpu_bench_*.log
 elif [ "$phase" = v16b ]; then
     # one call (v16, ~7 min on one H200): windows that follow each other past a sequence's last token
     # (the engine in .whl/old_engine: the commit before, where each one broke the chain): the
@@ -1031,11 +1035,7 @@ elif [ "$phase" = v16b ]; then
     done
     summary "$out"/t_*.log
     grep -a -E "^\| |^exit" "$out/varlen_sweep.log"
-    for f in "$out"/gpu_bench_*.log; do
-        echo "== $f"
-        grep -a -E "device idle" "$f" | cut -c1-400
-        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|^exit"
-    done
+    bench_report "$out"/gpu_bench_*.log
 elif [ "$phase" = v16c ]; then
     # one call (v16, ~6 min on one H200): the varlen kernel's new launch configurations (64 rows a
     # program, 4 warps; BLOCK_N 32 and 3 stages over a bf16 cache): the varlen, graph-runner and fp8
@@ -1053,11 +1053,7 @@ elif [ "$phase" = v16c ]; then
     rm -f "$out/fp8/gpu_bench.json"
     arrivals_by_steps llama:auto
     summary "$out"/t_*.log
-    for f in "$out"/gpu_bench*.log; do
-        echo "== $f"
-        grep -a -E "device idle|eager steps \(" "$f" | cut -c1-300
-        grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|roofline|^exit"
-    done
+    bench_report "$out"/gpu_bench*.log
     grep -a -E "^\| [a-z]+-|^exit|warm-up" "$out/gpu_arrivals.log" | cut -c1-250
     grep -a -h -o "'slow_steps': .*" "$out/gpu_arrivals.log" | cut -c1-300
 elif [ "$phase" = v16d ]; then
