@@ -16,7 +16,9 @@ llmdeploy's catalog, no hub):
   schedule / execute / sample for every step (execute split
   into CUDA-graph replays and eager steps), the rest of the step's host time (output processing:
   stop checks, detokenization, RequestOutputs) and the host time per output token outside execute,
-  and torch.profiler CUDA kernel time per step by kind (matmul, attention, KV gather/scatter, other).
+  and torch.profiler CUDA kernel time per step by kind (matmul, attention, KV gather/scatter, other);
+  and for the throughput run the device's idle time between the engine's launches (`DeviceGaps`:
+  CUDA events around every launch and sampler call, the gaps between them on the device).
 
 The engine runs as `LLM.generate` drives it: requests ask for `RequestOutputKind.FINAL_ONLY`. By
 default LLMEngine builds its own CUDA graphs on CUDA and attention dispatches pure-decode batches to
