@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import Recipe
@@ -13,8 +17,6 @@ from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render import render
 from render.recipe_factory import RECIPES, make_recipe, shipped
 
-# custom resources: kubernetes-validate ships schemas for built-in kinds only
-CRD_KINDS = {"ScaledObject"}
 K8S = {"type": "kubernetes", "namespace": "llm", "kubernetes_version": "1.30"}
 
 
@@ -63,6 +65,34 @@ def _documents() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 DOCUMENTS = _documents()
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's openAPIV3Schema as a JSON schema that refuses unknown fields (what kubernetes-validate's
+    strict mode does for built-in kinds): every object with listed properties gets
+    additionalProperties: false, unless the CRD keeps its unknown fields."""
+    out = {k: v for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+    if "properties" in schema:
+        out["properties"] = {k: strict(v) for k, v in schema["properties"].items()}
+        if not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+    if isinstance(schema.get("items"), dict):
+        out["items"] = strict(schema["items"])
+    return out
+
+
+def crd_validator(path: Path, version: str) -> jsonschema.Draft4Validator:
+    crd = yaml.safe_load(path.read_text())
+    served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
+    return jsonschema.Draft4Validator(strict(served["schema"]["openAPIV3Schema"]))
+
+
+# custom resources: kubernetes-validate ships schemas for built-in kinds only, so these are checked
+# against the CRDs under tests/schemas (apiVersion -> kind -> validator)
+CRD_VALIDATORS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): crd_validator(SCHEMAS / "scaledobjects.keda.sh.yaml", "v1alpha1"),
+}
 
 
 @pytest.mark.parametrize(
@@ -86,9 +116,32 @@ def test_document_is_valid_in_strict_mode(recipe_name: str, version: str, doc: d
             }
             kubernetes_validate.validate(pod, version, strict=True)
         return
-    if doc["kind"] in CRD_KINDS:
-        pytest.skip(f"{doc['kind']} is a custom resource: kubernetes-validate has no schema for it")
+    crd = CRD_VALIDATORS.get((doc["apiVersion"], doc["kind"]))
+    if crd is not None:
+        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in crd.iter_errors(doc)]
+        assert not errors, errors
+        return
     kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        (lambda s: s["triggers"][0]["metadata"].update(threshold=0.8), "spec.triggers.0.metadata.threshold"),
+        (lambda s: s.update(minReplicas=1), "spec"),  # HPA's field name, not KEDA's
+        (lambda s: s["triggers"][0].pop("metadata"), "spec.triggers.0"),
+        (lambda s: s["scaleTargetRef"].pop("name"), "spec.scaleTargetRef"),
+        (lambda s: s["triggers"][0].update(metricType="Average"), "spec.triggers.0.metricType"),
+    ],
+    ids=["threshold-not-a-string", "unknown-field", "trigger-without-metadata", "target-without-name",
+         "unknown-metric-type"],
+)  # fmt: skip
+def test_scaled_object_schema_refuses_what_keda_refuses(change: Any, path: str) -> None:
+    doc = copy.deepcopy(next(d for _, _, d in DOCUMENTS if d["kind"] == "ScaledObject"))
+    validator = CRD_VALIDATORS[("keda.sh/v1alpha1", "ScaledObject")]
+    assert not list(validator.iter_errors(doc))
+    change(doc["spec"])
+    assert path in {".".join(map(str, e.absolute_path)) for e in validator.iter_errors(doc)}
 
 
 def test_variants_cover_every_kind() -> None:
