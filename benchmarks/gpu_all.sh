@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a|v17b}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1103,6 +1103,14 @@ elif [ "$phase" = v17a ]; then
     echo "exit $?" >>"$out/gemm_autotune.log"
     grep -a -E "m= *[0-9]+:|^\||exit|Error|inductor:|torch " "$out/gemm_autotune.log" | cut -c1-260
     grep -a -A6 "AUTOTUNE mm" "$out/gemm_autotune.log" | cut -c1-200 | head -150
+elif [ "$phase" = v17b ]; then
+    # one call (v17, ~9 min on one H200): gpu_bench.py end to end on the final engine, both models with
+    # their transformers peers in the same run (the 0.5B's peer on its first 128 requests, to fit)
+    CUDA_VISIBLE_DEVICES=0 timeout 585 python3 benchmarks/gpu_bench.py --hf-requests qwen=128,llama=128 \
+        --out "$out" >"$out/gpu_bench.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench.log"
+    grep -a -E "transformers peer|peer skipped|copy bandwidth" "$out/gpu_bench.log" | cut -c1-250
+    grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |^exit" | cut -c1-250
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process
