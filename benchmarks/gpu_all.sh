@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a|v17b}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a|v17b|v17c}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1111,6 +1111,24 @@ elif [ "$phase" = v17b ]; then
     echo "exit $?" >>"$out/gpu_bench.log"
     grep -a -E "transformers peer|peer skipped|copy bandwidth" "$out/gpu_bench.log" | cut -c1-250
     grep -v -E "Warning|enable\(self" "$out/gpu_bench.log" | grep -a -E "^\| |^exit" | cut -c1-250
+elif [ "$phase" = v17c ]; then
+    # one call (v17, ~8 min on one H200): the FP8 and n-gram targets on the final engine (last run in
+    # v7): gpu_fp8.py (bf16 / e4m3 / e5m2 KV, 32 x 8k), gpu_spec.py (the 8B with --continuing-model);
+    # then the engine's GPU tests (engine, multi-step, fp8, speculative decoding, graphs)
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/gpu_fp8.py --kv-dtypes auto,fp8_e4m3,fp8_e5m2 \
+        --repeats 2 --out "$out" >"$out/gpu_fp8.log" 2>&1
+    echo "exit $?" >>"$out/gpu_fp8.log"
+    CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_spec.py --models llama --continuing-model \
+        --repeats 2 --out "$out/gpu_spec_cont.json" >"$out/gpu_spec_cont.log" 2>&1
+    echo "exit $?" >>"$out/gpu_spec_cont.log"
+    g=tests/engine_gpu
+    tests 0 engine 170 $g/test_triton_engine.py $g/test_multi_step_gpu.py $g/test_fp8_kv_cache_gpu.py \
+        $g/test_spec_decode_gpu.py $g/test_cuda_graph_runner.py $g/test_graph_pick.py
+    for f in gpu_fp8 gpu_spec_cont; do
+        echo "== $f"
+        grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|decode [0-9]+ tok/s" | cut -c1-250
+    done
+    tail -4 "$out/t_engine.log"
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process
