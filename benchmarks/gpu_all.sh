@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a|v17b|v17c}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a|v17b|v17c|v17d|v17e}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1129,6 +1129,39 @@ elif [ "$phase" = v17c ]; then
         grep -v -E "Warning|enable\(self" "$out/$f.log" | grep -a -E "^\| |^exit|decode [0-9]+ tok/s" | cut -c1-250
     done
     tail -4 "$out/t_engine.log"
+elif [ "$phase" = v17d ]; then
+    # one call (v17, ~9 min on one H200): the last layer's output projection and MLP on the logit rows
+    # only (the engine in .whl/old_engine: the commit before): the engine GPU tests, then the 8B's
+    # gpu_bench.py (single stream and 256 requests) new, old, new, old, each its own process
+    g=tests/engine_gpu
+    tests 0 engine 130 $g/test_triton_engine.py $g/test_cuda_graph_runner.py $g/test_spec_decode_gpu.py \
+        $g/test_fp8_kv_cache_gpu.py
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for eng in new old new2 old2; do
+        path=/tmp/pkgs
+        case $eng in old*) path=/tmp/pkgs_old ;; esac
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/gpu_bench.py \
+            --no-peer --models llama --throughput-models llama --out "$out" >"$out/gpu_bench_llama_$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_llama_$eng.log"
+        rm -f "$out/gpu_bench.json"
+    done
+    summary "$out"/t_*.log
+    bench_report "$out"/gpu_bench_llama_*.log
+    grep -a -H "host s schedule" "$out"/gpu_bench_llama_*.log | cut -c1-250
+elif [ "$phase" = v17e ]; then
+    # one call (v17, ~5 min on one H200): the last layer on the logit rows only, on long prompts: the
+    # prefill of gpu_fp8.py's 32 x 8,000-token prompts (bf16 KV), new, old, new, old, each its own process
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for eng in new old new2 old2; do
+        path=/tmp/pkgs
+        case $eng in old*) path=/tmp/pkgs_old ;; esac
+        mkdir -p "$out/$eng"
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 85 python3 benchmarks/gpu_fp8.py \
+            --kv-dtypes auto --out "$out/$eng" >"$out/gpu_fp8_$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_fp8_$eng.log"
+        echo "== $eng"
+        grep -a -E "auto: decode|^exit" "$out/gpu_fp8_$eng.log" | cut -c1-250
+    done
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process

@@ -98,9 +98,12 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
         meta: AttentionMetadata,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention output, h + residual): `norm` (the layer's input norm) applied to h + residual
-        first, in the QKV projection's kernel for single-row batches."""
+        first, in the QKV projection's kernel for single-row batches. keep: only these rows (a long
+        index tensor) of both come back; every row's K/V is still computed and stored, and attention
+        still runs for every row, but the output projection only for the kept ones."""
         c = self.config
         n = h.shape[0]
         qkv, residual = self.qkv_proj.forward_normed(h, residual, norm.weight, norm.eps)
@@ -118,7 +121,10 @@ class Attention(nn.Module):
                 q, k, v, cos, sin, kv_cache, meta, self.scale, self.k_scale, self.v_scale
             )
             if fused is not None:
-                return self.o_proj(fused.reshape(n, self.num_heads * c.head_dim)), residual
+                out = fused.reshape(n, self.num_heads * c.head_dim)
+                if keep is not None:
+                    out, residual = out[keep], residual[keep]
+                return self.o_proj(out), residual
         if kv_cache is not None and slots is not None:
             # RoPE and the KV-cache write in one step (one kernel on the GPU); attention only reads
             q, k = ops.rope_and_cache(q, k, v, cos, sin, kv_cache, slots, self.k_scale, self.v_scale)
@@ -137,7 +143,10 @@ class Attention(nn.Module):
             v_scale=self.v_scale,
             kv_written=written,
         )
-        return self.o_proj(out.reshape(n, self.num_heads * c.head_dim)), residual
+        out = out.reshape(n, self.num_heads * c.head_dim)
+        if keep is not None:
+            out, residual = out[keep], residual[keep]
+        return self.o_proj(out), residual
 
 
 class MLP(nn.Module):
@@ -173,9 +182,11 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
         meta: AttentionMetadata,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's MLP output, the residual stream before it); the next layer adds them."""
-        h, residual = self.self_attn(h, residual, self.input_layernorm, cos, sin, kv_cache, meta)
+        """(this layer's MLP output, the residual stream before it); the next layer adds them. keep:
+        from the output projection on, only these rows (Attention.forward)."""
+        h, residual = self.self_attn(h, residual, self.input_layernorm, cos, sin, kv_cache, meta, keep)
         return self.mlp(h, residual, self.post_attention_layernorm)
 
 
@@ -230,13 +241,20 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        keep_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, [num_tokens, hidden_size]."""
+        """Hidden states after the final norm, [num_tokens, hidden_size]; with keep_rows (a long index
+        tensor) only those rows, in that order. Nothing reads the other rows' last-layer output, so
+        the last layer computes and stores every row's K/V and attention, then runs its output
+        projection, MLP and the final norm on the kept rows only (for the 8B, 88 % of that layer's
+        GEMM FLOPs skipped for a prompt token that needs no logits)."""
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rope_tables(positions, h.dtype)
         residual: torch.Tensor | None = None
+        last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], meta)
+            kv = None if kv_caches is None else kv_caches[i]
+            h, residual = layer(h, residual, cos, sin, kv, meta, keep_rows if i == last else None)
         norm = self.model.norm
         normed, _ = ops.add_rms_norm(h, residual, norm.weight, norm.eps)
         return normed

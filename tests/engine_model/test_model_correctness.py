@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_model_helpers import BlockPlan, greedy_generate, hf_greedy, make_batch
+from llmdeploy_engine.attention import build_attention_metadata
 from llmdeploy_engine.model_runner import ModelRunner
 from llmdeploy_engine.tokenizer import Tokenizer
 
@@ -91,3 +92,45 @@ def test_sixteen_concurrent_requests_match_their_solo_runs(runner: ModelRunner, 
     batched = greedy_generate(runner, prompts, max_tokens=8, eos_token_ids={2})
     for p, got in zip(prompts, batched, strict=True):
         assert got == greedy_generate(runner, [p], max_tokens=8, eos_token_ids={2})[0]
+
+
+@pytest.mark.parametrize(
+    ("sample_indices", "num_logits"),
+    [([0, 2], [1, 3]), ([], None), ([1], None)],
+    ids=["mixed-with-verification-rows", "samples-nothing", "one-sequence"],
+)
+def test_last_layer_on_logit_rows_only_matches_the_whole_last_layer(
+    runner: ModelRunner, tokenizer: Tokenizer, sample_indices: list[int], num_logits: list[int] | None
+) -> None:
+    """execute() runs the last layer's output projection and MLP on the logit rows only: the same
+    logits as the whole model's hidden states taken at those rows, and every row's K/V stored."""
+    ids = tokenizer.encode(PROMPTS[2])
+    plan = BlockPlan(runner, 2 * len(ids))
+    batch = make_batch(plan, [0, 1, 2], [ids, ids[:7], ids[:4]], [0, 0, 0])
+    batch = type(batch)(**{**batch.__dict__, "sample_indices": sample_indices, "num_logits": num_logits})
+    rows = batch.logit_rows()
+    assert len(rows) < batch.num_tokens
+    mlp_rows: list[int] = []
+    hook = runner.model.model.layers[-1].mlp.register_forward_pre_hook(
+        lambda _m, args: mlp_rows.append(args[0].shape[0])
+    )
+    try:
+        ours = runner.execute(batch)
+    finally:
+        hook.remove()
+    assert mlp_rows == [max(len(rows), 1)]  # a step that samples nothing keeps one row
+    k_cache = runner.kv_caches[-1][0].clone()
+    runner.kv_caches[-1][0].zero_()
+    with torch.inference_mode():
+        meta = build_attention_metadata(batch, runner.block_size, runner.device)
+        ids_t, pos_t = torch.tensor(batch.input_ids), torch.tensor(batch.positions)
+        hidden = runner.model(ids_t, pos_t, meta, runner.kv_caches)
+        whole = runner.model.compute_logits(hidden[rows])
+    assert ours.shape == whole.shape == (len(rows), whole.shape[1])
+    if rows:
+        assert rel_err(ours, whole) < 1e-5
+    # the last layer stored K for every row, kept or not (the whole model wrote them into a zeroed cache)
+    slots = torch.tensor(batch.slot_mapping)
+    stored = k_cache.flatten(0, 1)[slots]
+    assert torch.equal(stored, runner.kv_caches[-1][0].flatten(0, 1)[slots])
+    assert stored.abs().amax(dim=(1, 2)).gt(0).all()
