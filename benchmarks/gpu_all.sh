@@ -9,7 +9,7 @@
 #
 # Logs and JSON go to $OUT (or /tmp/gpu_all_out); each job's table is printed at the end.
 set -u
-phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a|v17b|v17c|v17d|v17e}
+phase=${1:?usage: gpu_all.sh check|bench|final|probe|gemv|final5|tests5|pdl|fused|final6|tests6|fp8diag|v7|v7b|final7|first|diag8|first8|v8|tp8|gemv8|final8|tp9|tp9b|ar9|tp9c|bench9|bench9b|v10a|v10b|v10c|v10d|v11a|v11b|v11c|v12b|v12c|v12d|v13a|v13b|v13c|v13d|v13e|v13f|v13g|v13h|v14a|v14b|v14c|v14d|v14e|v14f|v14g|v15a|v15b|v15c|v15d|v15e|v15f|v15g|v16a|v16b|v16c|v16d|v16e|v16f|v17a|v17b|v17c|v17d|v17e|v17f|v17g}
 out=${OUT:-/tmp/gpu_all_out}
 mkdir -p "$out"
 if [ -d .whl ] && ! python3 -c "import pydantic, yaml" 2>/dev/null; then
@@ -1162,6 +1162,25 @@ elif [ "$phase" = v17e ]; then
         echo "== $eng"
         grep -a -E "auto: decode|^exit" "$out/gpu_fp8_$eng.log" | cut -c1-250
     done
+elif [ "$phase" = v17f ]; then
+    # one call (v17, ~2 min on one H200): the 0.5B on the final engine (single stream, 256 requests, no peer)
+    CUDA_VISIBLE_DEVICES=0 timeout 100 python3 benchmarks/gpu_bench.py --no-peer --models qwen \
+        --throughput-models qwen --out "$out" >"$out/gpu_bench_qwen.log" 2>&1
+    echo "exit $?" >>"$out/gpu_bench_qwen.log"
+    bench_report "$out/gpu_bench_qwen.log"
+elif [ "$phase" = v17g ]; then
+    # one call (v17, ~2.5 min on one H200): the 0.5B's 256 requests, this engine and .whl/old_engine's
+    # (before the last layer ran on logit rows only), new / old / new, each its own process
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    for eng in new old new2; do
+        path=/tmp/pkgs
+        case $eng in old*) path=/tmp/pkgs_old ;; esac
+        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_bench.py \
+            --no-peer --models qwen --throughput-models qwen --out "$out" >"$out/gpu_bench_qwen_$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_qwen_$eng.log"
+        rm -f "$out/gpu_bench.json"
+    done
+    bench_report "$out"/gpu_bench_qwen_*.log
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
     # .whl/old_engine's (before the mixed-step change) alternating, each its own process
