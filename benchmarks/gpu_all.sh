@@ -105,6 +105,24 @@ bench_report() {  # gpu_bench.py logs: the device's idle time, the eager steps, 
         grep -v -E "Warning|enable\(self" "$f" | grep -a -E "(requests|single stream) \| (output|SM|tok)|roofline|^exit"
     done
 }
+old_engine_link() {  # .whl/old_engine (the commit before a change) importable as llmdeploy_engine
+    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+}
+engine_pythonpath() {  # engine label -> PYTHONPATH: old* the engine in .whl/old_engine, else this checkout's
+    case $1 in old*) echo "/tmp/pkgs_old:$PWD:/tmp/site" ;; *) echo "/tmp/pkgs:$PWD:/tmp/site" ;; esac
+}
+ab_bench() {  # model, timeout, engine labels: gpu_bench.py (no peer) on one GPU, a process per label (v17)
+    local model=$1 limit=$2 eng
+    shift 2
+    old_engine_link
+    for eng in "$@"; do
+        PYTHONPATH=$(engine_pythonpath "$eng") CUDA_VISIBLE_DEVICES=0 timeout "$limit" python3 \
+            benchmarks/gpu_bench.py --no-peer --models "$model" --throughput-models "$model" --out "$out" \
+            >"$out/gpu_bench_${model}_$eng.log" 2>&1
+        echo "exit $?" >>"$out/gpu_bench_${model}_$eng.log"
+        rm -f "$out/gpu_bench.json"
+    done
+}
 summary() {
     for f in "$@"; do
         echo "== $f"
@@ -1136,27 +1154,17 @@ elif [ "$phase" = v17d ]; then
     g=tests/engine_gpu
     tests 0 engine 130 $g/test_triton_engine.py $g/test_cuda_graph_runner.py $g/test_spec_decode_gpu.py \
         $g/test_fp8_kv_cache_gpu.py
-    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
-    for eng in new old new2 old2; do
-        path=/tmp/pkgs
-        case $eng in old*) path=/tmp/pkgs_old ;; esac
-        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/gpu_bench.py \
-            --no-peer --models llama --throughput-models llama --out "$out" >"$out/gpu_bench_llama_$eng.log" 2>&1
-        echo "exit $?" >>"$out/gpu_bench_llama_$eng.log"
-        rm -f "$out/gpu_bench.json"
-    done
+    ab_bench llama 90 new old new2 old2
     summary "$out"/t_*.log
     bench_report "$out"/gpu_bench_llama_*.log
     grep -a -H "host s schedule" "$out"/gpu_bench_llama_*.log | cut -c1-250
 elif [ "$phase" = v17e ]; then
     # one call (v17, ~5 min on one H200): the last layer on the logit rows only, on long prompts: the
     # prefill of gpu_fp8.py's 32 x 8,000-token prompts (bf16 KV), new, old, new, old, each its own process
-    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
+    old_engine_link
     for eng in new old new2 old2; do
-        path=/tmp/pkgs
-        case $eng in old*) path=/tmp/pkgs_old ;; esac
         mkdir -p "$out/$eng"
-        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 85 python3 benchmarks/gpu_fp8.py \
+        PYTHONPATH=$(engine_pythonpath "$eng") CUDA_VISIBLE_DEVICES=0 timeout 85 python3 benchmarks/gpu_fp8.py \
             --kv-dtypes auto --out "$out/$eng" >"$out/gpu_fp8_$eng.log" 2>&1
         echo "exit $?" >>"$out/gpu_fp8_$eng.log"
         echo "== $eng"
@@ -1171,15 +1179,7 @@ elif [ "$phase" = v17f ]; then
 elif [ "$phase" = v17g ]; then
     # one call (v17, ~2.5 min on one H200): the 0.5B's 256 requests, this engine and .whl/old_engine's
     # (before the last layer ran on logit rows only), new / old / new, each its own process
-    mkdir -p /tmp/pkgs_old && ln -sfn "$PWD/.whl/old_engine" /tmp/pkgs_old/llmdeploy_engine
-    for eng in new old new2; do
-        path=/tmp/pkgs
-        case $eng in old*) path=/tmp/pkgs_old ;; esac
-        PYTHONPATH=$path:$PWD:/tmp/site CUDA_VISIBLE_DEVICES=0 timeout 60 python3 benchmarks/gpu_bench.py \
-            --no-peer --models qwen --throughput-models qwen --out "$out" >"$out/gpu_bench_qwen_$eng.log" 2>&1
-        echo "exit $?" >>"$out/gpu_bench_qwen_$eng.log"
-        rm -f "$out/gpu_bench.json"
-    done
+    ab_bench qwen 60 new old new2
     bench_report "$out"/gpu_bench_qwen_*.log
 elif [ "$phase" = v15g ]; then
     # one call (v15, ~2 min on one H200): gpu_arrivals.py, the 0.5B at 30 requests/s, this engine and
