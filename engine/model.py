@@ -113,26 +113,44 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        slots = meta.slot_mapping
-        written = kv_cache is not None and slots is not None
+        written = kv_cache is not None and meta.slot_mapping is not None
+        fused = None
         if written and self.kv_observer is None:
             # decode steps on the GPU: RoPE, the KV-cache store and attention in one kernel
             fused = fused_rope_decode(
                 q, k, v, cos, sin, kv_cache, meta, self.scale, self.k_scale, self.v_scale
             )
-            if fused is not None:
-                out = fused.reshape(n, self.num_heads * c.head_dim)
-                if keep is not None:
-                    out, residual = out[keep], residual[keep]
-                return self.o_proj(out), residual
-        if kv_cache is not None and slots is not None:
+        out = (
+            fused if fused is not None else self._rope_and_attend(q, k, v, cos, sin, kv_cache, meta, written)
+        )
+        out = out.reshape(n, self.num_heads * c.head_dim)
+        if keep is not None:
+            out, residual = out[keep], residual[keep]
+        return self.o_proj(out), residual
+
+    def _rope_and_attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        meta: AttentionMetadata,
+        written: bool,
+    ) -> torch.Tensor:
+        """RoPE, the new K/V stored (when written) and paged attention, as separate launches."""
+        if written:
+            assert kv_cache is not None and meta.slot_mapping is not None
             # RoPE and the KV-cache write in one step (one kernel on the GPU); attention only reads
-            q, k = ops.rope_and_cache(q, k, v, cos, sin, kv_cache, slots, self.k_scale, self.v_scale)
+            q, k = ops.rope_and_cache(
+                q, k, v, cos, sin, kv_cache, meta.slot_mapping, self.k_scale, self.v_scale
+            )
         else:
             q, k = ops.apply_rope(q, k, cos, sin)
         if self.kv_observer is not None:
             self.kv_observer.update(k, v)
-        out = paged_attention(
+        return paged_attention(
             q,
             k,
             v,
@@ -143,10 +161,6 @@ class Attention(nn.Module):
             v_scale=self.v_scale,
             kv_written=written,
         )
-        out = out.reshape(n, self.num_heads * c.head_dim)
-        if keep is not None:
-            out, residual = out[keep], residual[keep]
-        return self.o_proj(out), residual
 
 
 class MLP(nn.Module):
