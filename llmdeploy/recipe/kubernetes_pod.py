@@ -1,0 +1,395 @@
+"""Recipe models for what a cluster's admission policy asks of a pod, and patches for the rest.
+
+Fragments that are Kubernetes objects (containers, volumes, env entries, node affinity, topology
+spread constraints, resources) are written in Kubernetes' own shape and field names (camelCase), so
+a platform team's snippets paste in unchanged; llmdeploy's own knobs keep snake_case. The fields we
+place or cross-check are typed; nested parts we only pass on (probes, securityContext, volume
+sources) are mappings the API server checks at apply time.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+# Kubernetes' quantity grammar: a signed decimal, then a binary (Ki..Ei), decimal (m..E) or exponent suffix
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+_SUFFIX = {
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+}
+# containers and volumes llmdeploy itself puts in the pod
+OWN_CONTAINERS = frozenset({"engine", "fetch-model"})
+OWN_VOLUMES = frozenset({"model-cache", "dshm", "tmp"})
+
+
+def _dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS label: lower-case letters, digits and '-', starting and ending "
+            "with a letter or digit, at most 63 characters"
+        )
+    return value
+
+
+def _dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes object name (DNS subdomain): lower-case letters, digits, "
+            "'-' and '.', starting and ending with a letter or digit, at most 253 characters"
+        )
+    return value
+
+
+def _qualified_key(value: str) -> str:
+    prefix, _, name = value.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        raise ValueError(
+            f"key {value!r}: the prefix before '/' must be a DNS subdomain, e.g. example.com/team"
+        )
+    if len(name) > 63 or not _LABEL_NAME.match(name):
+        raise ValueError(
+            f"key {value!r}: the name part must be at most 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def _label_value(value: str) -> str:
+    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+        raise ValueError(
+            f"label value {value!r}: at most 63 letters, digits, '-', '_' or '.', starting and ending "
+            "with a letter or digit (or empty)"
+        )
+    return value
+
+
+def _quantity_text(value: str | int | float) -> str:
+    text = str(value)
+    if isinstance(value, bool) or not _QUANTITY.match(text):
+        raise ValueError(
+            f"{text!r} is not a Kubernetes quantity: write e.g. '500m' or '2' for CPU, '16Gi' for memory"
+        )
+    return text
+
+
+def quantity_value(text: str) -> Decimal:
+    """The number a quantity stands for, to compare a request with its limit."""
+    match = _QUANTITY.match(text)
+    assert match, text
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        return number * Decimal(10) ** int(suffix[1:])
+    return number * _SUFFIX.get(suffix, Decimal(1))
+
+
+DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+ObjectName = Annotated[str, AfterValidator(_dns_subdomain)]
+QualifiedKey = Annotated[str, AfterValidator(_qualified_key)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+Quantity = Annotated[str | int | float, AfterValidator(_quantity_text)]
+Labels = dict[QualifiedKey, LabelValue]
+Annotations = dict[QualifiedKey, str]
+
+
+class KubeShape(BaseModel):
+    """A fragment in Kubernetes' own shape: its field names, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def to_kube(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True, by_alias=True)
+
+
+class ResourceRequirements(KubeShape):
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {cpu: '4', memory: 32Gi}")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {memory: 48Gi}")
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> ResourceRequirements:
+        for name, limit in self.limits.items():
+            request = self.requests.get(name)
+            if request is not None and quantity_value(str(request)) > quantity_value(str(limit)):
+                raise ValueError(
+                    f"the {name} request ({request}) exceeds its limit ({limit}): raise the limit or "
+                    "lower the request"
+                )
+        return self
+
+
+class EnvVar(KubeShape):
+    name: str = Field(description="variable name")
+    value: str | None = Field(default=None, description="a literal value")
+    valueFrom: dict[str, Any] | None = Field(
+        default=None, description="secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name: use letters, digits and '_'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value is not None and self.valueFrom is not None:
+            raise ValueError(f"env {self.name}: give value or valueFrom, not both")
+        return self
+
+
+class VolumeMount(KubeShape):
+    name: DnsLabel = Field(description="a volume of the pod (target.volumes, or model-cache / tmp)")
+    mountPath: str = Field(description="absolute path inside the container")
+    readOnly: bool | None = None
+    subPath: str | None = None
+    subPathExpr: str | None = None
+    mountPropagation: Literal["None", "HostToContainer", "Bidirectional"] | None = None
+    recursiveReadOnly: Literal["Disabled", "IfPossible", "Enabled"] | None = None
+
+    @field_validator("mountPath")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"mountPath {value!r} must be an absolute path, e.g. /etc/certs")
+        return value
+
+
+class ContainerPort(KubeShape):
+    containerPort: int = Field(ge=1, le=65535)
+    name: Annotated[str, Field(max_length=15)] | None = None
+    protocol: Literal["TCP", "UDP", "SCTP"] | None = None
+    hostPort: int | None = Field(default=None, ge=1, le=65535)
+    hostIP: str | None = None
+
+
+class Container(KubeShape):
+    """A sidecar or init container, as in a Kubernetes pod spec."""
+
+    name: DnsLabel
+    image: str = Field(min_length=1, description="container image")
+    command: list[str] | None = None
+    args: list[str] | None = None
+    workingDir: str | None = None
+    ports: list[ContainerPort] | None = None
+    env: list[EnvVar] | None = None
+    envFrom: list[dict[str, Any]] | None = None
+    resources: ResourceRequirements | None = None
+    volumeMounts: list[VolumeMount] | None = None
+    volumeDevices: list[dict[str, Any]] | None = None
+    restartPolicy: Literal["Always"] | None = Field(
+        default=None, description="Always on an init container: a native sidecar (Kubernetes 1.29+)"
+    )
+    resizePolicy: list[dict[str, Any]] | None = None
+    livenessProbe: dict[str, Any] | None = None
+    readinessProbe: dict[str, Any] | None = None
+    startupProbe: dict[str, Any] | None = None
+    lifecycle: dict[str, Any] | None = None
+    securityContext: dict[str, Any] | None = Field(
+        default=None, description="default: llmdeploy's restricted one (non-root, read-only root)"
+    )
+    imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    terminationMessagePath: str | None = None
+    terminationMessagePolicy: Literal["File", "FallbackToLogsOnError"] | None = None
+    stdin: bool | None = None
+    stdinOnce: bool | None = None
+    tty: bool | None = None
+
+
+# the volume sources of a Kubernetes pod spec; exactly one per volume
+VOLUME_SOURCES = (
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "gitRepo",
+    "glusterfs",
+    "hostPath",
+    "image",
+    "iscsi",
+    "nfs",
+    "persistentVolumeClaim",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "projected",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "secret",
+    "storageos",
+    "vsphereVolume",
+)
+
+
+class Volume(KubeShape):
+    """A pod volume: a name and one source (configMap, secret, persistentVolumeClaim, csi, ...)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: DnsLabel
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        sources = list(self.model_extra or {})
+        unknown = [s for s in sources if s not in VOLUME_SOURCES]
+        if unknown:
+            raise ValueError(
+                f"volume {self.name}: unknown field(s) {', '.join(unknown)}; a volume has a name and "
+                f"one source: {', '.join(VOLUME_SOURCES)}"
+            )
+        if len(sources) != 1:
+            raise ValueError(
+                f"volume {self.name}: give exactly one source (e.g. configMap, secret, "
+                f"persistentVolumeClaim, emptyDir), not {len(sources)}"
+            )
+        if not isinstance((self.model_extra or {})[sources[0]], dict):
+            raise ValueError(f"volume {self.name}: {sources[0]} must be a mapping, e.g. {sources[0]}: {{}}")
+        return self
+
+
+class NodeSelectorRequirement(KubeShape):
+    key: QualifiedKey
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> NodeSelectorRequirement:
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"{self.key}: operator {self.operator} takes no values")
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"{self.key}: operator {self.operator} needs at least one value")
+        if self.operator in ("Gt", "Lt") and (
+            not self.values or len(self.values) != 1 or not self.values[0].lstrip("-").isdigit()
+        ):
+            raise ValueError(f"{self.key}: operator {self.operator} needs exactly one integer value")
+        return self
+
+
+class NodeSelectorTerm(KubeShape):
+    matchExpressions: list[NodeSelectorRequirement] | None = None
+    matchFields: list[NodeSelectorRequirement] | None = None
+
+
+class NodeSelector(KubeShape):
+    nodeSelectorTerms: list[NodeSelectorTerm] = Field(min_length=1, description="any one term must match")
+
+
+class PreferredSchedulingTerm(KubeShape):
+    weight: int = Field(ge=1, le=100)
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(KubeShape):
+    requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | None = None
+    preferredDuringSchedulingIgnoredDuringExecution: list[PreferredSchedulingTerm] | None = None
+
+
+class LabelSelectorRequirement(KubeShape):
+    key: QualifiedKey
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] | None = None
+
+
+class LabelSelector(KubeShape):
+    matchLabels: Labels | None = None
+    matchExpressions: list[LabelSelectorRequirement] | None = None
+
+
+class TopologySpreadConstraint(KubeShape):
+    maxSkew: int = Field(ge=1, description="most pods one domain may have above the emptiest")
+    topologyKey: QualifiedKey = Field(
+        description="node label defining a domain, e.g. topology.kubernetes.io/zone"
+    )
+    whenUnsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    labelSelector: LabelSelector | None = Field(default=None, description="default: this recipe's pods")
+    minDomains: int | None = Field(default=None, ge=1)
+    matchLabelKeys: list[str] | None = None
+    nodeAffinityPolicy: Literal["Honor", "Ignore"] | None = None
+    nodeTaintsPolicy: Literal["Honor", "Ignore"] | None = None
+
+
+# labels llmdeploy sets on every object: prune, diff and the Service selector rely on them
+RESERVED_LABELS = frozenset(
+    {"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/name"}
+)
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def check_pod_settings(
+    *,
+    label_sets: dict[str, dict[str, str]],
+    resources: ResourceRequirements,
+    volumes: list[Volume],
+    volume_mounts: list[VolumeMount],
+    containers: dict[str, list[Container]],
+) -> None:
+    """Cross-field rules of the pod settings; each failure names the field and the fix."""
+    for field, labels in label_sets.items():
+        reserved = sorted(RESERVED_LABELS & set(labels))
+        if reserved:
+            raise ValueError(
+                f"target.{field}: {', '.join(reserved)} is set by llmdeploy (prune and the Service "
+                "selector rely on it); remove it"
+            )
+    for part in ("requests", "limits"):
+        if GPU_RESOURCE in getattr(resources, part):
+            raise ValueError(
+                f"target.resources.{part}: {GPU_RESOURCE} comes from parallelism and hardware.nodes; "
+                "remove it here"
+            )
+    names = [v.name for v in volumes]
+    clash = sorted((OWN_VOLUMES & set(names)) | {n for n in names if names.count(n) > 1})
+    if clash:
+        raise ValueError(
+            f"target.volumes: the name(s) {', '.join(clash)} are used twice or by llmdeploy's own "
+            f"volumes ({', '.join(sorted(OWN_VOLUMES))}); rename them"
+        )
+    known = OWN_VOLUMES | set(names)
+    mounts = {"volume_mounts": volume_mounts}
+    seen: set[str] = set()
+    for field, listed in containers.items():
+        for i, container in enumerate(listed):
+            if container.name in OWN_CONTAINERS or container.name in seen:
+                raise ValueError(
+                    f"target.{field}[{i}]: the container name {container.name!r} is taken (llmdeploy "
+                    f"uses {', '.join(sorted(OWN_CONTAINERS))}); rename it"
+                )
+            seen.add(container.name)
+            mounts[f"{field}[{i}].volumeMounts"] = list(container.volumeMounts or [])
+    for where, listed_mounts in mounts.items():
+        paths = [m.mountPath for m in listed_mounts]
+        for mount in listed_mounts:
+            if mount.name not in known:
+                raise ValueError(
+                    f"target.{where}: no volume named {mount.name!r}; add it to target.volumes "
+                    f"(known: {', '.join(sorted(known))})"
+                )
+            if paths.count(mount.mountPath) > 1:
+                raise ValueError(f"target.{where}: mountPath {mount.mountPath} is mounted twice")
