@@ -1,4 +1,4 @@
-"""Recipe models for what a cluster's admission policy asks of a pod, and patches for the rest.
+"""Recipe models for what a cluster's admission policy asks of a pod (sidecars, volumes, affinity, ...).
 
 Fragments that are Kubernetes objects (containers, volumes, env entries, node affinity, topology
 spread constraints, resources) are written in Kubernetes' own shape and field names (camelCase), so
@@ -10,104 +10,23 @@ sources) are mappings the API server checks at apply time.
 from __future__ import annotations
 
 import re
-from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+from llmdeploy.recipe.kubernetes_values import (
+    DnsLabel,
+    Labels,
+    QualifiedKey,
+    Quantity,
+    quantity_value,
+)
+
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-# Kubernetes' quantity grammar: a signed decimal, then a binary (Ki..Ei), decimal (m..E) or exponent suffix
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
-_SUFFIX = {
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-}
 # containers and volumes llmdeploy itself puts in the pod
 OWN_CONTAINERS = frozenset({"engine", "fetch-model"})
 OWN_VOLUMES = frozenset({"model-cache", "dshm", "tmp"})
-
-
-def _dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ValueError(
-            f"{value!r} is not a DNS label: lower-case letters, digits and '-', starting and ending "
-            "with a letter or digit, at most 63 characters"
-        )
-    return value
-
-
-def _dns_subdomain(value: str) -> str:
-    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{value!r} is not a Kubernetes object name (DNS subdomain): lower-case letters, digits, "
-            "'-' and '.', starting and ending with a letter or digit, at most 253 characters"
-        )
-    return value
-
-
-def _qualified_key(value: str) -> str:
-    prefix, _, name = value.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        raise ValueError(
-            f"key {value!r}: the prefix before '/' must be a DNS subdomain, e.g. example.com/team"
-        )
-    if len(name) > 63 or not _LABEL_NAME.match(name):
-        raise ValueError(
-            f"key {value!r}: the name part must be at most 63 letters, digits, '-', '_' or '.', "
-            "starting and ending with a letter or digit"
-        )
-    return value
-
-
-def _label_value(value: str) -> str:
-    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
-        raise ValueError(
-            f"label value {value!r}: at most 63 letters, digits, '-', '_' or '.', starting and ending "
-            "with a letter or digit (or empty)"
-        )
-    return value
-
-
-def _quantity_text(value: str | int | float) -> str:
-    text = str(value)
-    if isinstance(value, bool) or not _QUANTITY.match(text):
-        raise ValueError(
-            f"{text!r} is not a Kubernetes quantity: write e.g. '500m' or '2' for CPU, '16Gi' for memory"
-        )
-    return text
-
-
-def quantity_value(text: str) -> Decimal:
-    """The number a quantity stands for, to compare a request with its limit."""
-    match = _QUANTITY.match(text)
-    assert match, text
-    number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        return number * Decimal(10) ** int(suffix[1:])
-    return number * _SUFFIX.get(suffix, Decimal(1))
-
-
-DnsLabel = Annotated[str, AfterValidator(_dns_label)]
-ObjectName = Annotated[str, AfterValidator(_dns_subdomain)]
-QualifiedKey = Annotated[str, AfterValidator(_qualified_key)]
-LabelValue = Annotated[str, AfterValidator(_label_value)]
-Quantity = Annotated[str | int | float, AfterValidator(_quantity_text)]
-Labels = dict[QualifiedKey, LabelValue]
-Annotations = dict[QualifiedKey, str]
+STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 
 class KubeShape(BaseModel):
@@ -120,11 +39,17 @@ class KubeShape(BaseModel):
 
 
 class ResourceRequirements(KubeShape):
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {cpu: '4', memory: 32Gi}")
-    limits: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {memory: 48Gi}")
+    requests: dict[QualifiedKey, Quantity] = Field(default_factory=dict, description="e.g. {cpu: '4', memory: 32Gi}")
+    limits: dict[QualifiedKey, Quantity] = Field(default_factory=dict, description="e.g. {memory: 48Gi}")
 
     @model_validator(mode="after")
     def _requests_within_limits(self) -> ResourceRequirements:
+        for name in [*self.requests, *self.limits]:
+            if "/" not in name and name not in STANDARD_RESOURCES and not name.startswith("hugepages-"):
+                raise ValueError(
+                    f"{name!r} is not a resource Kubernetes knows: use cpu, memory, ephemeral-storage, "
+                    "hugepages-<size>, or a vendor resource with its domain (example.com/device)"
+                )
         for name, limit in self.limits.items():
             request = self.requests.get(name)
             if request is not None and quantity_value(str(request)) > quantity_value(str(limit)):

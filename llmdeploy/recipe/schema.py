@@ -12,19 +12,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmdeploy.recipe.kubernetes_patch import Patch
 from llmdeploy.recipe.kubernetes_pod import (
-    Annotations,
     Container,
     EnvVar,
-    LabelValue,
     NodeAffinity,
-    ObjectName,
-    QualifiedKey,
     ResourceRequirements,
     TopologySpreadConstraint,
     Volume,
     VolumeMount,
     check_pod_settings,
 )
+from llmdeploy.recipe.kubernetes_values import Annotations, LabelValue, ObjectName, QualifiedKey
 
 Quantization = Literal["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
 KVCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]

@@ -135,6 +135,7 @@ def _load_error(tmp_path: Path, target_yaml: str) -> str:
         ("  resources: {requests: {memory: 32GB}}\n", ["target.resources.requests.memory", "not a Kubernetes quantity"]),
         ("  resources: {requests: {cpu: '8'}, limits: {cpu: 4000m}}\n", ["cpu request (8) exceeds its limit (4000m)"]),
         ("  resources: {limits: {nvidia.com/gpu: 2}}\n", ["nvidia.com/gpu comes from parallelism"]),
+        ("  resources: {requests: {cpus: 2}}\n", ["'cpus' is not a resource Kubernetes knows"]),
         ("  resources: {limit: {cpu: 1}}\n", ["unknown field 'limit'", "did you mean 'limits'"]),
         ("  sidecars: [{name: Log_Shipper, image: x}]\n", ["target.sidecars.0.name", "not a DNS label"]),
         ("  sidecars: [{name: engine, image: x}]\n", ["container name 'engine' is taken"]),
