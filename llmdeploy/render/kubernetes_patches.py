@@ -116,7 +116,9 @@ def _apply_one(obj: dict[str, Any], patch: Patch) -> dict[str, Any]:
             try:
                 doc = jsonpatch.apply_patch(doc, [operation])
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
-                raise PatchFailure(f"operation [{k}] ({op.op} {op.path}): {exc}") from None
+                raise PatchFailure(
+                    f"operation [{k}] ({op.op} {op.path}): {_reason(op.op, op.from_, exc)}"
+                ) from None
         if not isinstance(doc, dict):
             raise PatchFailure("the operations replace the whole object with a non-mapping")
         return doc
@@ -130,6 +132,18 @@ def _apply_one(obj: dict[str, Any], patch: Patch) -> dict[str, Any]:
     if not isinstance(merged, dict):
         raise PatchFailure("a strategic-merge patch of a whole object must be a mapping")
     return merged
+
+
+def _reason(op: str, source: str | None, exc: Exception) -> str:
+    """Why an operation failed, in our words: the library's messages print the values they compared
+    or the whole parent object, which may be large or hold a value that must not be shown."""
+    if isinstance(exc, jsonpatch.JsonPatchTestFailed):
+        return "the value there differs from the tested value"
+    if op in ("move", "copy") and isinstance(exc, jsonpatch.JsonPatchConflict):
+        return f"nothing at {source} to {op}"
+    if op == "add":
+        return "its parent does not exist (or the list index is past the end)"
+    return "nothing at that path (or the list index is past the end)"
 
 
 def strategic_merge(original: Any, patch: Any, path: str) -> Any:

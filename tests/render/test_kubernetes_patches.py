@@ -254,3 +254,18 @@ def test_a_patch_of_a_kind_not_rendered_fails_at_render() -> None:
     )
     with pytest.raises(UserError, match="Ingress/\\*"):
         render(recipe, make_plan(recipe))
+
+
+def test_a_failing_operation_prints_no_values_from_the_object() -> None:
+    ops = [
+        {"op": "test", "path": "/spec/template/spec/containers/0/env/0/value", "value": "guess"},
+    ]
+    with pytest.raises(UserError) as info:
+        apply_patches([_deployment()], [_patch(ops, target={"kind": "Deployment"})])
+    text = str(info.value)
+    assert "differs from the tested value" in text
+    assert "'1'" not in text and "guess" not in text
+    missing = [{"op": "replace", "path": "/spec/template/spec/nothing/x", "value": 1}]
+    with pytest.raises(UserError) as info:
+        apply_patches([_deployment()], [_patch(missing, target={"kind": "Deployment"})])
+    assert "e:1" not in str(info.value) and "nothing at that path" in str(info.value)
