@@ -269,3 +269,27 @@ def test_a_failing_operation_prints_no_values_from_the_object() -> None:
     with pytest.raises(UserError) as info:
         apply_patches([_deployment()], [_patch(missing, target={"kind": "Deployment"})])
     assert "e:1" not in str(info.value) and "nothing at that path" in str(info.value)
+
+
+def test_strategic_merge_reaches_the_pod_templates_of_a_leader_worker_set() -> None:
+    env = {"name": "NCCL_DEBUG", "value": "INFO"}
+    template = {"spec": {"containers": [{"name": "engine", "env": [env]}]}}
+    recipe = make_recipe(
+        "vllm",
+        hardware={"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
+        parallelism={"tensor": 8, "pipeline": 2},
+        target={
+            "type": "kubernetes",
+            "patches": [
+                {
+                    "target": {"kind": "LeaderWorkerSet"},
+                    "patch": {"spec": {"leaderWorkerTemplate": {"workerTemplate": template}}},
+                }
+            ],
+        },
+    )
+    lws = next(d for d in render(recipe, make_plan(recipe)).documents if d["kind"] == "LeaderWorkerSet")
+    group = lws["spec"]["leaderWorkerTemplate"]
+    (worker,) = group["workerTemplate"]["spec"]["containers"]
+    assert worker["env"][-1] == env and worker["image"], "merged into the engine container, not replacing it"
+    assert env not in group["leaderTemplate"]["spec"]["containers"][0]["env"]
