@@ -39,7 +39,9 @@ class KubeShape(BaseModel):
 
 
 class ResourceRequirements(KubeShape):
-    requests: dict[QualifiedKey, Quantity] = Field(default_factory=dict, description="e.g. {cpu: '4', memory: 32Gi}")
+    requests: dict[QualifiedKey, Quantity] = Field(
+        default_factory=dict, description="e.g. {cpu: '4', memory: 32Gi}"
+    )
     limits: dict[QualifiedKey, Quantity] = Field(default_factory=dict, description="e.g. {memory: 48Gi}")
 
     @model_validator(mode="after")
@@ -174,10 +176,18 @@ VOLUME_SOURCES = (
 )
 
 
+def _volume_schema(schema: dict[str, Any]) -> None:
+    # the sources are read as extra fields (checked below); list them so editors complete them
+    properties = schema.setdefault("properties", {})
+    for source in VOLUME_SOURCES:
+        properties[source] = {"type": "object", "description": f"Kubernetes' {source} volume source"}
+    schema["additionalProperties"] = False
+
+
 class Volume(KubeShape):
     """A pod volume: a name and one source (configMap, secret, persistentVolumeClaim, csi, ...)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, json_schema_extra=_volume_schema)
     name: DnsLabel
 
     @model_validator(mode="after")
