@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 SERVER_MANAGED_METADATA = frozenset(
     {
         "managedFields",
@@ -56,21 +58,38 @@ class FieldChange:
         return render_path(self.keys)
 
     def render(self) -> str:
-        if self.op == "+":
-            return f"+ {self.path}: {_short(self.after)}"
-        if self.op == "-":
-            return f"- {self.path}: {_short(self.before)}"
         note = f"  ({self.note})" if self.note else ""
+        if self.op in "+-":
+            value = self.after if self.op == "+" else self.before
+            shown = _shown(value)
+            return (
+                f"{self.op} {self.path}: {shown}{note}"
+                if _inline(value)
+                else f"{self.op} {self.path}:{note}{shown}"
+            )
         if isinstance(self.before, str) and isinstance(self.after, str) and "\n" in self.before + self.after:
             lines = difflib.ndiff(self.before.splitlines(), self.after.splitlines())
             changed = [f"      {ln[0]} {ln[2:]}" for ln in lines if ln[:1] in "+-"]
             return "\n".join([f"~ {self.path}:{note}", *changed])
-        return f"~ {self.path}: {_short(self.before)} -> {_short(self.after)}{note}"
+        if _inline(self.before) and _inline(self.after):
+            return f"~ {self.path}: {_shown(self.before)} -> {_shown(self.after)}{note}"
+        return f"~ {self.path}:{note}\n    before: {_shown(self.before)}\n    after: {_shown(self.after)}"
 
 
-def _short(value: Any, limit: int = 120) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _is_scalar(value: Any) -> bool:
+    return not isinstance(value, dict | list)
+
+
+def _inline(value: Any) -> bool:
+    return _is_scalar(value) or not value
+
+
+def _shown(value: Any) -> str:
+    """A scalar as JSON on the line; a mapping or list in full, as indented block YAML below it."""
+    if _inline(value):
+        return json.dumps(value, sort_keys=True)
+    text = yaml.safe_dump(value, default_flow_style=False, sort_keys=False, width=float("inf"))
+    return "\n" + "\n".join("      " + line for line in text.rstrip("\n").splitlines())
 
 
 def comparable(obj: dict[str, Any]) -> dict[str, Any]:
@@ -115,14 +134,44 @@ def _walk(before: Any, after: Any, keys: tuple[Step, ...], out: list[FieldChange
         if kb is not None and ka is not None:
             _walk_named(kb, ka, keys, out)
             return
+        if all(_is_scalar(v) for v in (*before, *after)):
+            _walk_arguments(before, after, keys, out)
+            return
         if len(before) == len(after):
             for i, (b, a) in enumerate(zip(before, after, strict=True)):
-                if b != a and isinstance(b, str) and i and str(before[i - 1]).startswith("-"):
-                    out.append(FieldChange("~", (*keys, i), before=b, after=a, note=f"after {before[i - 1]}"))
-                else:
-                    _walk(b, a, (*keys, i), out)
+                _walk(b, a, (*keys, i), out)
             return
     out.append(FieldChange("~", keys, before=before, after=after))
+
+
+def _walk_arguments(
+    before: list[Any], after: list[Any], keys: tuple[Step, ...], out: list[FieldChange]
+) -> None:
+    """A list of scalars (a command, its args) entry by entry: what was removed, added or replaced, each
+    with the flag it follows; entries before a removal are numbered as before, others as after."""
+
+    def note(items: list[Any], i: int) -> str:
+        return f"after {items[i - 1]}" if i and _is_flag(items[i - 1]) and not _is_flag(items[i]) else ""
+
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    for tag, b0, b1, a0, a1 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag == "replace" and b1 - b0 == a1 - a0:
+            for k in range(b1 - b0):
+                out.append(
+                    FieldChange("~", (*keys, a0 + k), before[b0 + k], after[a0 + k], note=note(after, a0 + k))
+                )
+            continue
+        for i in range(b0, b1):
+            out.append(FieldChange("-", (*keys, i), before=before[i], note=note(before, i)))
+        for j in range(a0, a1):
+            out.append(FieldChange("+", (*keys, j), after=after[j], note=note(after, j)))
+
+
+def _is_flag(value: Any) -> bool:
+    text = str(value)
+    return text.startswith("-") and not text[1:].replace(".", "", 1).isdigit()
 
 
 def _walk_named(

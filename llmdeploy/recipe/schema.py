@@ -10,6 +10,19 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmdeploy.recipe.kubernetes_patch import Patch
+from llmdeploy.recipe.kubernetes_pod import (
+    Container,
+    EnvVar,
+    NodeAffinity,
+    ResourceRequirements,
+    TopologySpreadConstraint,
+    Volume,
+    VolumeMount,
+    check_pod_settings,
+)
+from llmdeploy.recipe.kubernetes_values import Annotations, LabelValue, ObjectName, QualifiedKey
+
 Quantization = Literal["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
 KVCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 ModelDtype = Literal["auto", "float16", "bfloat16", "float32"]
@@ -257,7 +270,7 @@ class KubernetesTarget(Section):
     kubernetes_version: str = Field(
         default="1.30", description="cluster version the manifests are checked against"
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[QualifiedKey, LabelValue] = Field(
         default_factory=dict,
         description="pod nodeSelector, e.g. {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}",
     )
@@ -269,13 +282,72 @@ class KubernetesTarget(Section):
     autoscaling: Autoscaling | None = Field(
         default=None, description="scale replicas on queue depth or KV usage; omit for a fixed count"
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every object")
+    labels: dict[QualifiedKey, LabelValue] = Field(
+        default_factory=dict, description="extra labels on every object (and its pods)"
+    )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         default="ClusterIP", description="type of the Service in front of the pods"
     )
     termination_grace_period_s: int = Field(
         default=60, ge=0, description="seconds a pod may drain in-flight requests"
     )
+    # what cluster policies ask of a pod; Kubernetes-shaped fragments keep Kubernetes' field names
+    annotations: Annotations = Field(default_factory=dict, description="extra annotations on every object")
+    pod_labels: dict[QualifiedKey, LabelValue] = Field(
+        default_factory=dict, description="extra labels on the pods only"
+    )
+    pod_annotations: Annotations = Field(
+        default_factory=dict, description="extra annotations on the pods only, e.g. for sidecar injection"
+    )
+    service_account: ObjectName | None = Field(
+        default=None, description="the pods' serviceAccountName; default: the namespace's default"
+    )
+    automount_service_account_token: bool | None = Field(
+        default=None, description="false keeps the API token out of the pods; default: the cluster's"
+    )
+    image_pull_secrets: list[ObjectName] = Field(
+        default_factory=list, description="Secrets (in the namespace) for pulling from private registries"
+    )
+    priority_class: ObjectName | None = Field(default=None, description="the pods' priorityClassName")
+    node_affinity: NodeAffinity | None = Field(
+        default=None, description="Kubernetes nodeAffinity (required / preferred node selector terms)"
+    )
+    topology_spread: list[TopologySpreadConstraint] = Field(
+        default_factory=list,
+        description="Kubernetes topologySpreadConstraints; labelSelector defaults to this recipe's pods",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU / memory requests and limits of the engine container; GPUs come from hardware",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="extra engine env in Kubernetes' shape (value or valueFrom)"
+    )
+    volumes: list[Volume] = Field(default_factory=list, description="extra pod volumes (Kubernetes' shape)")
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, description="mounts of the engine container: target.volumes, model-cache, tmp"
+    )
+    sidecars: list[Container] = Field(
+        default_factory=list, description="extra containers next to the engine (Kubernetes' shape)"
+    )
+    init_containers: list[Container] = Field(
+        default_factory=list, description="containers run before the engine starts (Kubernetes' shape)"
+    )
+    patches: list[Patch] = Field(
+        default_factory=list,
+        description="kustomize-style patches of the rendered objects: strategic merge or JSON 6902",
+    )
+
+    @model_validator(mode="after")
+    def _pod_settings(self) -> KubernetesTarget:
+        check_pod_settings(
+            label_sets={"labels": self.labels, "pod_labels": self.pod_labels},
+            resources=self.resources,
+            volumes=self.volumes,
+            volume_mounts=self.volume_mounts,
+            containers={"sidecars": self.sidecars, "init_containers": self.init_containers},
+        )
+        return self
 
 
 Target = Annotated[LocalTarget | DockerTarget | KubernetesTarget, Field(discriminator="type")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -12,6 +11,7 @@ from llmdeploy.errors import UserError
 from llmdeploy.recipe import Recipe, recipe_digest
 from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render.artifacts import header
+from llmdeploy.render.block_yaml import to_block_yaml
 from llmdeploy.render.engine_command import engine_command
 from llmdeploy.render.kubernetes_objects import (
     PROMETHEUS_ADDRESS,
@@ -24,6 +24,7 @@ from llmdeploy.render.kubernetes_objects import (
     scaling_metric,
     selector,
 )
+from llmdeploy.render.kubernetes_patches import apply_patches
 from llmdeploy.render.model_location import container_model_ref
 from llmdeploy.render.plan_facts import plan_number
 
@@ -72,16 +73,21 @@ def render_kubernetes(
         )
 
     def meta(object_name: str) -> dict[str, Any]:
-        return {"name": object_name, "namespace": target.namespace, "labels": meta_labels}
+        out = {"name": object_name, "namespace": target.namespace, "labels": meta_labels}
+        return out | ({"annotations": dict(target.annotations)} if target.annotations else {})
 
-    files: dict[str, str] = {}
+    # file name -> the object; each file's template places its object's fields below apiVersion and kind
+    objects: dict[str, dict[str, Any]] = {}
+
+    def add(file: str, api_version: str, kind: str, metadata: dict[str, Any], **fields: Any) -> None:
+        objects[file] = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
+
     config_data = {
-        "recipe.json": json.dumps(recipe.model_dump(mode="json"), indent=2, sort_keys=True) + "\n",
-        "launch-args.json": json.dumps(command.argv, indent=2) + "\n",
+        # the resolved recipe and the engine's argv, for whoever inspects the cluster
+        "recipe.yaml": to_block_yaml(recipe.model_dump(mode="json")) + "\n",
+        "launch-args.yaml": to_block_yaml(command.argv) + "\n",
     }
-    files["configmap.yaml"] = render_template(
-        "kubernetes/configmap.yaml.j2", header=head, metadata=meta(f"{name}-recipe"), data=config_data
-    )
+    add("configmap.yaml", "v1", "ConfigMap", meta(f"{name}-recipe"), data=config_data)
     if target.model_cache.existing_claim is None:
         shared = recipe.parallelism.replicas > 1 or autoscaling is not None or multi_node
         pvc_spec: dict[str, Any] = {
@@ -90,12 +96,14 @@ def render_kubernetes(
         }
         if target.model_cache.storage_class:
             pvc_spec["storageClassName"] = target.model_cache.storage_class
-        files["persistentvolumeclaim.yaml"] = render_template(
-            "kubernetes/persistentvolumeclaim.yaml.j2", header=head, metadata=meta(claim), spec=pvc_spec
-        )
+        add("persistentvolumeclaim.yaml", "v1", "PersistentVolumeClaim", meta(claim), spec=pvc_spec)
 
-    pod_labels = {**meta_labels}
-    pod_meta = {"labels": pod_labels, "annotations": {"llmdeploy.io/recipe-sha256": recipe_digest(recipe)}}
+    pod_labels = {**target.pod_labels, **meta_labels}
+    pod_annotations = {**target.annotations, **target.pod_annotations}
+    pod_meta = {
+        "labels": pod_labels,
+        "annotations": {**pod_annotations, "llmdeploy.io/recipe-sha256": recipe_digest(recipe)},
+    }
     service_selector = selector(recipe)
     if multi_node:
         leader_argv, worker_argv = leader_worker_argv(command.argv)
@@ -118,41 +126,43 @@ def render_kubernetes(
                 },
             },
         }
-        files["leaderworkerset.yaml"] = render_template(
-            "kubernetes/leaderworkerset.yaml.j2", header=head, metadata=meta(name), spec=lws_spec
+        add(
+            "leaderworkerset.yaml",
+            "leaderworkerset.x-k8s.io/v1",
+            "LeaderWorkerSet",
+            meta(name),
+            spec=lws_spec,
         )
         service_selector = {**service_selector, LWS_WORKER_INDEX: "0"}
     else:
         container = engine_container(recipe, target, command, shape)
-        deployment_spec: dict[str, Any] = {
-            "selector": {"matchLabels": selector(recipe)},
-            "template": {"metadata": pod_meta, "spec": pod_spec(recipe, target, shape, [container], claim)},
-        }
+        deployment_spec: dict[str, Any] = {}
         if autoscaling is None:
             deployment_spec["replicas"] = recipe.parallelism.replicas
+        deployment_spec["selector"] = {"matchLabels": selector(recipe)}
         if shape.gpus_per_pod:
             # a surge pod would wait for GPUs the old pod holds
             deployment_spec["strategy"] = {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
             }
-        files["deployment.yaml"] = render_template(
-            "kubernetes/deployment.yaml.j2", header=head, metadata=meta(name), spec=deployment_spec
-        )
+        deployment_spec["template"] = {
+            "metadata": pod_meta,
+            "spec": pod_spec(recipe, target, shape, [container], claim),
+        }
+        add("deployment.yaml", "apps/v1", "Deployment", meta(name), spec=deployment_spec)
 
     service_spec = {
         "type": target.service_type,
         "selector": service_selector,
         "ports": [{"name": "http", "port": recipe.server.port, "targetPort": "http", "protocol": "TCP"}],
     }
-    files["service.yaml"] = render_template(
-        "kubernetes/service.yaml.j2", header=head, metadata=meta(name), spec=service_spec
-    )
-    files["poddisruptionbudget.yaml"] = render_template(
-        "kubernetes/poddisruptionbudget.yaml.j2",
-        header=head,
-        api_version="policy/v1" if version >= (1, 21) else "policy/v1beta1",
-        metadata=meta(name),
+    add("service.yaml", "v1", "Service", meta(name), spec=service_spec)
+    add(
+        "poddisruptionbudget.yaml",
+        "policy/v1" if version >= (1, 21) else "policy/v1beta1",
+        "PodDisruptionBudget",
+        meta(name),
         spec={"maxUnavailable": 1, "selector": {"matchLabels": service_selector}},
     )
     if autoscaling is not None:
@@ -181,11 +191,11 @@ def render_kubernetes(
                     }
                 ],
             }
-            files["horizontalpodautoscaler.yaml"] = render_template(
-                "kubernetes/horizontalpodautoscaler.yaml.j2",
-                header=head,
-                api_version="autoscaling/v2" if version >= (1, 23) else "autoscaling/v2beta2",
-                metadata=meta(name),
+            add(
+                "horizontalpodautoscaler.yaml",
+                "autoscaling/v2" if version >= (1, 23) else "autoscaling/v2beta2",
+                "HorizontalPodAutoscaler",
+                meta(name),
                 spec=hpa_spec,
             )
         else:
@@ -208,9 +218,14 @@ def render_kubernetes(
                 "maxReplicaCount": autoscaling.max_replicas,
                 "triggers": [trigger],
             }
-            files["scaledobject.yaml"] = render_template(
-                "kubernetes/scaledobject.yaml.j2", header=head, metadata=meta(name), spec=keda_spec
-            )
+            add("scaledobject.yaml", "keda.sh/v1alpha1", "ScaledObject", meta(name), spec=keda_spec)
+    patched = apply_patches(list(objects.values()), target.patches)
+    files: dict[str, str] = {}
+    for file, obj in zip(objects, patched, strict=True):
+        body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+        files[file] = render_template(
+            f"kubernetes/{file}.j2", header=head, api_version=obj["apiVersion"], body=body
+        )
     documents = tuple(doc for text in files.values() for doc in yaml.safe_load_all(text) if doc)
     files["kustomization.yaml"] = render_template(
         "kubernetes/kustomization.yaml.j2", header=head, namespace=target.namespace, resources=list(files)

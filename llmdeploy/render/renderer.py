@@ -1,10 +1,9 @@
 """`render(recipe, plan) -> Artifacts`: the launch files for the recipe's target, byte-identical for
-identical input (sorted keys, no timestamps), each starting with a header naming the recipe and its hash.
+identical input (keys in a fixed order, no timestamps), each starting with a header naming the recipe and its hash.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from functools import cache
@@ -19,6 +18,7 @@ from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import DockerTarget, KubernetesTarget
 from llmdeploy.render import kubernetes_manifests
 from llmdeploy.render.artifacts import Artifacts, header
+from llmdeploy.render.block_yaml import to_block_yaml
 from llmdeploy.render.engine_command import EngineCommand, engine_command
 from llmdeploy.render.kubernetes_objects import (
     container_env,
@@ -42,28 +42,8 @@ def environment() -> jinja2.Environment:
         autoescape=False,
         keep_trailing_newline=True,
     )
-    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True}
-    env.filters["tojson"] = yaml_safe_json
+    env.filters["to_yaml"] = to_block_yaml
     return env
-
-
-# a pair's escapes, not preceded by an escaped backslash (`\\\\ud800` is the text "\\ud800")
-_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
-
-
-def yaml_safe_json(value: Any, indent: int | None = None) -> str:
-    """Jinja's `tojson` (same bytes for BMP text), except that characters past U+FFFF are written as
-    YAML's `\\UXXXXXXXX`: JSON's surrogate-pair escapes would be read back by YAML as two broken halves."""
-    text = json.dumps(value, sort_keys=True, ensure_ascii=True, indent=indent)
-    text = (
-        text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
-    )
-
-    def combine(match: re.Match[str]) -> str:
-        high, low = int(match.group(2), 16), int(match.group(3), 16)
-        return match.group(1) + f"\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
-
-    return _SURROGATE_PAIR.sub(combine, text)
 
 
 def render_template(template: str, **values: Any) -> str:

@@ -15,6 +15,7 @@ from llmdeploy.planner import make_plan
 from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render import render
+from render.pod_settings import pod_settings
 from render.recipe_factory import RECIPES, make_recipe, shipped
 
 K8S = {"type": "kubernetes", "namespace": "llm", "kubernetes_version": "1.30"}
@@ -49,6 +50,32 @@ def _kubernetes_recipes() -> list[Recipe]:
             hardware={"device": "cpu"},
             limits={"kv_cache_memory_gib": 0.5},
             target=K8S,
+        ),
+        # every pod setting a cluster policy asks for, and patches of both kinds
+        make_recipe("vllm", name="pods", target={**K8S, **pod_settings("pods")}),
+        make_recipe(
+            "vllm",
+            name="pods-lws",
+            hardware={"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
+            parallelism={"tensor": 8, "pipeline": 2},
+            target={
+                **K8S,
+                **pod_settings("pods-lws"),
+                "patches": [],
+                # a native sidecar (an init container that keeps running), Kubernetes 1.29+
+                "init_containers": [
+                    {"name": "proxy", "image": "example.com/proxy:1", "restartPolicy": "Always"}
+                ],
+                "topology_spread": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "minDomains": 2,
+                        "matchLabelKeys": ["pod-template-hash"],
+                    }
+                ],
+            },
         ),
     ]
     return [r for r in shipped_recipes + variants if isinstance(r.target, KubernetesTarget)]
