@@ -108,20 +108,20 @@ def test_tpot_limit_adds_replicas() -> None:
     loose = fit(_base(), FitTarget(max_model_len=4096, concurrency=256), gpus, {}).options[0]
     tight_ms = loose.tpot_ms / 2
     tight = fit(_base(), FitTarget(max_model_len=4096, concurrency=256, p99_tpot_ms=tight_ms), gpus, {})
-    one_gpu = [o for o in tight.options if o.tensor_parallel_size == 1][0]
+    one_gpu = next(o for o in tight.options if o.tensor_parallel_size == 1)
     assert one_gpu.replicas > loose.replicas and one_gpu.tpot_ms <= tight_ms
 
 
 def test_rate_target_follows_littles_law() -> None:
     gpus = [resolve_gpu("H100-SXM")]
     target = FitTarget(max_model_len=8192, requests_per_s=20, input_tokens=1000, output_tokens=200)
-    option = [o for o in fit(_base(), target, gpus, {}).options if o.tensor_parallel_size == 1][0]
+    option = next(o for o in fit(_base(), target, gpus, {}).options if o.tensor_parallel_size == 1)
     rate = 20 / option.replicas
     assert option.ttft_ms is not None
     expected = rate * (option.ttft_ms + 200 * option.tpot_ms) / 1e3
     assert option.batch_per_replica == pytest.approx(expected, rel=0.05)
     more = FitTarget(max_model_len=8192, requests_per_s=200, input_tokens=1000, output_tokens=200)
-    bigger = [o for o in fit(_base(), more, gpus, {}).options if o.tensor_parallel_size == 1][0]
+    bigger = next(o for o in fit(_base(), more, gpus, {}).options if o.tensor_parallel_size == 1)
     assert bigger.replicas > option.replicas
 
 
@@ -154,7 +154,13 @@ def test_cli_fit_json_and_table(tmp_path: Path) -> None:
     body = json.loads(out.output)
     assert {o["gpu"] for o in body["options"]} == {"H200", "L40S"}
     first = body["options"][0]
-    for key in ("tensor_parallel_size", "replicas", "kv_cache_tokens", "max_concurrency", "decode_tok_s_per_replica"):
+    for key in (
+        "tensor_parallel_size",
+        "replicas",
+        "kv_cache_tokens",
+        "max_concurrency",
+        "decode_tok_s_per_replica",
+    ):
         assert key in first
     table = CliRunner().invoke(plan_command, [*args, "--top", "3"])
     assert table.exit_code == 0 and "decode tok/s" in table.output and "more (--output json" in table.output
@@ -174,7 +180,9 @@ def test_cli_fit_from_recipe_targets(tmp_path: Path) -> None:
     assert all(o["ttft_ms"] <= 2000 for o in body["options"])
 
 
-def test_cli_fit_without_target_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_fit_without_target_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as e:
         main(["plan", "--fit", "--model", LLAMA_8B, "--max-model-len", "4096"])
     assert e.value.code == 2

@@ -161,9 +161,13 @@ def test_smoke_records_calibration_and_plan_uses_it(engine: Engine, tmp_path: Pa
     assert "calibration: recorded" in done.stderr
     metrics = httpx.get(engine.url + "/metrics").text
     actual = next(
-        int(float(line.split()[-1])) for line in metrics.splitlines() if line.startswith("llmdeploy:kv_cache_tokens")
+        int(float(line.split()[-1]))
+        for line in metrics.splitlines()
+        if line.startswith("llmdeploy:kv_cache_tokens")
     )
-    planned = run_cli("plan", str(QUICKSTART), "--set", port, "--calibration", str(calibration), "--output", "json")
+    planned = run_cli(
+        "plan", str(QUICKSTART), "--set", port, "--calibration", str(calibration), "--output", "json"
+    )
     assert planned.returncode == 0, planned.stderr
     body = json.loads(planned.stdout)
     assert body["kv_cache_tokens"] == actual
@@ -171,6 +175,8 @@ def test_smoke_records_calibration_and_plan_uses_it(engine: Engine, tmp_path: Pa
     assert body["calibration"]["source"] == "/metrics llmdeploy:kv_cache_tokens"
     assert "kv_cache_tokens" in body["modeled"]
     # a setting the measurement was not made with is planned from the model alone
-    other = run_cli("plan", str(QUICKSTART), "--set", "limits.max_model_len=1024", "--calibration", str(calibration))
+    other = run_cli(
+        "plan", str(QUICKSTART), "--set", "limits.max_model_len=1024", "--calibration", str(calibration)
+    )
     assert other.returncode == 0, other.stderr
     assert "no record in" in other.stdout
