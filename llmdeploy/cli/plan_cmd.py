@@ -19,7 +19,12 @@ _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a recipe field.")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--model", help="Recipe-free mode: hub id, catalog name, checkpoint folder or GGUF file.")
-@click.option("--gpu", help="GPU catalog name (e.g. H100, A100-80GB, RTX-4090).")
+@click.option(
+    "--gpu",
+    "gpu_names",
+    multiple=True,
+    help="GPU catalog name (e.g. H100, A100-80GB, RTX-4090); with --fit, repeat it to limit the candidates.",
+)
 @click.option("--gpu-memory-gib", type=float, help="Memory per GPU as CUDA reports it, instead of --gpu.")
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
 @click.option("--max-model-len", type=int)
@@ -42,12 +47,43 @@ _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 @click.option(
     "--weight-bytes", type=float, default=2.0, show_default=True, help="Shape-only mode: bytes/param."
 )
+@click.option(
+    "--fit", is_flag=True, help="List every GPU type x TP x replicas that meets a target, cheapest first."
+)
+@click.option(
+    "--target-concurrency", type=click.IntRange(1, 10**7), help="--fit: concurrent sequences to serve."
+)
+@click.option(
+    "--target-context",
+    type=click.IntRange(1, 2**31 - 1),
+    help="--fit: tokens a sequence holds (default max-model-len).",
+)
+@click.option(
+    "--requests-per-s", type=float, help="--fit: request rate to serve (with --input-len, --output-len)."
+)
+@click.option("--input-len", type=click.IntRange(1, 2**31 - 1), help="--fit: prompt tokens per request.")
+@click.option("--output-len", type=click.IntRange(1, 2**31 - 1), help="--fit: output tokens per request.")
+@click.option("--p99-tpot-ms", type=float, help="--fit: time-per-output-token limit, ms.")
+@click.option("--p99-ttft-ms", type=float, help="--fit: time-to-first-token limit, ms.")
+@click.option(
+    "--prices",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="--fit: YAML/JSON mapping of GPU name to US dollars per GPU-hour (replaces the shipped figures).",
+)
+@click.option(
+    "--top", "top", type=click.IntRange(1, 10**4), default=20, show_default=True, help="--fit: rows shown."
+)
+@click.option(
+    "--calibration",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="KV capacities measured by `smoke --calibration`: a matching record replaces the modeled figure.",
+)
 def plan_command(
     recipe: Path | None,
     overrides: tuple[str, ...],
     output: str,
     model: str | None,
-    gpu: str | None,
+    gpu_names: tuple[str, ...],
     gpu_memory_gib: float | None,
     gpu_memory_utilization: float,
     max_model_len: int | None,
@@ -68,6 +104,17 @@ def plan_command(
     num_kv_heads: int | None,
     head_dim: int | None,
     weight_bytes: float,
+    fit: bool,
+    target_concurrency: int | None,
+    target_context: int | None,
+    requests_per_s: float | None,
+    input_len: int | None,
+    output_len: int | None,
+    p99_tpot_ms: float | None,
+    p99_ttft_ms: float | None,
+    prices: Path | None,
+    top: int,
+    calibration: Path | None,
 ) -> None:
     """Show the per-GPU memory budget: weights / activations / non-torch / graphs / KV / headroom.
 
@@ -75,19 +122,68 @@ def plan_command(
     llmdeploy plan recipes/production.yaml [--set limits.max_model_len=32768] [--output json]
     llmdeploy plan --model meta-llama/Llama-3.1-8B-Instruct --gpu H100 --max-model-len 32768
     llmdeploy plan --params-b 70 --num-layers 80 --num-kv-heads 8 --head-dim 128 --weight-bytes 0.5 --gpu H100
+    llmdeploy plan --fit --model meta-llama/Llama-3.1-8B-Instruct --max-model-len 32768 --target-concurrency 64
+    llmdeploy plan recipes/production.yaml --calibration calibration.yaml
     """
     from llmdeploy.catalog.gpus import resolve_gpu
-    from llmdeploy.planner.plan import make_plan, plan_from_inputs
-    from llmdeploy.planner.plan_inputs import PlanInputs
+    from llmdeploy.cli.plan_fit import FitFlags, recipe_fit_inputs, run_fit, show_plan
+    from llmdeploy.planner.plan import plan_from_inputs
+    from llmdeploy.planner.plan_inputs import PlanInputs, inputs_from_recipe
 
+    if len(gpu_names) > 1 and not fit:
+        raise click.UsageError("--gpu names one GPU (repeat it only with --fit)")
+    gpu = gpu_names[0] if gpu_names and not fit else None
     plan: MemoryPlan
+    if recipe is not None and (model or params_b):
+        raise click.UsageError("give a RECIPE or --model/--params-b flags, not both")
+    if fit:
+        if params_b is not None:
+            raise click.UsageError("--fit needs a model (RECIPE or --model), not the shape-only flags")
+        if recipe is None and model is None:
+            raise click.UsageError("--fit needs a RECIPE or --model")
+        flags = FitFlags(
+            gpu_names,
+            max_model_len,
+            target_concurrency,
+            target_context,
+            requests_per_s,
+            input_len,
+            output_len,
+            p99_tpot_ms,
+            p99_ttft_ms,
+            prices,
+            top if output != "json" else None,
+        )
+        if recipe is not None:
+            from llmdeploy.recipe import load_recipe
+
+            loaded = load_recipe(recipe, overrides)
+            run_fit(recipe_fit_inputs(loaded), flags, loaded, output)
+        else:
+            from llmdeploy.catalog.models import resolve_model
+
+            base = PlanInputs(
+                spec=resolve_model(model or ""),
+                engine=engine,
+                engine_version=engine_version,
+                gpu_memory_utilization=gpu_memory_utilization,
+                pipeline_parallel_size=pipeline_parallel_size,
+                dtype=dtype,
+                quantization=quantization,
+                kv_cache_dtype=kv_cache_dtype,
+                block_size=block_size,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+            )
+            run_fit(base, flags, None, output)
+        return
     if recipe is not None:
-        if model or params_b:
-            raise click.UsageError("give a RECIPE or --model/--params-b flags, not both")
         from llmdeploy.recipe import load_recipe
 
-        plan = make_plan(load_recipe(recipe, overrides))
-    elif params_b is not None:
+        inputs = inputs_from_recipe(load_recipe(recipe, overrides))
+        show_plan(inputs, plan_from_inputs(inputs), calibration, output)
+        return
+    if params_b is not None:
         plan = _shape_only(
             params_b,
             num_layers,
@@ -124,7 +220,8 @@ def plan_command(
             max_num_seqs=max_num_seqs,
             kv_cache_memory_gib=kv_cache_memory_gib,
         )
-        plan = plan_from_inputs(inputs)
+        show_plan(inputs, plan_from_inputs(inputs), calibration, output)
+        return
     else:
         raise click.UsageError(
             "give a RECIPE, or --model with --gpu, or the shape-only flags (--params-b ...)"

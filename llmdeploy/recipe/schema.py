@@ -130,6 +130,25 @@ class LimitsSection(Section):
         default=None, ge=1, description="typical tokens per request you plan for"
     )
     target_concurrency: int | None = Field(default=None, ge=1, description="concurrent requests you plan for")
+    # `plan --fit` sizes GPUs and replicas from either target_concurrency or this request-rate target
+    target_requests_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1e6,
+        description="request rate you plan for (plan --fit), with the lengths below",
+    )
+    target_input_tokens: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="prompt tokens per request at that rate (plan --fit)"
+    )
+    target_output_tokens: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="output tokens per request at that rate (plan --fit)"
+    )
+    target_p99_tpot_ms: float | None = Field(
+        default=None, gt=0, lt=1e7, description="time-per-output-token limit plan --fit sizes for, ms"
+    )
+    target_p99_ttft_ms: float | None = Field(
+        default=None, gt=0, lt=1e7, description="time-to-first-token limit plan --fit sizes for, ms"
+    )
     enable_chunked_prefill: bool = Field(
         default=True, description="split long prompts across steps (vLLM --enable-chunked-prefill)"
     )

@@ -151,3 +151,32 @@ def test_bench_recipe_against_engine(engine: Engine, tmp_path: Path) -> None:
     assert report["model"] == MODEL_NAME
     assert report["options"]["input_len"] == "64"  # the recipe's bench.input_len
     assert report["levels"][0]["total_output_tokens"] == 8
+
+
+def test_smoke_records_calibration_and_plan_uses_it(engine: Engine, tmp_path: Path) -> None:
+    calibration = tmp_path / "calibration.yaml"
+    port = f"server.port={engine.port}"
+    done = run_cli("smoke", str(QUICKSTART), "--set", port, "--calibration", str(calibration))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "calibration: recorded" in done.stderr
+    metrics = httpx.get(engine.url + "/metrics").text
+    actual = next(
+        int(float(line.split()[-1]))
+        for line in metrics.splitlines()
+        if line.startswith("llmdeploy:kv_cache_tokens")
+    )
+    planned = run_cli(
+        "plan", str(QUICKSTART), "--set", port, "--calibration", str(calibration), "--output", "json"
+    )
+    assert planned.returncode == 0, planned.stderr
+    body = json.loads(planned.stdout)
+    assert body["kv_cache_tokens"] == actual
+    assert body["calibration"]["actual_kv_cache_tokens"] == actual
+    assert body["calibration"]["source"] == "/metrics llmdeploy:kv_cache_tokens"
+    assert "kv_cache_tokens" in body["modeled"]
+    # a setting the measurement was not made with is planned from the model alone
+    other = run_cli(
+        "plan", str(QUICKSTART), "--set", "limits.max_model_len=1024", "--calibration", str(calibration)
+    )
+    assert other.returncode == 0, other.stderr
+    assert "no record in" in other.stdout
