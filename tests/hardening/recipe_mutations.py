@@ -104,15 +104,24 @@ def cases(seed: int, n: int) -> Iterator[Case]:
         case = Case(index, name)
         data = copy.deepcopy(recipes[name])
         ops = rng.choices(list(_WEIGHTS), weights=list(_WEIGHTS.values()), k=rng.choice((1, 1, 2, 3)))
-        # `--set` values are not interpolated and cannot delete: those operators write files
-        as_file = rng.random() < 0.1 or any(op in ("plant_interpolated", "delete") for op in ops)
-        for op in ops:
-            _mutate(rng, case, data, op, as_file)
-        if as_file:
+        # `--set` values are not interpolated and cannot delete: interpolation goes into a small
+        # overlay recipe extending the shipped one, a deletion into a whole rewritten recipe
+        if "delete" in ops or rng.random() < 0.05:
+            for op in ops:
+                _mutate(rng, case, data, data, op)
             if rng.random() < 0.3:
                 _split_extends(rng, case, data)
             else:
                 case.files["leaf.yaml"] = _dump(data)
+        elif "plant_interpolated" in ops:
+            overlay: dict[str, Any] = {}
+            for op in ops:
+                _mutate(rng, case, data, overlay, op)
+            overlay["extends"] = str(RECIPES_DIR / f"{name}.yaml")
+            case.files["leaf.yaml"] = _dump(overlay)
+        else:
+            for op in ops:
+                _mutate(rng, case, data, None, op)
         yield case
 
 
@@ -127,13 +136,17 @@ _WEIGHTS = {
 }
 
 
-def _mutate(rng: random.Random, case: Case, data: dict[str, Any], op: str, as_file: bool) -> None:
+def _mutate(
+    rng: random.Random, case: Case, data: dict[str, Any], sink: dict[str, Any] | None, op: str
+) -> None:
+    """Apply one operator: paths are chosen from `data` (the recipe), values go into `sink` (a
+    recipe or overlay being written) or, without one, into `--set` items."""
     if op == "set":
         path = rng.choice(SCHEMA_PATHS + _leaf_paths(data))
-        _put(case, data, path, rng.choice(VALUES), as_file)
+        _put(case, sink, path, rng.choice(VALUES))
     elif op == "switch":
         path = rng.choice(sorted(TYPE_SWITCHES))
-        _put(case, data, path, rng.choice(TYPE_SWITCHES[path]), as_file)
+        _put(case, sink, path, rng.choice(TYPE_SWITCHES[path]))
     elif op == "plant_inline":
         planted = _secret()
         case.planted.append(planted)
@@ -149,30 +162,30 @@ def _mutate(rng: random.Random, case: Case, data: dict[str, Any], op: str, as_fi
                 ("server", {"api_key": planted}),
             ]
         )
-        _put(case, data, path, value, as_file)
+        _put(case, sink, path, value)
     elif op == "plant_interpolated":
         variable = rng.choice(CREDENTIAL_VARIABLES)
         reference = rng.choice([f"${{{variable}}}", f"x-${{{variable}}}", f"${{{variable}:-d}}"])
         path = rng.choice(SCHEMA_PATHS + _leaf_paths(data))
         value: Any = rng.choice([reference, [reference], {"env": reference}, {"K": reference}])
-        _put(case, data, path, value, as_file)
+        _put(case, sink, path, value)
     elif op == "section":
-        _put(case, data, rng.choice(SECTIONS), rng.choice(VALUES), as_file)
+        _put(case, sink, rng.choice(SECTIONS), rng.choice(VALUES))
     elif op == "delete":
         paths = _leaf_paths(data) + [k for k in data if isinstance(k, str)]
         if paths:
             path = rng.choice(paths)
-            _delete(data, path.split("."))
+            _delete(sink if sink is not None else data, path.split("."))
             case.steps.append(f"delete {path}")
     else:
         key = rng.choice(["unknown", "tensr", "x-anchor", "apikey", "type", "Name"])
         section = rng.choice(["", *SECTIONS])
-        _put(case, data, f"{section}.{key}" if section else key, rng.choice(VALUES), as_file)
+        _put(case, sink, f"{section}.{key}" if section else key, rng.choice(VALUES))
 
 
-def _put(case: Case, data: dict[str, Any], path: str, value: Any, as_file: bool) -> None:
-    if as_file:
-        _assign(data, path.split("."), value)
+def _put(case: Case, sink: dict[str, Any] | None, path: str, value: Any) -> None:
+    if sink is not None:
+        _assign(sink, path.split("."), value)
         case.steps.append(f"{path}: {_short(value)}")
         return
     item = f"{path}={_flow(value)}"

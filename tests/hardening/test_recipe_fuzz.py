@@ -16,7 +16,6 @@ recipe); parsing itself is fuzzed by test_recipe_hostile.py and tests/recipe/tes
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import os
@@ -41,6 +40,7 @@ from hardening.recipe_mutations import (
     planted_environment,
 )
 from llmdeploy.errors import UserError
+from llmdeploy.recipe.yaml_source import ParsedYaml
 
 SEED = int(os.environ.get("LLMDEPLOY_FUZZ_SEED", "29"))
 NUM_CASES = int(os.environ.get("LLMDEPLOY_FUZZ_CASES", "10000"))
@@ -71,11 +71,20 @@ def _memoized_yaml() -> Iterator[None]:
 
     parse = functools.lru_cache(maxsize=64)(loader.parse_yaml)
 
-    def parse_copy(text: str, file: str) -> object:
-        return copy.deepcopy(parse(text, file))  # callers get their own data, as from a fresh parse
+    def parse_copy(text: str, file: str) -> ParsedYaml:
+        parsed = parse(text, file)  # callers get their own data, as from a fresh parse
+        return ParsedYaml(_copy(parsed.data), dict(parsed.marks), parsed.problems)
 
     with mock.patch.object(loader, "parse_yaml", parse_copy):
         yield
+
+
+def _copy(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
 
 
 def _validate(path: Path, overrides: tuple[str, ...]) -> tuple[bool, str]:
