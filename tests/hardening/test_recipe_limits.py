@@ -49,6 +49,9 @@ def _all_refuse(recipe: Path, tmp_path: Path, *sets: str) -> list[CliResult]:
         (PRODUCTION, f"parallelism.replicas={BIG}", "parallelism.replicas"),
         (QUICKSTART, "engine.version=" + "v" * 300, "engine.version"),
         (QUICKSTART, "engine.version=../../../etc/x", "engine.version"),
+        # found by the recipe fuzzer: a name longer than the file system takes (ENAMETOOLONG)
+        (PRODUCTION, "model.id=" + "x" * 300, "model.id"),
+        (PRODUCTION, "model.path=/" + "x" * 300, "model.path"),
     ],
 )
 def test_out_of_range_numbers_are_located_errors(tmp_path: Path, recipe: Path, item: str, field: str) -> None:
