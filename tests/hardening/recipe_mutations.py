@@ -126,7 +126,8 @@ def cases(seed: int, n: int) -> Iterator[Case]:
 
 
 _WEIGHTS = {
-    "set": 44,
+    "perturb": 30,
+    "set": 30,
     "switch": 12,
     "plant_inline": 10,
     "plant_interpolated": 7,
@@ -141,7 +142,13 @@ def _mutate(
 ) -> None:
     """Apply one operator: paths are chosen from `data` (the recipe), values go into `sink` (a
     recipe or overlay being written) or, without one, into `--set` items."""
-    if op == "set":
+    if op == "perturb":
+        # a plausible value near the recipe's own: most of these still render
+        leaves = [(path, value) for path, value in _leaf_items(data) if isinstance(value, int | float | str)]
+        if leaves:
+            path, value = rng.choice(leaves)
+            _put(case, sink, path, _near(rng, value))
+    elif op == "set":
         path = rng.choice(SCHEMA_PATHS + _leaf_paths(data))
         _put(case, sink, path, rng.choice(VALUES))
     elif op == "switch":
@@ -210,6 +217,29 @@ def _delete(data: dict[str, Any], parts: list[str]) -> None:
         node = node.get(part) if isinstance(node, dict) else None
     if isinstance(node, dict):
         node.pop(parts[-1], None)
+
+
+def _near(rng: random.Random, value: int | float | str) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return rng.choice([value * 2, value + 1, max(0, value - 1), value // 2, value * 1000, 2**31 - 1])
+    if isinstance(value, float):
+        return rng.choice([value * 2, value / 2, round(value * 1.1, 3), value * 1e6])
+    return rng.choice(
+        [value.upper(), value + "-2", value.replace("-", "_"), value[: len(value) // 2], value * 2]
+    )
+
+
+def _leaf_items(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if not isinstance(data, dict):
+        return []
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        out.append((path, value))
+        out += _leaf_items(value, path)
+    return out
 
 
 def _leaf_paths(data: Any, prefix: str = "") -> list[str]:
