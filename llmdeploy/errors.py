@@ -3,11 +3,54 @@
 Our own invariants use `assert`; anything a user can get wrong raises `UserError` carrying every
 problem found, each naming where (file:line), what (field path and bad value) and the fix.
 The CLI prints them all and exits 2 without a traceback.
+
+A problem never shows a secret: its value is redacted (`'<redacted, 23 chars>'`) when its field is
+secret-bearing (`server.api_key`, `server.hf_token`, an `engine.env` entry named like a credential).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+# fields whose values are credentials, or names and references a careless user fills with one
+SECRET_FIELDS = ("server.api_key", "server.hf_token")
+# environment variable names that hold credentials: *_API_KEY, HF_TOKEN, DB_PASSWORD, AWS_SECRET_ACCESS_KEY, ...
+_CREDENTIAL_NAME = re.compile(
+    r"(?i)(^|[^a-z])(key|token|secret|passw(or)?d|pwd|credentials?|auth|bearer|cookie)([^a-z]|$)"
+    r"|apikey|accesskey|privatekey|secretkey"
+)
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether an environment variable (or key) of this name looks like it holds a credential."""
+    return bool(_CREDENTIAL_NAME.search(name))
+
+
+def is_secret_path(dotted: str | None) -> bool:
+    """Whether a dotted field path is (under) a secret-bearing field."""
+    if not dotted:
+        return False
+    if any(dotted == f or dotted.startswith(f + ".") for f in SECRET_FIELDS):
+        return True
+    parts = dotted.split(".")
+    return len(parts) >= 3 and parts[:2] == ["engine", "env"] and is_credential_name(parts[2])
+
+
+class Redacted(str):
+    """Stands in for a secret value: `'<redacted, 23 chars>'`, the length being the only thing shown."""
+
+    def __new__(cls, value: object) -> Redacted:
+        return super().__new__(cls, f"<redacted, {len(str(value))} chars>")
+
+
+def redact(value: object) -> object:
+    """A secret-bearing value as shown: strings (and other scalars) redacted, nothing else kept."""
+    if value is None or isinstance(value, bool | Redacted):
+        return value
+    if isinstance(value, str | int | float):
+        return Redacted(value)
+    return Redacted(repr(value))
 
 
 @dataclass(frozen=True)
@@ -19,6 +62,10 @@ class Problem:
     value: object = None
     fix: str | None = None
     has_value: bool = False
+
+    def __post_init__(self) -> None:
+        if self.has_value and is_secret_path(self.path):
+            object.__setattr__(self, "value", redact(self.value))
 
     def render(self) -> str:
         where = ""

@@ -7,6 +7,7 @@ come from the `gguf` package's constants.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,9 @@ def _value(fh: BinaryIO, vtype: int) -> Any:
         item_type, count = _read(fh, "<I"), _read(fh, "<Q")
         if item_type in _SCALARS:
             fh.seek(count * struct.calcsize(_SCALARS[item_type]), 1)
+        elif item_type == _STRING:
+            for _ in range(count):  # a tokenizer's vocabulary: skipped, never decoded
+                fh.seek(_read(fh, "<Q"), 1)
         else:
             for _ in range(count):
                 _value(fh, item_type)
@@ -76,6 +80,16 @@ def _value(fh: BinaryIO, vtype: int) -> Any:
 
 
 def read_gguf_header(path: Path) -> GGUFHeader:
+    try:
+        stat = path.stat()
+    except OSError as e:
+        raise UserError.one(f"cannot read GGUF file {path}: {e.strerror}", fix="check the path") from e
+    # validate, plan and render each read the same file; the key changes when the file does
+    return _cached_header(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:

@@ -34,12 +34,12 @@ def fetch_hub_config(
     """The model's config.json from the cache, else from the endpoint (then cached), else None."""
     rev = revision or "main"
     cache = _cache_file(cache_dir or default_cache_dir(), hf_id, rev)
-    if cache.is_file():
-        try:
+    try:
+        if cache.is_file():
             data = json.loads(cache.read_text())
             return data if isinstance(data, dict) else None
-        except (OSError, ValueError):
-            pass
+    except (OSError, ValueError):  # a name too long for a path, an unreadable or broken cache file
+        pass
     endpoint = endpoint or os.environ.get("HF_ENDPOINT")
     if not endpoint or "/" not in hf_id:
         return None

@@ -103,9 +103,17 @@ def find_in_catalog(name: str) -> ModelSpec | None:
 def _site_file(relative: str) -> Path | None:
     for entry in sys.path:
         candidate = Path(entry) / relative
-        if entry and candidate.exists():
+        if entry and _exists(candidate):
             return candidate
     return None
+
+
+def _exists(path: Path) -> bool:
+    # a recipe string can be any text: a name too long for the file system is simply not a file here
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def spec_from_path(path: Path, hf_id: str | None = None) -> ModelSpec:
@@ -139,7 +147,7 @@ def resolve_model(model: ModelSection | str) -> ModelSpec:
         return replace(spec, hf_id=model.id)
     if model.path:
         path = Path(model.path).expanduser()
-        if not path.exists():
+        if not _exists(path):
             raise UserError.one(
                 f"model path {model.path!r} does not exist", path="model.path", value=model.path
             )
@@ -153,7 +161,7 @@ def resolve_model(model: ModelSection | str) -> ModelSpec:
     if spec is not None:
         return spec if spec.hf_id.lower() == model.id.lower() else replace(spec, hf_id=model.id)
     local = Path(model.id).expanduser()
-    if local.exists():
+    if _exists(local):
         return spec_from_path(local)
     config = fetch_hub_config(model.id, model.revision)
     if config is not None:

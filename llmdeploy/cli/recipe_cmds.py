@@ -130,15 +130,19 @@ def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
 
 
 def _engine_mapping_problems(recipe: Recipe, plan: MemoryPlan, seen: set[str | None]) -> list[Problem]:
-    """The knobs the engine's flag mapping cannot honour, and extra_args its CLI would reject."""
-    from llmdeploy.render.engine_command import engine_command
+    """Every check `render` and `apply` make for the recipe's target (the engine's flag mapping,
+    extra_args its CLI would reject, secrets and names the target cannot take), so a recipe that
+    validates also renders."""
+    from llmdeploy.render import render
+    from llmdeploy.render.target_rules import render_problems
 
-    try:
-        # the model reference only fills --model; validate needs no download or cache
-        engine_command(recipe, plan, model_ref=recipe.model.id)
-    except UserError as e:
-        return [p for p in e.problems if p.path is None or p.path not in seen]
-    return []
+    problems = render_problems(recipe, plan)
+    if not problems:
+        try:
+            render(recipe, plan)  # nothing is written; what render refuses, validate refuses
+        except UserError as e:
+            problems = e.problems
+    return [p for p in problems if p.path is None or p.path not in seen]
 
 
 def _locate(problem: Problem, loaded: LoadedRecipe, path: Path) -> Problem:

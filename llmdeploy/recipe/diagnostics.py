@@ -142,7 +142,8 @@ def _union_summary(
 def _form_name(tag: str, members: Mapping[str, type[BaseModel]]) -> str:
     if tag in members:
         return "{" + ", ".join(members[tag].model_fields) + "}"
-    return {"int": "an integer", "str": "a string", "float": "a number", "bool": "true/false"}.get(tag, tag)
+    plain = tag.removeprefix("constrained-")  # a bounded member, e.g. `Count`, is tagged constrained-int
+    return {"int": "an integer", "str": "a string", "float": "a number", "bool": "true/false"}.get(plain, tag)
 
 
 def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark]) -> Problem:
@@ -172,7 +173,8 @@ def _problem(clean: FieldPath, err: ErrorDetails, marks: Mapping[FieldPath, Mark
     message = str(err["msg"])
     if kind == "value_error":
         message = message.removeprefix("Value error, ")
-        return _make(clean, message, marks)
+        # a field validator's input is the bad value itself; a section's checks name their values
+        return _make(clean, message, marks, value=value if isinstance(value, str) else _NO_VALUE)
     if kind == "string_pattern_mismatch" and clean == ("name",):
         return _make(
             clean,

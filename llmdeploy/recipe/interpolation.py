@@ -1,4 +1,9 @@
-"""`${VAR}` and `${VAR:-default}` in recipe strings; `$${` writes a literal `${`."""
+"""`${VAR}` and `${VAR:-default}` in recipe strings; `$${` writes a literal `${`.
+
+A variable named like a credential (`*_API_KEY`, `HF_TOKEN`, `*_PASSWORD`, ...) is never
+substituted: its value would land in rendered files and in any error about the field. The recipe
+names such a variable instead (`server.api_key: {env: VAR}`), and the value is read at start-up.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llmdeploy.errors import Problem
+from llmdeploy.errors import Problem, Redacted, is_credential_name
 from llmdeploy.recipe.yaml_source import FieldPath, Mark
 
 _TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}?")
@@ -69,6 +74,16 @@ def _substitute(
                 "write ${NAME} or ${NAME:-default}; write $${ for a literal '${'",
             )
             return match.group(0)
+        if is_credential_name(name):
+            problem(
+                f"${{{name}}} looks like a credential; its value would be written into rendered files "
+                "and messages",
+                f"name the variable instead, e.g. server.api_key: {{env: {name}}} (or server.hf_token); "
+                "the engine reads it at start-up",
+                False,
+            )
+            # what reaches validation (and any message about this field) is a stand-in, never the value
+            return str(Redacted(env.get(name, default)))
         if name in env:
             return env[name]
         if sep:

@@ -182,16 +182,24 @@ def _extend(
     if not isinstance(target, str) or not target.strip():
         problems.append(problem("must be the path of another recipe file", example))
         return own
+    if "\x00" in target:
+        problems.append(problem("contains a NUL character (\\0), which no file path can hold", example))
+        return own
     base_file = file.parent / target
     if base_file.suffix.lower() not in (".yaml", ".yml"):
         # refusing other files keeps e.g. /etc/shadow or /proc/self/environ out of error messages
         problems.append(problem("must name a recipe file ending in .yaml or .yml", example))
         return own
-    here = file.resolve()
+    try:
+        here, base_resolved = file.resolve(), base_file.resolve()
+    except (RuntimeError, OSError) as e:  # RuntimeError: a symlink loop (pathlib's strict=False resolve)
+        reason = "a loop of symbolic links" if isinstance(e, RuntimeError) else (e.strerror or "unreadable")
+        problems.append(problem(f"cannot follow the path: {reason}", "point extends at a regular .yaml file"))
+        return own
     seen = (*chain, (here, _display(file)))
     resolved = [p for p, _ in seen]
-    if base_file.resolve() in resolved:
-        cycle = [shown for _, shown in seen[resolved.index(base_file.resolve()) :]] + [_display(base_file)]
+    if base_resolved in resolved:
+        cycle = [shown for _, shown in seen[resolved.index(base_resolved) :]] + [_display(base_file)]
         problems.append(
             problem(
                 "extends cycle: " + " -> ".join(cycle),

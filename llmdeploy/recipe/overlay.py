@@ -1,7 +1,9 @@
 """Layering recipe data: `extends:` deep merges and `--set a.b.c=value` overrides.
 
 Mappings merge key by key; anything else (lists, scalars, null) in the overlay replaces the base
-value whole. The marks (file:line of each field) follow the same rule, so an error in a merged
+value whole, and so does a mapping that selects another variant of a union than the base's (an
+overlay's `api_key: {env: K}` replaces a base's `{secret: ...}`, `target: {type: kubernetes}` a local
+target). The marks (file:line of each field) follow the same rule, so an error in a merged
 recipe still points at the file that wrote the offending value.
 """
 
@@ -12,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from llmdeploy.errors import Problem
+from llmdeploy.errors import Problem, Redacted, is_secret_path
+from llmdeploy.recipe.schema_paths import annotation_at, model_classes, own_tags
 from llmdeploy.recipe.yaml_source import FieldPath, Mark
 
 
@@ -26,10 +30,11 @@ class Layer:
 
 
 def merge(base: Layer, overlay: Layer) -> Layer:
-    data = _merge_data(base.data, overlay.data)
+    replaced: list[FieldPath] = []
+    data = _merge_data(base.data, overlay.data, (), replaced)
     marks = dict(base.marks)
-    for path in overlay.marks:
-        if path and not isinstance(_get(overlay.data, path), dict):
+    for path in [*overlay.marks, *replaced]:
+        if path and (path in replaced or not isinstance(_get(overlay.data, path), dict)):
             marks = {k: m for k, m in marks.items() if not (len(k) > len(path) and k[: len(path)] == path)}
     marks.update(overlay.marks)
     if () in base.marks:
@@ -37,14 +42,37 @@ def merge(base: Layer, overlay: Layer) -> Layer:
     return Layer(data, marks)
 
 
-def _merge_data(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+def _merge_data(
+    base: dict[str, Any], overlay: dict[str, Any], path: FieldPath, replaced: list[FieldPath]
+) -> dict[str, Any]:
     out = dict(base)
     for key, value in overlay.items():
+        here = (*path, key)
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge_data(out[key], value)
+            if _switches_variant(here, out[key], value):
+                out[key] = value
+                replaced.append(here)
+            else:
+                out[key] = _merge_data(out[key], value, here, replaced)
         else:
             out[key] = value
     return out
+
+
+def _switches_variant(path: FieldPath, base: dict[str, Any], overlay: dict[str, Any]) -> bool:
+    """Whether `overlay` is a mapping of another member of the union at `path` than `base` is."""
+    members = model_classes(annotation_at(path)) if all(isinstance(p, str) for p in path) else []
+    if len(members) < 2:
+        return False
+    chosen = _members_of(members, overlay)
+    return bool(chosen) and not (chosen & _members_of(members, base))
+
+
+def _members_of(members: list[type[BaseModel]], value: dict[str, Any]) -> set[str]:
+    # by the `type` tag where the union has one, else by the fields the mapping writes
+    if "type" in value and all(own_tags(m) for m in members):
+        return {m.__name__ for m in members if value["type"] in own_tags(m)}
+    return {m.__name__ for m in members if set(value) <= set(m.model_fields)}
 
 
 def _get(data: Any, path: FieldPath) -> Any:
@@ -65,9 +93,10 @@ def apply_overrides(layer: Layer, overrides: Sequence[str]) -> tuple[Layer, list
     marks = dict(layer.marks)
     problems: list[Problem] = []
     for item in overrides:
-        source = f"--set {item}"
         dotted, sep, raw = item.partition("=")
         dotted = dotted.strip()
+        # the item names where a problem came from; a secret-bearing value is shown only by its length
+        source = f"--set {dotted}={Redacted(raw)}" if _holds_secret(dotted) else f"--set {item}"
         if not sep or not dotted or any(not part for part in dotted.split(".")):
             problems.append(
                 Problem("expected PATH=VALUE", file=source, fix="write e.g. --set limits.max_model_len=8192")
@@ -89,6 +118,11 @@ def apply_overrides(layer: Layer, overrides: Sequence[str]) -> tuple[Layer, list
             for sub in _leaf_paths(value, path):
                 marks[sub] = Mark(source, None)
     return Layer(data, marks), problems
+
+
+def _holds_secret(dotted: str) -> bool:
+    # the field itself, or a section a mapping value could fill one of (`--set server={api_key: ...}`)
+    return is_secret_path(dotted) or dotted in ("server", "engine", "engine.env")
 
 
 def _set(

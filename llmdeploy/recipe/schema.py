@@ -10,6 +10,22 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmdeploy.recipe.field_types import (
+    COUNT_MAX,
+    INT32_MAX,
+    Count,
+    DnsLabel,
+    EngineEnv,
+    EnvName,
+    Host,
+    KubernetesVersion,
+    LabelKey,
+    LabelValue,
+    ObjectName,
+    SecretKey,
+    UserLabelKey,
+    Version,
+)
 from llmdeploy.recipe.kubernetes_patch import Patch
 from llmdeploy.recipe.kubernetes_pod import (
     Container,
@@ -21,7 +37,7 @@ from llmdeploy.recipe.kubernetes_pod import (
     VolumeMount,
     check_pod_settings,
 )
-from llmdeploy.recipe.kubernetes_values import Annotations, LabelValue, ObjectName, QualifiedKey
+from llmdeploy.recipe.kubernetes_values import Annotations, QualifiedKey
 
 Quantization = Literal["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
 KVCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -83,18 +99,26 @@ class HardwareSection(Section):
     gpu_memory_gib: float | None = Field(
         default=None,
         gt=0,
+        le=4096,
+        allow_inf_nan=False,
         description="memory per GPU as CUDA reports it (GiB); overrides the catalog figure",
     )
-    gpus_per_node: int = Field(default=1, ge=1, description="GPUs on each node (per pod on Kubernetes)")
-    nodes: int = Field(default=1, ge=1, description="nodes one replica spans")
+    gpus_per_node: int = Field(
+        default=1, ge=1, le=1024, description="GPUs on each node (per pod on Kubernetes)"
+    )
+    nodes: int = Field(default=1, ge=1, le=65536, description="nodes one replica spans")
 
 
 class ParallelismSection(Section):
-    tensor: int = Field(default=1, ge=1, description="tensor-parallel size (vLLM --tensor-parallel-size)")
-    pipeline: int = Field(
-        default=1, ge=1, description="pipeline-parallel size (vLLM --pipeline-parallel-size)"
+    tensor: int = Field(
+        default=1, ge=1, le=65536, description="tensor-parallel size (vLLM --tensor-parallel-size)"
     )
-    replicas: int = Field(default=1, ge=0, description="independent serving replicas (pods or processes)")
+    pipeline: int = Field(
+        default=1, ge=1, le=65536, description="pipeline-parallel size (vLLM --pipeline-parallel-size)"
+    )
+    replicas: int = Field(
+        default=1, ge=0, le=INT32_MAX, description="independent serving replicas (pods or processes)"
+    )
 
 
 class KVCacheSection(Section):
@@ -108,28 +132,35 @@ class KVCacheSection(Section):
 
 
 class LimitsSection(Section):
-    max_model_len: int | None = Field(default=None, ge=1, description="context length; default: the model's")
+    max_model_len: int | None = Field(
+        default=None, ge=1, le=COUNT_MAX, description="context length; default: the model's"
+    )
     max_num_seqs: int = Field(
-        default=256, ge=1, description="most requests running at once (vLLM --max-num-seqs)"
+        default=256, ge=1, le=COUNT_MAX, description="most requests running at once (vLLM --max-num-seqs)"
     )
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=1, description="default: engine's own default"
+        default=None, ge=1, le=COUNT_MAX, description="default: engine's own default"
     )
     gpu_memory_utilization: float = Field(
         default=0.9,
         gt=0,
         le=1,
+        allow_inf_nan=False,
         description="fraction of each GPU's memory the engine may use (vLLM --gpu-memory-utilization)",
     )
     kv_cache_memory_gib: float | None = Field(
         default=None,
         gt=0,
+        le=65536,
+        allow_inf_nan=False,
         description="explicit KV cache size per GPU (or CPU), overriding the utilization rule",
     )
     target_context: int | None = Field(
-        default=None, ge=1, description="typical tokens per request you plan for"
+        default=None, ge=1, le=COUNT_MAX, description="typical tokens per request you plan for"
     )
-    target_concurrency: int | None = Field(default=None, ge=1, description="concurrent requests you plan for")
+    target_concurrency: int | None = Field(
+        default=None, ge=1, le=COUNT_MAX, description="concurrent requests you plan for"
+    )
     # `plan --fit` sizes GPUs and replicas from either target_concurrency or this request-rate target
     target_requests_per_s: float | None = Field(
         default=None,
@@ -138,10 +169,10 @@ class LimitsSection(Section):
         description="request rate you plan for (plan --fit), with the lengths below",
     )
     target_input_tokens: int | None = Field(
-        default=None, ge=1, le=2**31 - 1, description="prompt tokens per request at that rate (plan --fit)"
+        default=None, ge=1, le=COUNT_MAX, description="prompt tokens per request at that rate (plan --fit)"
     )
     target_output_tokens: int | None = Field(
-        default=None, ge=1, le=2**31 - 1, description="output tokens per request at that rate (plan --fit)"
+        default=None, ge=1, le=COUNT_MAX, description="output tokens per request at that rate (plan --fit)"
     )
     target_p99_tpot_ms: float | None = Field(
         default=None, gt=0, lt=1e7, description="time-per-output-token limit plan --fit sizes for, ms"
@@ -159,13 +190,13 @@ class EngineSection(Section):
         default="vllm",
         description="vllm, tgi (Hugging Face Text Generation Inference) or builtin (llmdeploy's own engine)",
     )
-    version: str | None = Field(
+    version: Version | None = Field(
         default=None, description="engine release, e.g. '0.11.0'; default: the pinned one"
     )
     extra_args: list[str] = Field(
         default_factory=list, description="escape hatch: flags passed through verbatim"
     )
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine process")
+    env: EngineEnv = Field(default_factory=dict, description="extra environment for the engine process")
 
 
 class SpeculativeSection(Section):
@@ -179,10 +210,10 @@ class SpeculativeSection(Section):
         default=4, ge=1, le=32, description="tokens proposed per step (vLLM num_speculative_tokens)"
     )
     prompt_lookup_max: int = Field(
-        default=4, ge=1, description="longest n-gram matched in the prompt (ngram method)"
+        default=4, ge=1, le=1024, description="longest n-gram matched in the prompt (ngram method)"
     )
     prompt_lookup_min: int = Field(
-        default=1, ge=1, description="shortest n-gram matched in the prompt (ngram method)"
+        default=1, ge=1, le=1024, description="shortest n-gram matched in the prompt (ngram method)"
     )
 
     @model_validator(mode="after")
@@ -200,12 +231,12 @@ class SpeculativeSection(Section):
 
 
 class ApiKeyFromEnv(Section):
-    env: str = Field(description="name of the environment variable holding the key")
+    env: EnvName = Field(description="name of the environment variable holding the key")
 
 
 class SecretRef(Section):
-    name: str
-    key: str = Field(default="api-key", description="key inside the Secret")
+    name: ObjectName
+    key: SecretKey = Field(default="api-key", description="key inside the Secret")
 
 
 class ApiKeyFromSecret(Section):
@@ -213,7 +244,7 @@ class ApiKeyFromSecret(Section):
 
 
 class ServerSection(Section):
-    host: str = Field(default="127.0.0.1", description="address to listen on (0.0.0.0 inside containers)")
+    host: Host = Field(default="127.0.0.1", description="address to listen on (0.0.0.0 inside containers)")
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible server")
     served_model_name: str | None = Field(
         default=None, description="model name clients send (vLLM --served-model-name); default: the model id"
@@ -235,7 +266,11 @@ class DockerTarget(Section):
     type: Literal["docker"]
     image: str | None = Field(default=None, description="container image; default: the engine's pinned image")
     shm_size_gib: float | None = Field(
-        default=None, description="shared memory for the container (tensor parallelism needs several GiB)"
+        default=None,
+        gt=0,
+        le=65536,
+        allow_inf_nan=False,
+        description="shared memory for the container (tensor parallelism needs several GiB)",
     )
 
 
@@ -247,31 +282,43 @@ class Toleration(Section):
 
 
 class ModelCache(Section):
-    size_gib: float | None = Field(default=None, gt=0, description="default: weights size x 1.5")
-    storage_class: str | None = Field(
+    size_gib: float | None = Field(
+        default=None, gt=0, le=2**30, allow_inf_nan=False, description="default: weights size x 1.5"
+    )
+    storage_class: ObjectName | None = Field(
         default=None, description="storage class of the model-cache volume claim"
     )
-    existing_claim: str | None = Field(
+    existing_claim: ObjectName | None = Field(
         default=None, description="use this existing PersistentVolumeClaim instead of creating one"
     )
 
 
 class Probes(Section):
-    startup_budget_s: int | None = Field(default=None, ge=10, description="default: derived from weight size")
-    period_s: int = Field(default=10, ge=1, description="seconds between probes")
+    startup_budget_s: int | None = Field(
+        default=None, ge=10, le=INT32_MAX, description="default: derived from weight size"
+    )
+    period_s: int = Field(default=10, ge=1, le=INT32_MAX, description="seconds between probes")
 
 
 class Autoscaling(Section):
     kind: Literal["hpa", "keda"] = Field(
         default="hpa", description="hpa (HorizontalPodAutoscaler) or keda (ScaledObject)"
     )
-    min_replicas: int = Field(default=1, ge=0, description="fewest pods (0 lets KEDA scale to zero)")
-    max_replicas: int = Field(default=4, ge=1, description="most pods")
+    min_replicas: int = Field(
+        default=1, ge=0, le=INT32_MAX, description="fewest pods (0 lets KEDA scale to zero)"
+    )
+    max_replicas: int = Field(default=4, ge=1, le=INT32_MAX, description="most pods")
     metric: Literal["queue_depth", "kv_usage"] = Field(
         default="queue_depth",
         description="queue_depth: waiting requests per pod; kv_usage: KV cache usage fraction",
     )
-    target: float = Field(default=4, gt=0, description="waiting requests per pod, or KV usage fraction")
+    target: float = Field(
+        default=4,
+        gt=0,
+        le=1_000_000,
+        allow_inf_nan=False,
+        description="waiting requests per pod, or KV usage fraction",
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> Autoscaling:
@@ -279,17 +326,22 @@ class Autoscaling(Section):
             raise ValueError(
                 f"autoscaling.min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
             )
+        if self.metric == "kv_usage" and self.target > 1:
+            raise ValueError(
+                f"autoscaling.target ({self.target:g}) is a KV cache usage fraction for metric kv_usage: "
+                "at most 1, e.g. 0.8"
+            )
         return self
 
 
 class KubernetesTarget(Section):
     type: Literal["kubernetes"]
-    namespace: str = Field(default="default", description="namespace of every object")
+    namespace: DnsLabel = Field(default="default", description="namespace of every object")
     image: str | None = Field(default=None, description="default: the engine's pinned image")
-    kubernetes_version: str = Field(
+    kubernetes_version: KubernetesVersion = Field(
         default="1.30", description="cluster version the manifests are checked against"
     )
-    node_selector: dict[QualifiedKey, LabelValue] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
         description="pod nodeSelector, e.g. {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}",
     )
@@ -301,14 +353,14 @@ class KubernetesTarget(Section):
     autoscaling: Autoscaling | None = Field(
         default=None, description="scale replicas on queue depth or KV usage; omit for a fixed count"
     )
-    labels: dict[QualifiedKey, LabelValue] = Field(
+    labels: dict[UserLabelKey, LabelValue] = Field(
         default_factory=dict, description="extra labels on every object (and its pods)"
     )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         default="ClusterIP", description="type of the Service in front of the pods"
     )
     termination_grace_period_s: int = Field(
-        default=60, ge=0, description="seconds a pod may drain in-flight requests"
+        default=60, ge=0, le=INT32_MAX, description="seconds a pod may drain in-flight requests"
     )
     # what cluster policies ask of a pod; Kubernetes-shaped fragments keep Kubernetes' field names
     annotations: Annotations = Field(default_factory=dict, description="extra annotations on every object")
@@ -378,7 +430,7 @@ class SmokePrompt(Section):
         default=None, description="chat messages [{role, content}] (/v1/chat/completions)"
     )
     expect: list[str] = Field(default_factory=list, description="substrings the reply must contain")
-    max_tokens: int = Field(default=32, ge=1, description="tokens to generate")
+    max_tokens: int = Field(default=32, ge=1, le=COUNT_MAX, description="tokens to generate")
 
     @model_validator(mode="after")
     def _one_input(self) -> SmokePrompt:
@@ -388,16 +440,24 @@ class SmokePrompt(Section):
 
 
 class SmokeSection(Section):
-    startup_timeout_s: int = Field(default=900, ge=1, description="how long to wait for /health")
+    startup_timeout_s: int = Field(
+        default=900, ge=1, le=INT32_MAX, description="how long to wait for /health"
+    )
     prompts: list[SmokePrompt] = Field(
         default_factory=list, description="prompts sent after start-up, each with expected substrings"
     )
-    kv_tolerance: float = Field(default=0.10, ge=0, description="warn when actual KV tokens differ by more")
+    kv_tolerance: float = Field(
+        default=0.10,
+        ge=0,
+        le=100,
+        allow_inf_nan=False,
+        description="warn when actual KV tokens differ by more",
+    )
 
 
 class LengthRange(Section):
-    min: int = Field(ge=1, description="shortest, in tokens")
-    max: int = Field(ge=1, description="longest, in tokens")
+    min: int = Field(ge=1, le=COUNT_MAX, description="shortest, in tokens")
+    max: int = Field(ge=1, le=COUNT_MAX, description="longest, in tokens")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> LengthRange:
@@ -407,31 +467,57 @@ class LengthRange(Section):
 
 
 class SLOs(Section):
-    p99_ttft_ms: float | None = Field(default=None, gt=0, description="99th percentile time to first token")
-    p99_tpot_ms: float | None = Field(default=None, gt=0, description="99th percentile time per output token")
-    p99_itl_ms: float | None = Field(default=None, gt=0, description="99th percentile inter-token latency")
-    p99_e2el_ms: float | None = Field(default=None, gt=0, description="99th percentile end-to-end latency")
+    p99_ttft_ms: float | None = Field(
+        default=None, gt=0, le=1e9, allow_inf_nan=False, description="99th percentile time to first token"
+    )
+    p99_tpot_ms: float | None = Field(
+        default=None, gt=0, le=1e9, allow_inf_nan=False, description="99th percentile time per output token"
+    )
+    p99_itl_ms: float | None = Field(
+        default=None, gt=0, le=1e9, allow_inf_nan=False, description="99th percentile inter-token latency"
+    )
+    p99_e2el_ms: float | None = Field(
+        default=None, gt=0, le=1e9, allow_inf_nan=False, description="99th percentile end-to-end latency"
+    )
     min_output_tok_s: float | None = Field(
-        default=None, gt=0, description="lowest acceptable output throughput, tokens/s"
+        default=None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="lowest acceptable output throughput, tokens/s",
     )
     max_failed_fraction: float = Field(
-        default=0.0, ge=0, le=1, description="highest acceptable fraction of failed requests"
+        default=0.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="highest acceptable fraction of failed requests",
     )
 
 
 class BenchSection(Section):
-    num_requests: int = Field(default=64, ge=1, description="requests per concurrency level")
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8], description="a sweep")
-    request_rate: float | None = Field(default=None, gt=0, description="Poisson arrivals per second instead")
-    input_len: int | LengthRange = Field(default=128, description="prompt tokens: a number or {min, max}")
-    output_len: int | LengthRange = Field(default=128, description="output tokens: a number or {min, max}")
+    num_requests: int = Field(default=64, ge=1, le=COUNT_MAX, description="requests per concurrency level")
+    concurrency: list[Count] = Field(default_factory=lambda: [1, 8], min_length=1, description="a sweep")
+    request_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        allow_inf_nan=False,
+        description="Poisson arrivals per second instead",
+    )
+    input_len: Count | LengthRange = Field(default=128, description="prompt tokens: a number or {min, max}")
+    output_len: Count | LengthRange = Field(default=128, description="output tokens: a number or {min, max}")
     dataset: str | None = Field(default=None, description="JSONL file of prompts")
     ignore_eos: bool = Field(
         default=True,
         description="keep generating past end-of-sequence so every request has output_len tokens",
     )
-    warmup_requests: int = Field(default=2, ge=0, description="requests sent first and not measured")
-    seed: int = Field(default=0, description="seed of the prompt and arrival generator")
+    warmup_requests: int = Field(
+        default=2, ge=0, le=COUNT_MAX, description="requests sent first and not measured"
+    )
+    seed: int = Field(
+        default=0, ge=-(2**63), le=2**63 - 1, description="seed of the prompt and arrival generator"
+    )
     slo: SLOs = Field(default_factory=SLOs)
 
 

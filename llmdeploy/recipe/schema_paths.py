@@ -6,6 +6,7 @@ model along such a location to find the allowed fields, literal tags and field d
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 import typing
@@ -94,11 +95,12 @@ def description_at(path: FieldPath) -> str | None:
     return None
 
 
-def all_field_paths(model: type[BaseModel], prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
-    paths = []
+@functools.cache
+def all_field_paths(model: type[BaseModel], prefix: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    paths: list[tuple[str, ...]] = []
     for name, field in model.model_fields.items():
         paths.append((*prefix, name))
         for sub in model_classes(field.annotation):
             if len(prefix) < 4:
                 paths += all_field_paths(sub, (*prefix, name))
-    return paths
+    return tuple(paths)

@@ -52,6 +52,17 @@ _QUANTIZATION: dict[str, dict[str, str]] = {
 }
 
 
+# the recipe field behind each flag whose value is free text
+_FLAG_FIELDS = {
+    "--host": "server.host",
+    "--hostname": "server.host",
+    "--model": "model",
+    "--model-id": "model",
+    "--served-model-name": "server.served_model_name",
+    "--revision": "model.revision",
+}
+
+
 @dataclass(frozen=True)
 class SecretEnv:
     """An environment variable whose value is never rendered: taken from the caller's environment
@@ -88,7 +99,21 @@ class _Flags:
     def add(self, flag: str, value: object = None) -> None:
         self.argv.append(flag)
         if value is not None:
-            self.argv.append(value if isinstance(value, str) else json.dumps(value))
+            text = value if isinstance(value, str) else json.dumps(value)
+            if text.startswith("-"):
+                # argparse (vLLM, the built-in engine) and clap (TGI) read '-x' as the next flag
+                path = _FLAG_FIELDS.get(flag)
+                self.problems.append(
+                    Problem(
+                        f"{flag} would get a value starting with '-', which engine '{self.engine}' reads "
+                        "as another flag",
+                        path=path,
+                        value=text,
+                        has_value=True,
+                        fix=f"give {path or flag} a value that does not start with '-'",
+                    )
+                )
+            self.argv.append(text)
 
     def unsupported(self, path: str, value: object, why: str, fix: str) -> None:
         self.problems.append(

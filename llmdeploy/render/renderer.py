@@ -52,7 +52,12 @@ def render_template(template: str, **values: Any) -> str:
 
 def render(recipe: Recipe, plan: object) -> Artifacts:
     from llmdeploy.recipe import recipe_digest
+    from llmdeploy.render.target_rules import render_problems
 
+    # every problem at once, and exactly those `validate` reports
+    problems = render_problems(recipe, plan)
+    if problems:
+        raise UserError(problems)
     target = recipe.target
     if isinstance(target, KubernetesTarget):
         files, documents = kubernetes_manifests.render_kubernetes(recipe, target, plan)

@@ -124,9 +124,9 @@ def _load_error(tmp_path: Path, target_yaml: str) -> str:
 @pytest.mark.parametrize(
     ("target_yaml", "expected"),
     [
-        ("  labels: {'bad key': x}\n", ["target.labels", "the name part must be at most 63"]),
-        ("  labels: {team: 'not ok!'}\n", ["target.labels.team", "label value 'not ok!'"]),
-        ("  labels: {Example.COM/team: x}\n", ["prefix before '/' must be a DNS subdomain"]),
+        ("  labels: {'bad key': x}\n", ["target.labels", "not a Kubernetes label key"]),
+        ("  labels: {team: 'not ok!'}\n", ["target.labels.team", "not a Kubernetes label value"]),
+        ("  labels: {Example.COM/team: x}\n", ["target.labels", "an optional DNS prefix"]),
         ("  pod_labels: {app.kubernetes.io/instance: x}\n", ["app.kubernetes.io/instance is set by llmdeploy"]),
         ("  annotations: {'a/b/c': x}\n", ["target.annotations", "prefix before '/'"]),
         ("  service_account: Engine_SA\n", ["target.service_account", "not a Kubernetes object name"]),

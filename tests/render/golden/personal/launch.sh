@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'personal' (recipe sha256 48c83f740d331430c6eae5094f1c41744ecb2c6b678efbb9705d0994b457095b).
+# Rendered by llmdeploy from recipe 'personal' (recipe sha256 8641ce1f896b27d300c5afa6755eef1989bee515d9dc20a6ac92e9142b42b10e).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 027095eeee958307f609873bfbc04ef24f6a19986127d3eecc879db3ceef3c7f).
+# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 ff30fdd12a7322e5e68baf876967d26fd1332c51328375947aa4be2da49c9159).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
