@@ -62,10 +62,10 @@ def test_concurrent_applies_one_wins_the_others_fail_clearly(tmp_path: Path) -> 
         text=True,
     )
     try:
-        # the first apply holds the port's lock once it starts its engine
-        lock = state_dir / "locks" / f"port-{port}.lock"
+        # wait until the first apply has started its engine (which takes a while to load and bind)
+        log = state_dir / "quickstart" / "engine.log"
         deadline = time.monotonic() + 300
-        while not (lock.is_file() and lock.stat().st_size) and first.poll() is None:
+        while not log.is_file() and first.poll() is None:
             assert time.monotonic() < deadline, "the first apply never started its engine"
             time.sleep(0.2)
         assert first.poll() is None, first.stdout.read() if first.stdout else ""
