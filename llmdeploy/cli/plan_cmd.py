@@ -181,6 +181,7 @@ def _shape_only(
         )
 
     note = None
+    spec: GPUSpec | None
     if gpu is None and gpu_memory_gib is None:
         spec, note = _smallest_gpu(lambda g: budget_on(float(g.marketing_gb)), tensor_parallel_size)
     else:
