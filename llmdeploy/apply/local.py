@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,23 +23,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import click
-import httpx
 
 from llmdeploy.apply.local_lock import port_lock, recipe_lock
+from llmdeploy.apply.local_port import check_port_free, engine_identity, healthy, is_ours, mismatch
 from llmdeploy.apply.local_state import (
     LocalState,
     clear_state,
     instance_dir,
-    live_states_on_port,
     pid_alive,
     read_state,
     write_state,
 )
 from llmdeploy.apply.model_source import prepare_model
 from llmdeploy.apply.startup_watch import wait_for_health
-from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
-from llmdeploy.smoke.identity import INSTANCE_ENV, EngineIdentity, new_instance_id
+from llmdeploy.smoke.identity import INSTANCE_ENV, new_instance_id
 
 STOP_DEADLINE_S = 30.0
 
@@ -60,23 +57,6 @@ def _confirm(assume_yes: bool) -> Callable[[str], bool]:
         return click.confirm(question, default=True, err=True)
 
     return ask
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host if host not in ("0.0.0.0", "") else "0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _resolve_argv(argv: list[str]) -> list[str]:
@@ -100,7 +80,7 @@ def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     confirm = _confirm(assume_yes)
     state = read_state(recipe)
     if state is not None and state.process_alive():
-        if state.recipe_digest == digest and _is_ours(state, recipe):
+        if state.recipe_digest == digest and is_ours(state, recipe):
             _echo(
                 f"{recipe.name}: already running at {state.url} (pid {state.pid}) with this recipe; nothing to do"
             )
@@ -118,7 +98,7 @@ def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     command = local_engine_command(recipe, plan, prepared.ref)
     instance_id = new_instance_id()
     with port_lock(recipe):
-        _check_port_free(recipe)
+        check_port_free(recipe)
         proc, state = _start_engine(recipe, command.argv, command.env, instance_id, digest, prepared.ref)
         identity = engine_identity(recipe, instance_id)
         log_path = Path(state.log_path)
@@ -128,7 +108,7 @@ def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
             log_path,
             budget_s=recipe.smoke.startup_timeout_s,
             echo=_echo,
-            stranger=lambda: _mismatch(recipe, identity, state.url),
+            stranger=lambda: mismatch(recipe, identity, state.url),
         )
         if not ok:
             if proc.poll() is None:
@@ -151,53 +131,6 @@ def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
         f"Stop it:  llmdeploy down {recipe_path}"
     )
     return 0 if report.ok else 1
-
-
-def engine_identity(recipe: Recipe, instance_id: str) -> EngineIdentity:
-    """What the started engine must answer with; only the built-in engine echoes an instance id."""
-    served = recipe.server.served_model_name or recipe.model.id
-    echoes_instance = recipe.engine.type == "builtin"
-    return EngineIdentity(served, instance_id if echoes_instance and instance_id else None)
-
-
-def _mismatch(recipe: Recipe, identity: EngineIdentity, url: str) -> str | None:
-    from llmdeploy.smoke.runner import api_key_from_recipe
-
-    key = api_key_from_recipe(recipe)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(headers=headers, timeout=5.0) as client:
-        return identity.mismatch(client, url)
-
-
-def _is_ours(state: LocalState, recipe: Recipe) -> bool:
-    """The state's engine answers on its URL (and not some other server that took the port)."""
-    if not _healthy(state.url):
-        return False
-    try:
-        return _mismatch(recipe, engine_identity(recipe, state.instance_id), state.url) is None
-    except httpx.HTTPError:
-        return False
-
-
-def _check_port_free(recipe: Recipe) -> None:
-    host, port = recipe.server.host, recipe.server.port
-    if _port_free(host, port):
-        return
-    others = [s for s in live_states_on_port(port) if s.name != recipe.name]
-    if others:
-        other = others[0]
-        raise UserError.one(
-            f"port {port} is in use by recipe {other.name!r} (pid {other.pid}, started by llmdeploy apply)",
-            path="server.port",
-            value=port,
-            fix=f"stop it (llmdeploy down on that recipe), or pick another port: --set server.port={port + 1}",
-        )
-    raise UserError.one(
-        f"port {port} on {host} is already in use by another process",
-        path="server.port",
-        value=port,
-        fix=f"stop what listens there, or pick another port: --set server.port={port + 1}",
-    )
 
 
 def _start_engine(
@@ -263,14 +196,14 @@ def status_local(recipe: Recipe) -> int:
         click.echo(f"{recipe.name}: not running (no local state)")
         return 3
     alive = state.process_alive()
-    healthy = alive and _is_ours(state, recipe)
+    serving = alive and is_ours(state, recipe)
     uptime = time.time() - state.started_at
     click.echo(
-        f"{recipe.name}: {'running' if alive else 'exited'}, {'healthy' if healthy else 'not healthy'}"
+        f"{recipe.name}: {'running' if alive else 'exited'}, {'healthy' if serving else 'not healthy'}"
     )
     click.echo(f"  url:    {state.url}\n  pid:    {state.pid}\n  model:  {state.model}")
     click.echo(f"  log:    {state.log_path}\n  uptime: {uptime:.0f} s")
-    return 0 if healthy else 1
+    return 0 if serving else 1
 
 
 def logs_local(recipe: Recipe, follow: bool, lines: int) -> int:
@@ -304,6 +237,6 @@ def down_local(recipe: Recipe) -> int:
             _stop(state)
         clear_state(recipe)
         click.echo(f"{recipe.name}: stopped")
-        if _healthy(state.url):
+        if healthy(state.url):
             click.echo(f"note: {state.url} still answers: a server this recipe did not start holds the port")
         return 0
