@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +28,10 @@ from llmdeploy_engine.server.state import ServedEngine, ServerSettings, ServerSt
 logger = logging.getLogger("llmdeploy_engine.server")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 VERSION = "0.1.0"
+# `llmdeploy apply` starts the engine with an id of its own choosing and checks that /health echoes
+# it, so it never smoke-tests another server that holds the port; a hand-started engine gets one too.
+INSTANCE_ENV = "LLMDEPLOY_INSTANCE_ID"
+INSTANCE_HEADER = "x-llmdeploy-instance"
 
 
 async def _shutdown(engine: ServedEngine) -> None:
@@ -43,6 +50,10 @@ def build_app(
 ) -> FastAPI:
     state = ServerState(settings=settings, metrics=ServerMetrics(settings.model_name), engine=engine)
     state.extra["started"] = int(time.time())
+    given = os.environ.get(INSTANCE_ENV, "")
+    instance = {
+        INSTANCE_HEADER: given if re.fullmatch(r"[\w.-]{1,64}", given, re.ASCII) else uuid.uuid4().hex
+    }
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -85,7 +96,7 @@ def build_app(
     async def health(request: Request) -> Response:
         engine = server_state(request).engine
         ready = engine is not None and bool(getattr(engine, "is_running", True))
-        return Response(status_code=200 if ready else 503)
+        return Response(status_code=200 if ready else 503, headers=instance)
 
     @app.get("/version")
     async def version() -> dict[str, str]:

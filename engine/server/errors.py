@@ -112,6 +112,13 @@ def error_response(err: APIError) -> JSONResponse:
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for item in exc.errors():
+        if item.get("type") == "json_invalid":
+            # FastAPI puts the character offset in `loc`; it is a position, not a parameter name
+            offset = next((x for x in item.get("loc", ()) if isinstance(x, int)), None)
+            reason = (item.get("ctx") or {}).get("error") or "invalid JSON"
+            at = f" (char {offset})" if offset is not None else ""  # 0-based, as Python's json says it
+            parts.append(f"the body is not valid JSON: {reason}{at}")
+            continue
         loc = [str(x) for x in item.get("loc", ()) if x != "body"]
         where = ".".join(loc) or "body"
         param = param or (where if loc else None)

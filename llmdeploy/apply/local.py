@@ -4,6 +4,10 @@ apply = prepare the model, start the engine (its own process group, output to a 
 its start-up while waiting for /health, smoke-test it, and keep state so `status`, `logs` and
 `down` work. Applying an unchanged recipe whose engine is up is a no-op; a changed recipe restarts
 it after asking.
+
+Two applies at once cannot both win: each holds its recipe's lock and its port's lock
+(`local_lock`), a port held by anything else is refused before the engine starts, and the engine is
+only "up" when the server answering is the process this apply started (`EngineIdentity`).
 """
 
 from __future__ import annotations
@@ -12,16 +16,16 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import click
-import httpx
 
+from llmdeploy.apply.local_lock import port_lock, recipe_lock
+from llmdeploy.apply.local_port import check_port_free, engine_identity, healthy, is_ours, mismatch
 from llmdeploy.apply.local_state import (
     LocalState,
     clear_state,
@@ -32,8 +36,8 @@ from llmdeploy.apply.local_state import (
 )
 from llmdeploy.apply.model_source import prepare_model
 from llmdeploy.apply.startup_watch import wait_for_health
-from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
+from llmdeploy.smoke.identity import INSTANCE_ENV, new_instance_id
 
 STOP_DEADLINE_S = 30.0
 
@@ -55,23 +59,6 @@ def _confirm(assume_yes: bool) -> Callable[[str], bool]:
     return ask
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host if host not in ("0.0.0.0", "") else "0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _resolve_argv(argv: list[str]) -> list[str]:
     # The engine's console script may not be on PATH when llmdeploy runs from a venv by full path.
     if argv and argv[0] == "llmdeploy-engine" and shutil.which("llmdeploy-engine") is None:
@@ -80,6 +67,11 @@ def _resolve_argv(argv: list[str]) -> list[str]:
 
 
 def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
+    with recipe_lock(recipe, "apply"):
+        return _apply_locked(recipe, recipe_path, assume_yes)
+
+
+def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     from llmdeploy.planner import make_plan
     from llmdeploy.recipe import recipe_digest
     from llmdeploy.render.local_command import local_engine_command
@@ -88,7 +80,7 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     confirm = _confirm(assume_yes)
     state = read_state(recipe)
     if state is not None and state.process_alive():
-        if state.recipe_digest == digest and _healthy(state.url):
+        if state.recipe_digest == digest and is_ours(state, recipe):
             _echo(
                 f"{recipe.name}: already running at {state.url} (pid {state.pid}) with this recipe; nothing to do"
             )
@@ -104,20 +96,59 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     plan = make_plan(recipe)
     prepared = prepare_model(recipe.model, confirm, _echo)
     command = local_engine_command(recipe, plan, prepared.ref)
-    host, port = recipe.server.host, recipe.server.port
-    if not _port_free(host, port):
-        raise UserError.one(
-            f"port {port} on {host} is already in use by another process",
-            path="server.port",
-            value=port,
-            fix=f"stop what listens there, or pick another port: --set server.port={port + 1}",
+    instance_id = new_instance_id()
+    with port_lock(recipe):
+        check_port_free(recipe)
+        proc, state = _start_engine(recipe, command.argv, command.env, instance_id, digest, prepared.ref)
+        identity = engine_identity(recipe, instance_id)
+        log_path = Path(state.log_path)
+        ok = wait_for_health(
+            state.url,
+            proc,
+            log_path,
+            budget_s=recipe.smoke.startup_timeout_s,
+            echo=_echo,
+            stranger=lambda: mismatch(recipe, identity, state.url),
         )
+        if not ok:
+            if proc.poll() is None:
+                _stop(state)
+            clear_state(recipe)
+            _echo(f"the engine did not become healthy; its log is {log_path}")
+            return 1
+    _echo(f"==> {recipe.name} is up at {state.url} (pid {proc.pid})")
 
+    from llmdeploy.smoke import smoke
+
+    report = smoke(state.url, recipe=recipe, plan=plan, log_file=str(log_path), identity=identity)
+    _echo(report.render())
+    served = recipe.server.served_model_name or recipe.model.id
+    _echo(
+        "\nCall it:\n"
+        f"  curl {state.url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f'    -d \'{{"model": "{served}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'\n'
+        f"See it:   llmdeploy status {recipe_path}    llmdeploy logs {recipe_path}\n"
+        f"Stop it:  llmdeploy down {recipe_path}"
+    )
+    return 0 if report.ok else 1
+
+
+def _start_engine(
+    recipe: Recipe,
+    argv_in: Sequence[str],
+    env_in: Mapping[str, str],
+    instance_id: str,
+    digest: str,
+    model_ref: str,
+) -> tuple[subprocess.Popen[bytes], LocalState]:
+    """Start the engine in its own session with its output in this recipe's log; record the state."""
     folder = instance_dir(recipe)
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "engine.log"
-    argv = _resolve_argv(list(command.argv))
-    env = {**os.environ, **command.env, "PYTHONUNBUFFERED": "1"}
+    if log_path.is_file():
+        log_path.replace(folder / "engine.log.1")  # the previous run's log survives one restart
+    argv = _resolve_argv(list(argv_in))
+    env = {**os.environ, **env_in, "PYTHONUNBUFFERED": "1", INSTANCE_ENV: instance_id}
     _echo(f"==> starting {recipe.engine.type} engine: {' '.join(argv)}")
     _echo(f"    log: {log_path}")
     with open(log_path, "wb") as log:
@@ -132,38 +163,17 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     state = LocalState(
         name=recipe.name,
         pid=proc.pid,
-        host=host,
-        port=port,
+        host=recipe.server.host,
+        port=recipe.server.port,
         log_path=str(log_path),
         recipe_digest=digest,
         argv=argv,
-        model=prepared.ref,
+        model=model_ref,
         started_at=time.time(),
+        instance_id=instance_id,
     )
     write_state(recipe, state)
-
-    ok = wait_for_health(state.url, proc, log_path, budget_s=recipe.smoke.startup_timeout_s, echo=_echo)
-    if not ok:
-        if proc.poll() is None:
-            _stop(state)
-        clear_state(recipe)
-        _echo(f"the engine did not become healthy; its log is {log_path}")
-        return 1
-    _echo(f"==> {recipe.name} is up at {state.url} (pid {proc.pid})")
-
-    from llmdeploy.smoke import smoke
-
-    report = smoke(state.url, recipe=recipe, plan=plan, log_file=str(log_path))
-    _echo(report.render())
-    served = recipe.server.served_model_name or recipe.model.id
-    _echo(
-        "\nCall it:\n"
-        f"  curl {state.url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-        f'    -d \'{{"model": "{served}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'\n'
-        f"See it:   llmdeploy status {recipe_path}    llmdeploy logs {recipe_path}\n"
-        f"Stop it:  llmdeploy down {recipe_path}"
-    )
-    return 0 if report.ok else 1
+    return proc, state
 
 
 def _stop(state: LocalState) -> None:
@@ -186,14 +196,14 @@ def status_local(recipe: Recipe) -> int:
         click.echo(f"{recipe.name}: not running (no local state)")
         return 3
     alive = state.process_alive()
-    healthy = alive and _healthy(state.url)
+    serving = alive and is_ours(state, recipe)
     uptime = time.time() - state.started_at
     click.echo(
-        f"{recipe.name}: {'running' if alive else 'exited'}, {'healthy' if healthy else 'not healthy'}"
+        f"{recipe.name}: {'running' if alive else 'exited'}, {'healthy' if serving else 'not healthy'}"
     )
     click.echo(f"  url:    {state.url}\n  pid:    {state.pid}\n  model:  {state.model}")
     click.echo(f"  log:    {state.log_path}\n  uptime: {uptime:.0f} s")
-    return 0 if healthy else 1
+    return 0 if serving else 1
 
 
 def logs_local(recipe: Recipe, follow: bool, lines: int) -> int:
@@ -217,13 +227,16 @@ def logs_local(recipe: Recipe, follow: bool, lines: int) -> int:
 
 
 def down_local(recipe: Recipe) -> int:
-    state = read_state(recipe)
-    if state is None:
-        click.echo(f"{recipe.name}: not running; nothing to stop")
+    with recipe_lock(recipe, "down"):
+        state = read_state(recipe)
+        if state is None:
+            click.echo(f"{recipe.name}: not running; nothing to stop")
+            return 0
+        if state.process_alive():
+            click.echo(f"stopping {recipe.name} (pid {state.pid})")
+            _stop(state)
+        clear_state(recipe)
+        click.echo(f"{recipe.name}: stopped")
+        if healthy(state.url):
+            click.echo(f"note: {state.url} still answers: a server this recipe did not start holds the port")
         return 0
-    if state.process_alive():
-        click.echo(f"stopping {recipe.name} (pid {state.pid})")
-        _stop(state)
-    clear_state(recipe)
-    click.echo(f"{recipe.name}: stopped")
-    return 0

@@ -39,6 +39,7 @@ class LocalState:
     argv: list[str]
     model: str
     started_at: float
+    instance_id: str = ""  # what the engine was started with (see llmdeploy.smoke.identity)
 
     @property
     def url(self) -> str:
@@ -86,6 +87,20 @@ def write_state(recipe: Recipe, state: LocalState) -> Path:
     tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+def live_states_on_port(port: int) -> list[LocalState]:
+    """The running engines that llmdeploy started on `port` (recipes in the default state folder)."""
+    found = []
+    root = state_root()
+    for path in sorted(root.glob("*/state.json")) if root.is_dir() else []:
+        try:
+            state = LocalState(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if state.port == port and state.process_alive():
+            found.append(state)
+    return found
 
 
 def clear_state(recipe: Recipe) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -45,15 +46,38 @@ def list_cmd(family: str | None, max_params_b: float | None, output: str) -> Non
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(
-        f"{'model':<44}{'family':<14}{'params':>10}{'layers':>7}{'kv':>4}{'context':>9}{'KV B/tok':>10}"
-    )
-    for r in rows:
+    for line in _table(rows):
+        click.echo(line)
+
+
+_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str], bool], ...] = (  # header, cell, left-aligned
+    ("model", lambda r: str(r["hf_id"]), True),
+    ("family", lambda r: str(r["family"]), True),
+    ("params", lambda r: f"{r['num_params'] / 1e9:.2f}B", False),
+    ("layers", lambda r: str(r["num_layers"]), False),
+    ("kv", lambda r: str(r["num_kv_heads"]), False),
+    ("context", lambda r: f"{r['max_position_embeddings']:,}", False),
+    ("KV B/tok", lambda r: f"{r['kv_bytes_per_token_bf16']:,}", False),
+)
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    """Columns as wide as their longest cell, two spaces apart, so long values never run together."""
+    cells = [[cell(r) for _, cell, _ in _COLUMNS] for r in rows]
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, (h, _, _) in enumerate(_COLUMNS)]
+
+    def line(values: list[str]) -> str:
+        parts = [
+            v.ljust(w) if left else v.rjust(w)
+            for v, w, (_, _, left) in zip(values, widths, _COLUMNS, strict=True)
+        ]
+        return "  ".join(parts)
+
+    out = [line([h for h, _, _ in _COLUMNS])]
+    for r, c in zip(rows, cells, strict=True):
         tags = (" moe" if r["moe"] else "") + (" hybrid" if r["hybrid"] else "")
-        click.echo(
-            f"{r['hf_id']:<44}{r['family']:<14}{r['num_params'] / 1e9:>9.2f}B{r['num_layers']:>7}"
-            f"{r['num_kv_heads']:>4}{r['max_position_embeddings']:>9,}{r['kv_bytes_per_token_bf16']:>10,}{tags}"
-        )
+        out.append(line(c) + tags)
+    return out
 
 
 @models_command.command("show")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from llmdeploy.catalog.gpus import GPUSpec
 from llmdeploy.errors import UserError
+from llmdeploy.planner.envelope import EnvelopeBudget
 from llmdeploy.planner.memory_plan import MemoryPlan
 
 _QUANT = ["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
@@ -23,7 +27,8 @@ _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
     "--gpu",
     "gpu_names",
     multiple=True,
-    help="GPU catalog name (e.g. H100, A100-80GB, RTX-4090); with --fit, repeat it to limit the candidates.",
+    help="GPU catalog name (e.g. H100, A100-80GB, RTX-4090); shape-only mode without it: the smallest that fits; "
+    "with --fit, repeat it to limit the candidates.",
 )
 @click.option("--gpu-memory-gib", type=float, help="Memory per GPU as CUDA reports it, instead of --gpu.")
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
@@ -256,21 +261,53 @@ def _shape_only(
     if missing:
         raise click.UsageError(f"shape-only mode also needs {', '.join(missing)}")
     assert num_layers is not None and num_kv_heads is not None and head_dim is not None
+
+    def budget_on(memory_gb: float) -> EnvelopeBudget:
+        return envelope_budget(
+            params_b,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            memory_gb,
+            weight_bytes,
+            KV_DTYPE_BYTES.get(kv_cache_dtype, 2),
+            max_model_len or 8192,
+            tensor_parallel_size,
+        )
+
+    note = None
+    spec: GPUSpec | None
     if gpu is None and gpu_memory_gib is None:
-        raise UserError.one("the plan needs the GPU", fix="add --gpu NAME or --gpu-memory-gib X")
-    spec = resolve_gpu(gpu) if gpu else None
+        spec, note = _smallest_gpu(lambda g: budget_on(float(g.marketing_gb)), tensor_parallel_size)
+    else:
+        spec = resolve_gpu(gpu) if gpu else None
     # the rule of thumb uses the GPU's marketing size in decimal GB
     memory_gb = float(spec.marketing_gb) if spec else (gpu_memory_gib or 0.0) * GIB / GB
-    budget = envelope_budget(
-        params_b,
-        num_layers,
-        num_kv_heads,
-        head_dim,
-        memory_gb,
-        weight_bytes,
-        KV_DTYPE_BYTES.get(kv_cache_dtype, 2),
-        max_model_len or 8192,
-        tensor_parallel_size,
-    )
     name = f"shape-only {params_b:g}B ({num_layers} layers, {num_kv_heads} KV heads x {head_dim})"
-    return envelope_plan(budget, name, spec.name if spec else f"{memory_gb:.1f} GB", tensor_parallel_size)
+    plan = envelope_plan(
+        budget_on(memory_gb), name, spec.name if spec else f"{memory_gb:.1f} GB", tensor_parallel_size
+    )
+    return replace(plan, notes=(note, *plan.notes)) if note else plan
+
+
+def _smallest_gpu(budget_on: Callable[[GPUSpec], EnvelopeBudget], tp: int) -> tuple[GPUSpec, str]:
+    """No GPU given: the smallest catalog GPU on which the model and one full-length sequence fit."""
+    from llmdeploy.catalog.gpus import list_gpus
+
+    gpus = sorted(list_gpus(), key=lambda g: (g.marketing_gb, g.memory_gib))
+    for gpu in gpus:
+        budget = budget_on(gpu)
+        if budget.fits:
+            needed_gb = (
+                budget.weights_gb + budget.overhead_gb + budget.kv_bytes_per_token * budget.context_len / 1e9
+            )
+            return gpu, (
+                f"no --gpu given: sized on {gpu.name}, the smallest catalog GPU that holds the weights, "
+                f"the overhead and one {budget.context_len:,}-token sequence ({needed_gb:.1f} GB per GPU "
+                f"at TP {tp}); pass --gpu NAME or --gpu-memory-gib X for another"
+            )
+    largest = gpus[-1]
+    return largest, (
+        f"no --gpu given and no catalog GPU holds this at TP {tp}: shown on the largest, {largest.name}; "
+        "raise --tensor-parallel-size or lower --weight-bytes"
+    )

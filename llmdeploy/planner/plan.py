@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import combinations
+from typing import Any
 
 from llmdeploy.catalog.gpus import list_gpus
 from llmdeploy.planner.engine_rules import plan_for
@@ -32,41 +34,100 @@ def plan_from_inputs(inputs: PlanInputs) -> MemoryPlan:
 
 
 def _outcome(plan: MemoryPlan) -> str:
-    verdict = "fits" if plan.fits else "still does not fit"
     return (
         f"KV cache {plan.kv_cache_gib:.2f} GiB = {plan.kv_cache_tokens:,} tokens, "
-        f"{plan.max_concurrency:.2f}x at {plan.max_model_len:,} ({verdict})"
+        f"{plan.max_concurrency:.2f}x at {plan.max_model_len:,}"
     )
 
 
+# A change is (what to tell the user, the PlanInputs fields it sets); each is re-planned and offered
+# only when the plan then fits.
+Change = tuple[str, dict[str, Any]]
+
+
 def suggest_fixes(inputs: PlanInputs, plan: MemoryPlan) -> list[str]:
-    fixes: list[str] = []
-    if plan.kv_cache_tokens > 0:
-        largest = plan.kv_cache_tokens
+    """The changes after which the plan fits (each re-planned); single changes first, else pairs of
+    them; when none fits, one line saying so and what was tried."""
+    fixes = []
+    context = _largest_context(inputs, plan)
+    if context is not None:
         fixes.append(
-            f"--max-model-len {largest:,} (limits.max_model_len): the largest context the KV cache holds"
+            f"--max-model-len {context:,} (limits.max_model_len): the largest context the KV cache holds"
         )
+    kinds = _change_kinds(inputs)
+    for kind in kinds:
+        for label, fields in kind:
+            result = plan_for(replace(inputs, **fields))
+            if result.fits:
+                fixes.append(f"{label}: {_outcome(result)}")
+                break  # the smallest change of its kind that fits (kinds are ordered small to large)
+    if fixes:
+        return fixes
+    for first, second in combinations(kinds, 2):
+        found = _first_fitting_pair(inputs, first, second)
+        if found is not None:
+            fixes.append(found)
+    if fixes:
+        return fixes[:3]
+    tried = ", ".join(["a shorter --max-model-len", *(kind[0][0].split(" (")[0] for kind in kinds)])
+    return [
+        f"none of the usual changes makes it fit, alone or two together (tried: {tried}); "
+        "what is short is in the problem above: a smaller model, pipeline parallelism or more memory"
+    ]
+
+
+def _largest_context(inputs: PlanInputs, plan: MemoryPlan) -> int | None:
+    """The largest max_model_len with which the plan fits, searched from the KV cache's token count."""
+    high = min(plan.kv_cache_tokens, inputs.context_len - 1)
+    if high < 1:
+        return None
+
+    def fits(length: int) -> bool:
+        return plan_for(replace(inputs, max_model_len=length)).fits
+
+    if fits(high):
+        return high
+    low = 0  # fits(low) is taken to hold; 0 stands for "no context fits"
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low or None
+
+
+def _change_kinds(inputs: PlanInputs) -> list[list[Change]]:
+    kinds: list[list[Change]] = []
     if inputs.kv_dtype_bytes > 1:
-        fp8 = plan_for(replace(inputs, kv_cache_dtype="fp8"))
-        fixes.append(f"--kv-cache-dtype fp8 (kv_cache.dtype): {_outcome(fp8)}")
+        kinds.append([("--kv-cache-dtype fp8 (kv_cache.dtype)", {"kv_cache_dtype": "fp8"})])
     if inputs.effective_quantization in _INT4_FROM and inputs.spec.source != "gguf":
-        int4 = plan_for(replace(inputs, quantization="awq"))
-        fixes.append(f"int4 weights (model.quantization awq/gptq, an AWQ/GPTQ checkpoint): {_outcome(int4)}")
+        label = "int4 weights (model.quantization awq/gptq, an AWQ/GPTQ checkpoint)"
+        kinds.append([(label, {"quantization": "awq"})])
     if inputs.device == "cuda":
         heads = inputs.spec.num_attention_heads
-        for tp in (2, 4, 8):
-            if tp <= inputs.tensor_parallel_size or heads % tp:
-                continue
-            more = plan_for(replace(inputs, tensor_parallel_size=tp))
-            fixes.append(f"--tensor-parallel-size {tp} (parallelism.tensor, {tp} GPUs): {_outcome(more)}")
-            if more.fits:
-                break
+        parallel: list[Change] = [
+            (f"--tensor-parallel-size {tp} (parallelism.tensor, {tp} GPUs)", {"tensor_parallel_size": tp})
+            for tp in (2, 4, 8)
+            if tp > inputs.tensor_parallel_size and not heads % tp
+        ]
+        if parallel:
+            kinds.append(parallel)
         current = inputs.total_memory_gib
-        for gpu in sorted(list_gpus(), key=lambda g: g.memory_gib):
-            if gpu.memory_gib <= current:
-                continue
-            bigger = plan_for(replace(inputs, gpu=gpu, gpu_memory_gib=None))
-            if bigger.fits:
-                fixes.append(f"a larger GPU, {gpu.name} ({gpu.memory_gib} GiB): {_outcome(bigger)}")
-                break
-    return fixes
+        larger: list[Change] = [
+            (f"a larger GPU, {gpu.name} ({gpu.memory_gib} GiB)", {"gpu": gpu, "gpu_memory_gib": None})
+            for gpu in sorted(list_gpus(), key=lambda g: g.memory_gib)
+            if gpu.memory_gib > current
+        ]
+        if larger:
+            kinds.append(larger)
+    return kinds
+
+
+def _first_fitting_pair(inputs: PlanInputs, first: list[Change], second: list[Change]) -> str | None:
+    for label_a, fields_a in first:
+        for label_b, fields_b in second:
+            result = plan_for(replace(inputs, **fields_a, **fields_b))
+            if result.fits:
+                return f"{label_a} and {label_b}: {_outcome(result)}"
+    return None

@@ -94,6 +94,9 @@ def default_name(file: Path) -> str:
     return name[:52].rstrip("-") or "recipe"
 
 
+_SCALAR_KIND = {"str": "a string", "int": "a number", "float": "a number", "bool": "true or false"}
+
+
 def _load_layer(
     file: Path, env: Mapping[str, str], chain: tuple[tuple[Path, str], ...], problems: list[Problem]
 ) -> Layer | None:
@@ -141,7 +144,9 @@ def _load_layer(
         )
         return None
     if not isinstance(parsed.data, dict):
-        kind = "a list" if isinstance(parsed.data, list) else f"a single value ({parsed.data!r})"
+        # its type only: the file may be anything a link or a typo pointed at, and is not echoed
+        scalar = _SCALAR_KIND.get(type(parsed.data).__name__, "a scalar")
+        kind = "a list" if isinstance(parsed.data, list) else f"a single value ({scalar})"
         problems.append(
             Problem(
                 f"a recipe must be a YAML mapping of sections (model:, hardware:, ...), but this file is {kind}",
@@ -189,6 +194,11 @@ def _extend(
     if base_file.suffix.lower() not in (".yaml", ".yml"):
         # refusing other files keeps e.g. /etc/shadow or /proc/self/environ out of error messages
         problems.append(problem("must name a recipe file ending in .yaml or .yml", example))
+        return own
+    link_problem = _link_problem(base_file)
+    if link_problem is not None:
+        # the link's name passes the suffix rule; what it points at must too, and is named, never read
+        problems.append(problem(link_problem, "point extends: at the recipe file itself"))
         return own
     try:
         here, base_resolved = file.resolve(), base_file.resolve()
@@ -262,6 +272,23 @@ def _is_special(file: Path) -> bool:
     except OSError:
         return False  # reading it reports the reason
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _link_problem(path: Path) -> str | None:
+    """Why a symbolic link named by `extends:` is not a recipe (its target and type only), or None."""
+    try:
+        if not path.is_symlink():
+            return None
+    except OSError:
+        return None  # an unusable path (too long, ...) is reported where the file is read
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return "is a symbolic link that does not lead to a file (missing target or a loop of links)"
+    if target.suffix.lower() in (".yaml", ".yml"):
+        return None
+    kind = "a folder" if target.is_dir() else "a regular file" if target.is_file() else "a special file"
+    return f"is a symbolic link to {target} ({kind} not ending in .yaml or .yml), not a recipe file"
 
 
 def _display(file: Path) -> str:

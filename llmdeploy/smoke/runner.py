@@ -14,6 +14,7 @@ import httpx
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.smoke import openai_checks, tgi_checks
 from llmdeploy.smoke.health import wait_for_health
+from llmdeploy.smoke.identity import EngineIdentity
 from llmdeploy.smoke.kv_capacity import capacity_from_log, capacity_from_metrics
 from llmdeploy.smoke.report import CheckResult, KVCapacity, KVComparison, SmokeReport
 
@@ -44,6 +45,18 @@ def _timed(name: str, check: Callable[[], T]) -> tuple[CheckResult, T | None]:
         reason = f"unexpected reply shape ({type(e).__name__}: {e})"
         return CheckResult(name, False, reason, time.perf_counter() - start), None
     return CheckResult(name, True, _summary(value), time.perf_counter() - start), value
+
+
+def _identity_check(identity: EngineIdentity, client: httpx.Client, base_url: str) -> str:
+    found = identity.mismatch(client, base_url)
+    if found is not None:
+        raise openai_checks.CheckFailed(f"not the engine this apply started: {found}")
+    what = (
+        f"instance {identity.instance_id}"
+        if identity.instance_id
+        else f"serves {identity.served_model_name!r}"
+    )
+    return what
 
 
 def _summary(value: object) -> str:
@@ -94,8 +107,12 @@ def smoke(
     log_file: str | None = None,
     kv_tolerance: float | None = None,
     progress_stream: TextIO | None = sys.stderr,
+    identity: EngineIdentity | None = None,
 ) -> SmokeReport:
-    """Run every check against `url`; never raises for what the endpoint does (see SmokeReport.failures)."""
+    """Run every check against `url`; never raises for what the endpoint does (see SmokeReport.failures).
+
+    With `identity` (an apply that started the engine), the first check is that the server answering
+    is that engine; when it is not, nothing else is checked: the other server's answers prove nothing."""
     base_url = url.rstrip("/")
     warnings: list[str] = []
     if recipe is not None:
@@ -113,6 +130,11 @@ def smoke(
         checks.append(health)
         if not health.ok:
             return SmokeReport(base_url, model, tuple(checks), tuple(warnings), None)
+        if identity is not None:
+            ours, _ = _timed("engine identity", partial(_identity_check, identity, client, base_url))
+            checks.append(ours)
+            if not ours.ok:
+                return SmokeReport(base_url, model, tuple(checks), tuple(warnings), None)
 
         result, served = _timed("list models", lambda: openai_checks.list_models(client, base_url))
         checks.append(result)

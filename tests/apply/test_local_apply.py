@@ -58,4 +58,6 @@ def test_down_stops_and_frees_the_port(applied) -> None:
     status = _llmdeploy("status", recipe, *sets, env=env)
     assert status.returncode != 0
     with socket.socket() as s:
+        # a connection the engine closed may linger in TIME_WAIT; servers (uvicorn too) bind past it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))  # raises if the engine still listens

@@ -97,15 +97,16 @@ def test_does_not_fit_says_it_like_vllm_and_offers_numbers() -> None:
     assert plan.problems[0] == f"max_model_len 131,072 exceeds the KV cache's {plan.kv_cache_tokens:,} tokens"
     text = "\n".join(plan.suggestions)
     assert f"--max-model-len {plan.kv_cache_tokens:,}" in text
-    assert "--kv-cache-dtype fp8" in text and "int4 weights" in text and "--tensor-parallel-size 2" in text
-    assert "a larger GPU" in text
+    assert "--tensor-parallel-size 2" in text and "a larger GPU" in text
+    # fp8 KV and int4 weights alone leave it short of 131,072 tokens, so they are not offered
+    assert "--kv-cache-dtype fp8" not in text and "int4 weights" not in text
 
 
 def test_weights_larger_than_gpu() -> None:
     plan = plan_from_inputs(_inputs("meta-llama/Llama-3.1-70B-Instruct", "A100-80GB", max_model_len=8192))
     assert not plan.fits and plan.kv_cache_tokens == 0
     assert "no memory left for the KV cache" in plan.problems[0]
-    assert any(s.startswith("--tensor-parallel-size 2") and "(fits)" in s for s in plan.suggestions)
+    assert any(s.startswith("--tensor-parallel-size 2") for s in plan.suggestions)
 
 
 def test_graphs_outside_budget_before_v021() -> None:
