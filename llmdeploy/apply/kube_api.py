@@ -49,9 +49,10 @@ class ResourceType:
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
         return str(self.resource().path(name=name, namespace=namespace))
 
-    def resource(self) -> Resource:
-        """The dynamic client's description of it (it only builds paths from these fields)."""
+    def resource(self, client: DynamicClient | None = None) -> Resource:
+        """The dynamic client's description of it: enough to build paths; a watch needs `client`."""
         return Resource(
+            client=client,
             prefix="apis" if self.group else "api",
             group=self.group,
             api_version=self.version,
@@ -79,8 +80,6 @@ class KubeClient:
         # Discovery results go to a private folder for this connection only: the client's default
         # cache file sits in the shared temp folder and outlives CRDs that come and go.
         self._cache_dir = Path(tempfile.mkdtemp(prefix="llmdeploy-discovery-"))
-        token = api_client.configuration.api_key.get("BearerToken") or ""
-        self._secrets = (token, token.partition(" ")[2])
 
     def close(self) -> None:
         self.api_client.close()
@@ -110,10 +109,10 @@ class KubeClient:
             raise self._redacted(transport_error(e, what, self.context, self.proxy)) from None
 
     def _redacted(self, error: KubeApiError) -> KubeApiError:
+        token = str(self.api_client.configuration.api_key.get("BearerToken") or "")  # "Bearer xyz"
+        secrets = (token, token.partition(" ")[2])
         problems = [
-            dataclasses.replace(
-                p, message=redact(p.message, self._secrets), fix=p.fix and redact(p.fix, self._secrets)
-            )
+            dataclasses.replace(p, message=redact(p.message, secrets), fix=p.fix and redact(p.fix, secrets))
             for p in error.problems
         ]
         return KubeApiError(problems, status_code=error.status_code, reason=error.reason)
@@ -248,7 +247,7 @@ class KubeClient:
         try:
             with self.errors(f"watch {rt.kind} {name}"):
                 for event in self.dynamic.watch(
-                    rt.resource(),
+                    rt.resource(self.dynamic),
                     namespace=namespace,
                     name=name,
                     resource_version=resource_version,
