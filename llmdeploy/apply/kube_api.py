@@ -18,10 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes import client as k8s
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
+from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.resource import Resource
 
@@ -93,8 +95,12 @@ class KubeClient:
 
     @property
     def proxy(self) -> str | None:
-        proxy = self.api_client.configuration.proxy
-        return str(proxy) if proxy else None
+        """The proxy requests go through (its user:password left out), or None."""
+        cfg = self.api_client.configuration
+        if not cfg.proxy or should_bypass_proxies(cfg.host, cfg.no_proxy or ""):
+            return None
+        url = urlsplit(str(cfg.proxy))
+        return url._replace(netloc=url.netloc.rpartition("@")[2]).geturl()
 
     @contextmanager
     def errors(self, what: str) -> Iterator[None]:

@@ -61,7 +61,10 @@ def apply_kubernetes(
     echo: Echo,
 ) -> int:
     discovery = Discovery(client)
-    echo(f"cluster {client.context.server} (context {client.context.name}, {discovery.server_version()})")
+    via = f", through the proxy {client.proxy}" if client.proxy else ""
+    echo(
+        f"cluster {client.context.server} (context {client.context.name}, {discovery.server_version()}{via})"
+    )
     planned, skipped = prepare(discovery, objects, instance, capacity)
     changes = compute_changes(client, discovery, planned, skipped, instance, capacity, prune=options.prune)
     echo(changes.render())

@@ -342,6 +342,9 @@ def test_https_proxy_and_no_proxy_are_honoured_as_kubectl_does(
     result = _llmdeploy("diff", RECIPE, *flags, env=via_proxy)
     assert result.returncode == 1, result.stdout + result.stderr  # everything would be created
     assert f"+ Deployment {namespace}/production (create)" in result.stdout
+    dry = _llmdeploy("apply", RECIPE, "--dry-run", *flags, env=via_proxy)
+    assert dry.returncode == 0, dry.stderr
+    assert f"(context test, v1.20.2, through the proxy http://127.0.0.1:{connect_proxy.port})" in dry.stderr
     assert connect_proxy.targets and set(connect_proxy.targets) == {f"CONNECT {PROXIED_NAME}:{port}"}
 
     # NO_PROXY (a domain suffix here) sends it direct, where the name resolves nowhere

@@ -196,15 +196,17 @@ def _pool(client_cfg: Any) -> urllib3.PoolManager:
 def test_proxies_from_the_environment_as_kubectl_uses_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    monkeypatch.setenv("HTTPS_PROXY", "http://me:pa55@proxy.corp:3128")
     path = _write(tmp_path / "config", _config({"token": "abc"}))
     with connect(path) as client:
         pool = _pool(client.api_client.configuration)
         assert isinstance(pool, urllib3.ProxyManager) and pool.proxy is not None
         assert pool.proxy.host == "proxy.corp"
+        assert client.proxy == "http://proxy.corp:3128"  # shown to the user without the password
     monkeypatch.setenv("NO_PROXY", "example.org,10.0.0.0/8")
     with connect(path) as client:
         assert not isinstance(_pool(client.api_client.configuration), urllib3.ProxyManager)
+        assert client.proxy is None
     monkeypatch.delenv("NO_PROXY")
     loopback = _write(tmp_path / "loop", _config({"token": "abc"}, server="https://127.0.0.1:6443"))
     with connect(loopback) as client:
