@@ -29,6 +29,7 @@ from kubernetes.dynamic.resource import Resource
 
 from llmdeploy.apply.kube_context import KubeContext
 from llmdeploy.apply.kube_errors import TRANSPORT_ERRORS, KubeApiError, http_error, redact, transport_error
+from llmdeploy.errors import Problem
 
 FIELD_MANAGER = "llmdeploy"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -128,7 +129,18 @@ class KubeClient:
         """A dynamic client with fresh discovery (the API server's version and groups are read now)."""
         cache = self._cache_dir / f"{uuid.uuid4().hex}.json"
         with self.errors("discover the cluster's APIs"):
-            self._dynamic = DynamicClient(self.api_client, cache_file=str(cache))
+            try:
+                self._dynamic = DynamicClient(self.api_client, cache_file=str(cache))
+            except (ValueError, AttributeError, KeyError, TypeError) as e:  # an answer that is no API listing
+                raise KubeApiError(
+                    [
+                        Problem(
+                            f"{self.context.server} (context {self.context.name!r}) does not answer like a "
+                            f"Kubernetes API server ({type(e).__name__} reading its API listing)",
+                            fix=f"check the cluster's server URL in {self.context.source}",
+                        )
+                    ]
+                ) from None
         return self._dynamic
 
     @property
