@@ -9,6 +9,7 @@ client exception becomes a `KubeApiError` naming what was asked, the context and
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import tempfile
@@ -131,7 +132,7 @@ class KubeClient:
         with self.errors("discover the cluster's APIs"):
             try:
                 self._dynamic = DynamicClient(self.api_client, cache_file=str(cache))
-            except (ValueError, AttributeError, KeyError, TypeError) as e:  # an answer that is no API listing
+            except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:  # no API listing
                 raise KubeApiError(
                     [
                         Problem(

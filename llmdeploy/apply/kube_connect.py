@@ -264,6 +264,7 @@ def _keep_token_trimmed(configuration: k8s.Configuration) -> None:
     def trim(cfg: k8s.Configuration) -> None:
         if hook is not None:
             hook(cfg)
+            cfg.refresh_api_key_hook = trim  # the client's hook re-installs itself
         token = cfg.api_key.get("BearerToken")
         if token:
             cfg.api_key["BearerToken"] = " ".join(token.split())

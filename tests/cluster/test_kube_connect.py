@@ -65,7 +65,10 @@ def test_token_and_inline_ca(tmp_path: Path) -> None:
 def test_token_file_is_trimmed_as_kubectl_does(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("abc\n")
     path = _write(tmp_path / "config", _config({"tokenFile": str(tmp_path / "token")}))
-    assert _bearer(path)[0] == "Bearer abc"
+    with connect(path) as client:
+        cfg = client.api_client.configuration
+        # the client's refresh hook sets the token again before every request
+        assert [cfg.get_api_key_with_prefix("BearerToken") for _ in range(3)] == ["Bearer abc"] * 3
 
 
 def test_client_cert_files_are_relative_to_the_file(tmp_path: Path) -> None:
