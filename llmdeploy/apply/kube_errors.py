@@ -28,9 +28,12 @@ class KubeApiError(UserError):
     reason: str = ""
 
 
+MIN_SECRET_CHARS = 8  # shorter strings are no credential, and replacing them would garble the text
+
+
 def redact(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
-        if secret:
+        if len(secret) >= MIN_SECRET_CHARS:
             text = text.replace(secret, "***")
     return text
 
