@@ -79,9 +79,8 @@ def connect(
     else:
         ctx = _load_kubeconfig(merger, context, configuration)
     if server:
-        configuration.host = server.rstrip("/")
-        ctx = dataclasses.replace(ctx, server=configuration.host)
-    _keep_token_trimmed(configuration)
+        ctx = dataclasses.replace(ctx, server=server.rstrip("/"))
+    _keep_after_refresh(configuration, ctx.server if server else None)
     _proxy_as_kubectl(configuration, merger, ctx)
     return KubeClient(k8s.ApiClient(configuration), ctx, timeout_s)
 
@@ -256,21 +255,24 @@ def _load_in_cluster(configuration: k8s.Configuration) -> KubeContext:
     return KubeContext("in-cluster", str(configuration.host), str(folder), auth="service account")
 
 
-def _keep_token_trimmed(configuration: k8s.Configuration) -> None:
-    """kubectl trims token files; the client's loaders (and their refresh hooks, which set the token
-    again before every request) keep a trailing newline, which is no valid header value."""
+def _keep_after_refresh(configuration: k8s.Configuration, server: str | None) -> None:
+    """Before every request the loaders' refresh hook sets host, token and TLS files again from the
+    kubeconfig; keep two things across it: a `--server` override, and the token trimmed (kubectl
+    trims token files; the client keeps a trailing newline, which is no valid header value)."""
     hook = configuration.refresh_api_key_hook
 
-    def trim(cfg: k8s.Configuration) -> None:
+    def after(cfg: k8s.Configuration) -> None:
         if hook is not None:
             hook(cfg)
-            cfg.refresh_api_key_hook = trim  # the client's hook re-installs itself
+            cfg.refresh_api_key_hook = after  # the client's hook re-installs itself
+        if server:
+            cfg.host = server
         token = cfg.api_key.get("BearerToken")
         if token:
             cfg.api_key["BearerToken"] = " ".join(token.split())
 
-    trim(configuration)
-    configuration.refresh_api_key_hook = trim  # type: ignore[assignment]  # the client types it as None
+    after(configuration)
+    configuration.refresh_api_key_hook = after  # type: ignore[assignment]  # the client types it as None
 
 
 def _is_loopback(host: str) -> bool:

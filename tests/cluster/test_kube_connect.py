@@ -226,3 +226,11 @@ def test_a_clusters_proxy_url_wins_over_the_environment(
         pool = _pool(client.api_client.configuration)
         assert isinstance(pool, urllib3.ProxyManager) and pool.proxy is not None
         assert pool.proxy.host == "bastion"
+
+
+def test_server_override_survives_the_clients_refresh_hook(tmp_path: Path) -> None:
+    path = _write(tmp_path / "config", _config({"token": "abc"}))
+    with connect(path, server="https://10.0.0.9:7443/") as client:
+        cfg = client.api_client.configuration
+        cfg.get_api_key_with_prefix("BearerToken")  # runs the hook, as every request does
+        assert cfg.host == "https://10.0.0.9:7443" and client.context.server == "https://10.0.0.9:7443"
