@@ -1,16 +1,24 @@
-"""Which API versions the cluster serves, and where each kind lives.
+"""Which API versions the cluster serves, and where each kind lives, from the dynamic client's
+discovery (`kubernetes.dynamic`, group versions read lazily).
 
 Rendered objects name the newest stable version (`autoscaling/v2`, `policy/v1`); older clusters
 serve only an earlier version with the same schema (`autoscaling/v2beta2`, `policy/v1beta1`), so a
 kind listed in `COMPATIBLE_VERSIONS` falls back to the newest one the cluster serves. A kind whose
 API group is absent altogether (LeaderWorkerSet, KEDA without their CRDs) resolves to None.
+
+Each `Discovery` reads the cluster afresh (the connection's dynamic client is rebuilt on first use),
+so a CRD installed or removed a moment ago is seen as it is now.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from llmdeploy.apply.kube_client import KubeClient, ResourceType
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError, ResourceNotUniqueError
+
+from llmdeploy.apply.kube_api import KubeClient, ResourceType
 
 # (group, kind) -> versions with an interchangeable schema, newest first
 COMPATIBLE_VERSIONS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -27,39 +35,38 @@ def split_api_version(api_version: str) -> tuple[str, str]:
 
 @dataclass
 class Discovery:
-    """Lazily filled view of the cluster's API: group versions, then each version's resources."""
+    """The cluster's API as its dynamic client discovers it, read on first use."""
 
     client: KubeClient
-    _groups: dict[str, list[str]] | None = None  # group -> served versions ("" is the core group)
-    _resources: dict[tuple[str, str], dict[str, ResourceType]] = field(default_factory=dict)
+    _dynamic: DynamicClient | None = None
+    _resolved: dict[tuple[str, str, str], ResourceType | None] = field(default_factory=dict)
+
+    @property
+    def dynamic(self) -> DynamicClient:
+        if self._dynamic is None:
+            self._dynamic = self.client.rediscover()
+        return self._dynamic
 
     def served_versions(self, group: str) -> list[str]:
-        if self._groups is None:
-            core = self.client.request("GET", "/api", what="discover core API") or {}
-            groups: dict[str, list[str]] = {"": list(core.get("versions") or ["v1"])}
-            listing = self.client.request("GET", "/apis", what="discover API groups") or {}
-            for g in listing.get("groups") or []:
-                groups[g["name"]] = [v["version"] for v in g.get("versions") or []]
-            self._groups = groups
-        return self._groups.get(group, [])
+        """The versions the cluster serves for an API group ("" is the core group)."""
+        with self.client.errors("discover API groups"):
+            groups: dict[str, Any] = self.dynamic.resources.parse_api_groups(request_resources=False)
+        prefix = "api" if group == "" else "apis"
+        return sorted((groups.get(prefix) or {}).get(group) or {})
 
-    def resources(self, group: str, version: str) -> dict[str, ResourceType]:
-        """kind -> resource type for one group version (top-level resources, not subresources)."""
-        key = (group, version)
-        if key not in self._resources:
-            path = f"/apis/{group}/{version}" if group else f"/api/{version}"
-            listing = (
-                self.client.request(
-                    "GET", path, what=f"discover {group or 'core'}/{version}", missing_ok=True
-                )
-                or {}
-            )
-            self._resources[key] = {
-                r["kind"]: ResourceType(group, version, r["kind"], r["name"], bool(r.get("namespaced")))
-                for r in listing.get("resources") or []
-                if "/" not in r["name"]
-            }
-        return self._resources[key]
+    def _lookup(self, group: str, version: str, kind: str) -> ResourceType | None:
+        key = (group, version, kind)
+        if key not in self._resolved:
+            try:
+                with self.client.errors(f"discover {group or 'core'}/{version}"):
+                    found = self.dynamic.resources.get(
+                        prefix="apis" if group else "api", group=group, api_version=version, kind=kind
+                    )
+            except (ResourceNotFoundError, ResourceNotUniqueError):
+                self._resolved[key] = None
+            else:
+                self._resolved[key] = ResourceType.of(found)
+        return self._resolved[key]
 
     def resolve(self, api_version: str, kind: str) -> ResourceType | None:
         """The resource to use for an object of this apiVersion and kind, or None if not served."""
@@ -71,11 +78,11 @@ class Discovery:
                 candidates.append(v)
         for v in candidates:
             if v in served:
-                rt = self.resources(group, v).get(kind)
+                rt = self._lookup(group, v, kind)
                 if rt is not None:
                     return rt
         return None
 
     def server_version(self) -> str:
-        info = self.client.request("GET", "/version", what="read server version") or {}
+        info: dict[str, Any] = self.dynamic.version.get("kubernetes") or {}
         return str(info.get("gitVersion", "unknown"))

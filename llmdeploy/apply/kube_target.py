@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llmdeploy.apply.capacity import Capacity
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeApiError, KubeClient
-from llmdeploy.apply.kube_config import load_kubeconfig
+from llmdeploy.apply.kube_api import KubeClient
+from llmdeploy.apply.kube_connect import connect
+from llmdeploy.apply.kube_errors import KubeApiError
 from llmdeploy.apply.kubernetes import (
     INSTANCE_LABEL,
     Instance,
@@ -27,6 +27,16 @@ from llmdeploy.apply.kubernetes import (
     wait_for_rollouts,
 )
 from llmdeploy.apply.rollout import STATE_OF_KIND, conditions_of
+
+__all__ = [
+    "ApplyOptions",
+    "apply_kubernetes",
+    "connect",
+    "delete_kubernetes",
+    "diff_kubernetes",
+    "logs_kubernetes",
+    "status_kubernetes",
+]
 
 Echo = Callable[[str], None]
 Confirm = Callable[[str], bool]
@@ -41,10 +51,6 @@ class ApplyOptions:
     timeout_s: float = 600.0
 
 
-def connect(kubeconfig: Path | None = None, context: str | None = None) -> KubeClient:
-    return KubeClient(load_kubeconfig(kubeconfig, context))
-
-
 def apply_kubernetes(
     client: KubeClient,
     instance: Instance,
@@ -55,7 +61,10 @@ def apply_kubernetes(
     echo: Echo,
 ) -> int:
     discovery = Discovery(client)
-    echo(f"cluster {client.config.server} (context {client.config.context}, {discovery.server_version()})")
+    via = f", through the proxy {client.proxy}" if client.proxy else ""
+    echo(
+        f"cluster {client.context.server} (context {client.context.name}, {discovery.server_version()}{via})"
+    )
     planned, skipped = prepare(discovery, objects, instance, capacity)
     changes = compute_changes(client, discovery, planned, skipped, instance, capacity, prune=options.prune)
     echo(changes.render())
@@ -146,12 +155,8 @@ def logs_kubernetes(client: KubeClient, instance: Instance, follow: bool, lines:
     for pod in targets:
         name = pod["metadata"]["name"]
         containers = [c["name"] for c in pod["spec"].get("containers", [])]
-        params = {"tailLines": str(lines), "container": containers[0]}
-        if follow:
-            params["follow"] = "true"
         if len(targets) > 1:
             echo(f"==> pod {name} <==")
-        path = f"{pods_rt.path(instance.namespace, name)}/log"
-        for line in client.stream_lines(path, params, what=f"read logs of pod {name}"):
+        for line in client.pod_log_lines(name, instance.namespace, containers[0], lines, follow):
             echo(line)
     return 0

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity, describe_change
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeApiError, KubeClient
+from llmdeploy.apply.kube_api import KubeClient
+from llmdeploy.apply.kube_errors import KubeApiError
 from llmdeploy.apply.kube_objects import (
     INSTANCE_LABEL,
     MANAGED_BY,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeClient
+from llmdeploy.apply.kube_api import KubeClient
 from llmdeploy.apply.kube_objects import (
     INSTANCE_LABEL,
     MANAGED_BY,

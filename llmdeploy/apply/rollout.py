@@ -1,4 +1,5 @@
-"""Waiting for a workload's rollout on its named conditions (Deployment; LeaderWorkerSet by `Available`).
+"""Waiting for a workload's rollout on its named conditions (Deployment; LeaderWorkerSet by `Available`),
+through a watch (`kubernetes.watch`) on the object.
 
 Done means the controller has seen the latest spec (observedGeneration), every replica is updated
 and available, and the `Available` condition is True. A `Progressing` condition that turns False
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmdeploy.apply.kube_client import KubeClient, ResourceType
+from llmdeploy.apply.kube_api import KubeClient, ResourceType
 from llmdeploy.errors import Problem, UserError
 
 
@@ -89,6 +90,26 @@ STATE_OF_KIND: dict[str, Callable[[dict[str, Any]], RolloutState]] = {
 }
 
 
+def _stop_if_finished(
+    rt: ResourceType, namespace: str, name: str, state: RolloutState, timeout_s: float, timed_out: bool
+) -> bool:
+    """True when done; raises when failed or out of time; False to keep waiting."""
+    if state.done:
+        return True
+    if state.failed or timed_out:
+        why = "rollout failed" if state.failed else f"rollout not finished after {timeout_s:.0f} s"
+        details = "; ".join(c.render() for c in state.conditions) or "no conditions reported yet"
+        raise UserError(
+            [
+                Problem(
+                    f"{rt.kind} {namespace}/{name}: {why} ({state.summary}): {details}",
+                    fix="inspect the pods with `llmdeploy status` / `llmdeploy logs`, or raise --timeout",
+                )
+            ]
+        )
+    return False
+
+
 def wait_for_rollout(
     client: KubeClient,
     rt: ResourceType,
@@ -96,31 +117,36 @@ def wait_for_rollout(
     namespace: str,
     timeout_s: float,
     on_progress: Callable[[str], None] | None = None,
-    poll_s: float = 1.0,
 ) -> RolloutState:
-    """Poll a workload (a kind in STATE_OF_KIND) until its rollout is done, failed or out of time."""
+    """Watch a workload (a kind in STATE_OF_KIND) until its rollout is done, failed or out of time.
+
+    The object is read once, then watched from its resourceVersion; each change is judged as it
+    arrives. When the API server ends a watch (its timeout, or an expired resourceVersion) the
+    object is read again and watched on, until `timeout_s` is spent.
+    """
     state_of = STATE_OF_KIND[rt.kind]
     deadline = time.monotonic() + timeout_s
     last_summary = ""
-    while True:
-        obj = client.get(rt, name, namespace)
+
+    def judge(obj: dict[str, Any] | None) -> RolloutState | None:
+        """The state when the rollout is done, None while it goes on; raises on failure or timeout."""
+        nonlocal last_summary
         if obj is None:
             raise UserError.one(f"{rt.kind} {namespace}/{name} disappeared while waiting for its rollout")
         state = state_of(obj)
         if on_progress and state.summary != last_summary:
             on_progress(f"{rt.kind} {name}: {state.summary}")
             last_summary = state.summary
-        if state.done:
-            return state
-        if state.failed or time.monotonic() >= deadline:
-            why = "rollout failed" if state.failed else f"rollout not finished after {timeout_s:.0f} s"
-            details = "; ".join(c.render() for c in state.conditions) or "no conditions reported yet"
-            raise UserError(
-                [
-                    Problem(
-                        f"{rt.kind} {namespace}/{name}: {why} ({state.summary}): {details}",
-                        fix="inspect the pods with `llmdeploy status` / `llmdeploy logs`, or raise --timeout",
-                    )
-                ]
-            )
-        time.sleep(poll_s)
+        timed_out = time.monotonic() >= deadline
+        return state if _stop_if_finished(rt, namespace, name, state, timeout_s, timed_out) else None
+
+    while True:
+        obj = client.get(rt, name, namespace)
+        if (done := judge(obj)) is not None:
+            return done
+        assert obj is not None
+        resource_version = str(obj["metadata"].get("resourceVersion", ""))
+        remaining = deadline - time.monotonic()
+        for event_type, changed in client.watch(rt, name, namespace, resource_version, remaining):
+            if (done := judge(None if event_type == "DELETED" else changed)) is not None:
+                return done

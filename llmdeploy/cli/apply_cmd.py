@@ -91,7 +91,7 @@ kubeconfig_opt = click.option(
     "--kubeconfig",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).",
+    help="Kubeconfig file (default: the files of $KUBECONFIG merged, else ~/.kube/config, else the pod's service account).",
 )
 context_opt = click.option("--context", default=None, help="Kubeconfig context (default: current-context).")
 namespace_opt = click.option("--namespace", "-n", default=None, help="Override target.namespace.")

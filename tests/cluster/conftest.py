@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kube_cluster import KubeCluster, build_binaries
 
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeClient
-from llmdeploy.apply.kube_config import load_kubeconfig
+from llmdeploy.apply.kube_api import KubeClient
+from llmdeploy.apply.kube_connect import connect
 from llmdeploy.apply.kubernetes import Instance
 
 
@@ -56,7 +56,7 @@ def kubeconfig(kube_cluster: KubeCluster) -> Path:
 
 @pytest.fixture
 def client(kubeconfig: Path) -> Iterator[KubeClient]:
-    with KubeClient(load_kubeconfig(kubeconfig)) as c:
+    with connect(kubeconfig) as c:
         yield c
 
 

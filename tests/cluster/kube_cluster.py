@@ -26,6 +26,12 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ADMIN_TOKEN = "llmdeploy-test-admin-token"
+# more static tokens the API server accepts (system:masters too): what the exec-plugin test's plugin
+# hands out, and the in-cluster test's service-account token file
+EXEC_TOKEN = "llmdeploy-test-exec-token"
+SERVICE_ACCOUNT_TOKEN = "llmdeploy-test-service-account-token"
+# a name in the serving certificate that resolves nowhere (.invalid): reachable only through a proxy
+PROXIED_NAME = "apiserver.llmdeploy.invalid"
 
 
 def build_binaries() -> Path:
@@ -71,7 +77,7 @@ def _make_certs(pki: Path) -> None:
     )
     (pki / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\n"
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n"
+        f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:{PROXIED_NAME}\n"
         "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
     )
     _openssl(
@@ -107,7 +113,11 @@ def _make_certs(pki: Path) -> None:
     )
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
-    (pki / "tokens.csv").write_text(f'{ADMIN_TOKEN},test-admin,test-admin,"system:masters"\n')
+    (pki / "tokens.csv").write_text(
+        f'{ADMIN_TOKEN},test-admin,test-admin,"system:masters"\n'
+        f'{EXEC_TOKEN},exec-admin,exec-admin,"system:masters"\n'
+        f'{SERVICE_ACCOUNT_TOKEN},system:serviceaccount:default:llmdeploy,sa-llmdeploy,"system:masters"\n'
+    )
 
 
 def make_client_cert(pki: Path, user: str, group: str) -> tuple[Path, Path]:

@@ -15,8 +15,8 @@ from kube_cluster import KubeCluster, make_client_cert
 
 from llmdeploy.apply.capacity import CAPACITY_ANNOTATION, Capacity
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import APPLY_PATCH, KubeClient
-from llmdeploy.apply.kube_config import load_kubeconfig
+from llmdeploy.apply.kube_api import APPLY_PATCH, KubeClient
+from llmdeploy.apply.kube_connect import connect
 from llmdeploy.apply.kube_target import (
     ApplyOptions,
     apply_kubernetes,
@@ -442,14 +442,14 @@ def test_client_certificate_kubeconfig_with_inline_data(kube_cluster: KubeCluste
     }
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(cfg))
-    with KubeClient(load_kubeconfig(path)) as client:
+    with connect(path) as client:
         assert Discovery(client).server_version() == "v1.20.2"
         ns_rt = Discovery(client).resolve("v1", "Namespace")
         assert ns_rt is not None and client.get(ns_rt, "default") is not None
     # credentials the cluster does not know are refused with a readable message
     cfg["users"][0]["user"] = {"token": "not-a-valid-token"}
     path.write_text(yaml.safe_dump(cfg))
-    with KubeClient(load_kubeconfig(path)) as client, pytest.raises(UserError) as err:
+    with connect(path) as client, pytest.raises(UserError) as err:
         Discovery(client).served_versions("apps")
     assert "HTTP 401" in str(err.value) and "credentials were rejected" in str(err.value)
 

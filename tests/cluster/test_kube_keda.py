@@ -16,7 +16,7 @@ import yaml
 from render.recipe_factory import make_recipe
 
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeClient
+from llmdeploy.apply.kube_api import KubeClient
 from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes
 from llmdeploy.apply.kubernetes import Instance
 from llmdeploy.errors import UserError

@@ -12,7 +12,7 @@ import yaml
 from render.pod_settings import pod_settings
 
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeClient
+from llmdeploy.apply.kube_api import KubeClient
 
 pytestmark = pytest.mark.cluster
 

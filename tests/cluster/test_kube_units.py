@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import socket
 from pathlib import Path
 
@@ -10,11 +9,11 @@ import pytest
 import yaml
 
 from llmdeploy.apply.capacity import Capacity, describe_change
-from llmdeploy.apply.kube_client import KubeApiError, KubeClient, ResourceType
-from llmdeploy.apply.kube_config import load_kubeconfig
+from llmdeploy.apply.kube_api import ResourceType
+from llmdeploy.apply.kube_connect import connect
+from llmdeploy.apply.kube_errors import KubeApiError
 from llmdeploy.apply.object_diff import diff_objects
 from llmdeploy.apply.ordering import apply_order, delete_order
-from llmdeploy.errors import UserError
 
 
 def test_apply_order_follows_kind_rank_and_keeps_order_within_a_kind() -> None:
@@ -110,50 +109,27 @@ def test_resource_paths() -> None:
     assert ns.api_version == "v1" and dep.api_version == "apps/v1"
 
 
-def _kubeconfig(tmp_path: Path, user: dict[str, object], server: str = "https://127.0.0.1:6443") -> Path:
-    cfg = {
-        "clusters": [
-            {
-                "name": "c",
-                "cluster": {"server": server, "certificate-authority-data": base64.b64encode(b"CA").decode()},
-            }
-        ],
-        "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "ctx",
-    }
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def test_kubeconfig_token_and_inline_ca(tmp_path: Path) -> None:
-    cfg = load_kubeconfig(_kubeconfig(tmp_path, {"token": "abc"}))
-    assert cfg.server == "https://127.0.0.1:6443" and cfg.token == "abc" and cfg.context == "ctx"
-    assert cfg.ca_file is not None and Path(cfg.ca_file).read_bytes() == b"CA"
-
-
-def test_kubeconfig_client_cert_files_are_relative_to_the_file(tmp_path: Path) -> None:
-    cfg = load_kubeconfig(_kubeconfig(tmp_path, {"client-certificate": "a.crt", "client-key": "a.key"}))
-    assert cfg.client_cert_file == str(tmp_path / "a.crt") and cfg.client_key_file == str(tmp_path / "a.key")
-
-
-def test_kubeconfig_problems_are_user_errors(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="no kubeconfig found"):
-        load_kubeconfig(tmp_path / "missing")
-    with pytest.raises(UserError, match="no such context"):
-        load_kubeconfig(_kubeconfig(tmp_path, {"token": "abc"}), context="nope")
-    with pytest.raises(UserError, match="exec/auth-provider"):
-        load_kubeconfig(_kubeconfig(tmp_path, {"exec": {"command": "aws"}}))
-
-
 def test_unreachable_server_is_a_clear_user_error(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = load_kubeconfig(_kubeconfig(tmp_path, {"token": "abc"}, server=f"https://127.0.0.1:{port}"))
-    cfg = type(cfg)(**{**cfg.__dict__, "ca_file": None, "insecure_skip_tls_verify": True})
-    with KubeClient(cfg, timeout_s=2) as client, pytest.raises(KubeApiError) as err:
+    path = tmp_path / "config"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True},
+                    }
+                ],
+                "users": [{"name": "u", "user": {"token": "abc"}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    with connect(path, timeout_s=2) as client, pytest.raises(KubeApiError) as err:
         client.request("GET", "/version", what="read version")
     assert f"cannot reach the Kubernetes API at https://127.0.0.1:{port}" in str(err.value)
     assert "fix:" in str(err.value)

@@ -10,7 +10,6 @@ covered in tests/cluster.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import socket
 import sys
@@ -23,8 +22,8 @@ import pytest
 
 from hardening.figures import record
 from llmdeploy.apply.discovery import Discovery
-from llmdeploy.apply.kube_client import KubeClient
-from llmdeploy.apply.kube_config import load_kubeconfig
+from llmdeploy.apply.kube_api import KubeClient
+from llmdeploy.apply.kube_connect import connect
 from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes
 from llmdeploy.apply.kubernetes import Instance
 from llmdeploy.apply.prune import live_objects
@@ -111,10 +110,14 @@ def _apply(kube: KubeClient, target: Instance, objects: list[dict[str, Any]]) ->
     return rc, "\n".join(lines)
 
 
+def _server(kubeconfig: Path) -> str:
+    with connect(kubeconfig) as c:
+        return c.context.server
+
+
 @pytest.fixture
 def cut_proxy(kubeconfig: Path) -> Iterator[CuttingProxy]:
-    config = load_kubeconfig(kubeconfig)
-    host, _, port = config.server.removeprefix("https://").partition(":")
+    host, _, port = _server(kubeconfig).removeprefix("https://").partition(":")
     proxy = CuttingProxy((host, int(port)), budget_bytes=0)
     yield proxy
     proxy.close()
@@ -126,20 +129,17 @@ def test_api_server_gone_mid_apply_then_a_later_apply_converges(
 ) -> None:
     objects = m.full_set()
     # measure what a whole apply sends, through a proxy that never cuts, with a twin instance
-    config = load_kubeconfig(kubeconfig)
-    host, _, port = config.server.removeprefix("https://").partition(":")
+    host, _, port = _server(kubeconfig).removeprefix("https://").partition(":")
     probe = CuttingProxy((host, int(port)), budget_bytes=10**12)
     twin = Instance("twin", instance.namespace)
-    with KubeClient(dataclasses.replace(config, server=f"https://{host}:{probe.port}")) as via_probe:
+    with connect(kubeconfig, server=f"https://{host}:{probe.port}") as via_probe:
         assert _apply(via_probe, twin, m.full_set("twin"))[0] == 0
     total_bytes = probe.sent_bytes
     probe.close()
 
     cut_proxy.budget_bytes = int(total_bytes * fraction)
     with (
-        KubeClient(
-            dataclasses.replace(config, server=f"https://{host}:{cut_proxy.port}"), timeout_s=10
-        ) as cut,
+        connect(kubeconfig, server=f"https://{host}:{cut_proxy.port}", timeout_s=10) as cut,
         pytest.raises(UserError) as failure,
     ):
         _apply(cut, instance, objects)
