@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -72,14 +71,8 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _resolve_argv(argv: list[str]) -> list[str]:
-    # The engine's console script may not be on PATH when llmdeploy runs from a venv by full path.
-    if argv and argv[0] == "llmdeploy-engine" and shutil.which("llmdeploy-engine") is None:
-        return [sys.executable, "-m", "llmdeploy_engine.cli", *argv[1:]]
-    return argv
-
-
 def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
+    from llmdeploy.apply.local_engine import check_flags, find_local_engine
     from llmdeploy.planner import make_plan
     from llmdeploy.recipe import recipe_digest
     from llmdeploy.render.local_command import local_engine_command
@@ -102,8 +95,10 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
         clear_state(recipe)
 
     plan = make_plan(recipe)
+    found = find_local_engine(recipe)
+    _echo(f"==> found {found.describe()}")
     prepared = prepare_model(recipe.model, confirm, _echo)
-    command = local_engine_command(recipe, plan, prepared.ref)
+    command = local_engine_command(recipe, plan, prepared.ref, found)
     host, port = recipe.server.host, recipe.server.port
     if not _port_free(host, port):
         raise UserError.one(
@@ -116,7 +111,10 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     folder = instance_dir(recipe)
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "engine.log"
-    argv = _resolve_argv(list(command.argv))
+    argv = list(command.argv)
+    if found.engine != "builtin":
+        _echo(f"==> checking the flags with {found.describe()}'s own parser")
+        check_flags(found, argv)
     env = {**os.environ, **command.env, "PYTHONUNBUFFERED": "1"}
     _echo(f"==> starting {recipe.engine.type} engine: {' '.join(argv)}")
     _echo(f"    log: {log_path}")
