@@ -19,7 +19,9 @@ RUN rm -rf /tmp/dist
 
 # Non-root, with the model cache as a volume; Kubernetes renders run it as this uid with a
 # read-only root file system, HOME=/tmp and HF_HOME on the volume.
-RUN useradd --uid 1000 --user-group --create-home --home-dir /home/engine engine \
+# (Ubuntu's images ship a user `ubuntu` with uid 1000: it makes way for `engine`)
+RUN (userdel --remove ubuntu 2>/dev/null || true) \
+ && useradd --uid 1000 --user-group --create-home --home-dir /home/engine engine \
  && mkdir -p /models && chown 1000:1000 /models
 ENV HF_HOME=/models/huggingface
 VOLUME ["/models"]

@@ -142,7 +142,7 @@ def apply_command(
     context: str | None,
     namespace: str | None,
 ) -> None:
-    """Bring the recipe's deployment to the rendered state (local process or Kubernetes)."""
+    """Bring the recipe's deployment to the rendered state (local process, Docker Compose or Kubernetes)."""
     recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         if dry_run:
@@ -286,7 +286,7 @@ def logs_command(
     context: str | None,
     namespace: str | None,
 ) -> None:
-    """Print the engine's log (local process, or the deployment's pods)."""
+    """Print the engine's log (local process, the Compose service, or the deployment's pods)."""
     recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import logs_local
@@ -318,7 +318,7 @@ def down_command(
     context: str | None,
     namespace: str | None,
 ) -> None:
-    """Stop the recipe's deployment: the local process, or delete its Kubernetes objects."""
+    """Stop the recipe's deployment: the local process, `docker compose down`, or delete its Kubernetes objects."""
     recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import down_local

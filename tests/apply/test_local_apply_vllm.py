@@ -47,8 +47,9 @@ def test_installed_wheel_applies_the_vllm_quickstart(
     assert down.returncode == 0, down.stderr
 
 
-def test_a_flag_the_installed_vllm_does_not_know_fails_before_start(needs_vllm: None, tmp_path: Path) -> None:
-    """The installed parser, not the catalogue, rejects it: `engine.extra_args` is passed verbatim."""
+def test_the_installed_vllms_parser_judges_the_flags(needs_vllm: None) -> None:
+    """A flag that release does not know, and a combination its own validation refuses (which the
+    offline catalogue cannot see), both fail before anything starts, in vLLM's words."""
     from llmdeploy.apply.local_engine import check_flags, find_local_engine
     from llmdeploy.errors import UserError
     from llmdeploy.planner import make_plan
@@ -56,14 +57,18 @@ def test_a_flag_the_installed_vllm_does_not_know_fails_before_start(needs_vllm: 
     from llmdeploy.render import engine_command
 
     root = Path(__file__).resolve().parents[2]
-    recipe = load_recipe(
-        root / "recipes" / "quickstart-vllm.yaml",
-        (f"engine.executable={vllm_venv() / 'bin' / 'vllm'}", "engine.extra_args=[--no-such-flag]"),
-    )
+    named = f"engine.executable={vllm_venv() / 'bin' / 'vllm'}"
+    recipe = load_recipe(root / "recipes" / "quickstart-vllm.yaml", (named,))
     found = find_local_engine(recipe)
     assert found.version == "0.32.0" and found.python is not None
     argv = found.argv(engine_command(recipe, make_plan(recipe), model_ref="/models/m").argv)
+    check_flags(found, argv)  # what apply renders parses
     with pytest.raises(UserError) as err:
-        check_flags(found, argv)
-    assert "--no-such-flag" in str(err.value) and "vLLM 0.32.0" in str(err.value)
-    check_flags(found, [a for a in argv if a != "--no-such-flag"])  # the rest parses
+        check_flags(found, [*argv, "--no-such-flag"])  # as a newer catalogue than the install would allow
+    assert "unrecognized arguments: --no-such-flag" in str(err.value) and "vLLM 0.32.0" in str(err.value)
+    tools = load_recipe(
+        root / "recipes" / "quickstart-vllm.yaml", (named, "engine.extra_args=[--enable-auto-tool-choice]")
+    )
+    with pytest.raises(UserError) as err:
+        check_flags(found, found.argv(engine_command(tools, make_plan(tools), model_ref="/models/m").argv))
+    assert "tool-call-parser" in str(err.value)

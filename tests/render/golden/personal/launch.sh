@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'personal' (recipe sha256 48c83f740d331430c6eae5094f1c41744ecb2c6b678efbb9705d0994b457095b).
+# Rendered by llmdeploy from recipe 'personal' (recipe sha256 8b655a8abfbfebb11f1743934841f883523ec41570d2d7b191bcf31beeda000e).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail

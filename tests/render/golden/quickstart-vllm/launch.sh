@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 027095eeee958307f609873bfbc04ef24f6a19986127d3eecc879db3ceef3c7f).
+# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 8f2d454740921776e2afc9b688277b01c6fd8225bfdff6f8f3c6a9bd0d0863b8).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail

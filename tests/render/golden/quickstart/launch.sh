@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 085a8ef771e1e0ee3908148cd82ef3261cd1a9b0dc706ad9994fad51dd79a7e3).
+# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 9afb0763b35f3030eedbecd29584a5b32ae4d482ea08c3ca7ebb815c4765f79d).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
