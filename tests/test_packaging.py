@@ -40,6 +40,8 @@ from llmdeploy.render.model_location import CONTAINER_CACHE_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_BUDGET_S = 600  # loading torch and the model on a shared 2-core machine
+# the session's one clean venv (torch included) is made in the first of these tests' setup: minutes
+VENV_TIMEOUT = pytest.mark.timeout(3600)
 
 
 def test_every_package_is_listed() -> None:
@@ -202,6 +204,7 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None
 
 
 @pytest.mark.slow
+@VENV_TIMEOUT
 def test_clean_venv_serves_the_rendered_deployments_command(wheel_venv: WheelVenv, tmp_path: Path) -> None:
     """What the CPU image would run: the Deployment's init container fetches the model into the cache
     volume, then the engine container's exact command and environment start the engine, from the
@@ -279,6 +282,7 @@ def test_clean_venv_serves_the_rendered_deployments_command(wheel_venv: WheelVen
 
 
 @pytest.mark.slow
+@VENV_TIMEOUT
 def test_installed_wheel_validates_plans_renders_and_applies_the_quickstart(
     wheel_venv: WheelVenv, tmp_path: Path
 ) -> None:

@@ -94,7 +94,6 @@ def find_local_engine(recipe: Recipe) -> LocalEngine:
     raise UserError.one(
         f"{ENGINE_NAMES[engine]} is not installed here: no `{EXECUTABLES[engine]}` on PATH",
         path="engine.executable",
-        value=None,
         fix=f"{INSTALL_HINTS[engine]}, or set engine.executable: /path/to/{EXECUTABLES[engine]}",
     )
 
@@ -114,7 +113,6 @@ def check_flags(found: LocalEngine, argv: list[str]) -> None:
         raise UserError.one(
             f"{found.describe()} rejects the rendered flags: {error}",
             path="engine",
-            value=None,
             fix=(
                 "install the engine release the recipe was written for (engine.version), "
                 "or change the recipe knob or engine.extra_args entry the message names"
