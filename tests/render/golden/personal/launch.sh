@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'personal' (recipe sha256 8641ce1f896b27d300c5afa6755eef1989bee515d9dc20a6ac92e9142b42b10e).
+# Rendered by llmdeploy from recipe 'personal' (recipe sha256 cc16a41744cbf88719d0b61430e3caf3763c84ef2579810d7193e4976139e26f).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 ff30fdd12a7322e5e68baf876967d26fd1332c51328375947aa4be2da49c9159).
+# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 0f6a143945dc5cbedd1f502a005e3984742ac31c5a7f48524ace419c662a53aa).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail

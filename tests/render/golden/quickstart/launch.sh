@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 230d2bea2b76a301d2e79bd26088a667517826ca5f41b3063ad5b227f599df05).
+# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 a3b4c3874def71f7328f590dc30e2e0c334ee185adfae7ab517c1cc090930dc4).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
