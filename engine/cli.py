@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 
 from llmdeploy_engine.cli_args import (
     build_parser,
@@ -66,6 +67,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     )
 
     from llmdeploy_engine import async_engine
+    from llmdeploy_engine.server import request_body
     from llmdeploy_engine.server.app import build_app
     from llmdeploy_engine.server.drain import DrainingServer, uvicorn_config
     from llmdeploy_engine.server.state import ServerSettings
@@ -96,6 +98,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         print(f"llmdeploy-engine serve: error: {e}", file=sys.stderr)
         sys.exit(2)
     app = build_app(settings, engine=engine)
+    # the process that parses big request bodies starts now, not on the first big body
+    threading.Thread(target=request_body.parser_pool, name="llmdeploy-parser-start", daemon=True).start()
     config_http = uvicorn_config(
         app,
         DRAIN_TIMEOUT_S,
