@@ -36,6 +36,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped (an error inside it, or shutdown); no request can be served."""
 
 
+class EngineShutdownError(EngineDeadError):
+    """The engine loop stopped because `shutdown()` asked it to (the server answers 503)."""
+
+
 @dataclass(frozen=True)
 class _Add:
     request_id: str
@@ -97,7 +101,8 @@ class AsyncLLMEngine:
 
     def check_health(self) -> None:
         if not self.is_running:
-            raise EngineDeadError(f"the engine loop has stopped: {self._dead!r}")
+            kind = EngineShutdownError if isinstance(self._dead, EngineShutdownError) else EngineDeadError
+            raise kind(f"the engine loop has stopped: {self._dead!r}")
 
     def stats(self) -> EngineStats:
         """Snapshot taken by the loop thread after its latest step."""
@@ -170,7 +175,7 @@ class AsyncLLMEngine:
             while True:
                 idle = not engine.has_unfinished_requests()
                 if not self._handle_commands(block=idle):
-                    self._dead = EngineDeadError("the engine was shut down")
+                    self._dead = EngineShutdownError("the engine was shut down")
                     break
                 outputs = engine.step() if engine.has_unfinished_requests() else []
                 # the snapshot first: a consumer woken by this step's output sees stats of this step

@@ -85,7 +85,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         dtype=config.dtype,
         device=config.device,
         queue_full_errors=(async_engine.QueueFullError,),
-        engine_dead_errors=(async_engine.EngineDeadError,),
+        shutdown_errors=(async_engine.EngineShutdownError,),
         log_requests=not args.disable_log_requests,
     )
 
@@ -98,6 +98,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         print(f"llmdeploy-engine serve: error: {e}", file=sys.stderr)
         sys.exit(2)
     app = build_app(settings, engine=engine)
+    getattr(engine.tokenizer, "max_chars_per_token", None)  # computed once now, not in the first request
     # the process that parses big request bodies starts now, not on the first big body
     threading.Thread(target=request_body.parser_pool, name="llmdeploy-parser-start", daemon=True).start()
     config_http = uvicorn_config(

@@ -145,7 +145,7 @@ class Submission:
             raise APIError(
                 503, f"the server is overloaded: {e}", code="queue_full", headers={"Retry-After": "1"}
             ) from e
-        except state.settings.engine_dead_errors as e:
+        except state.settings.shutdown_errors as e:
             raise shutting_down() from e
         self.streams = [
             _observed(state, ids, request_id, source)
@@ -158,10 +158,8 @@ class Submission:
 
 
 def shutting_down() -> APIError:
-    return APIError(
-        503, "the server is shutting down; retry on another replica", code="server_shutting_down",
-        headers={"Retry-After": "5"},
-    )  # fmt: skip
+    message = "the server is shutting down; retry on another replica"
+    return APIError(503, message, code="server_shutting_down", headers={"Retry-After": "5"})
 
 
 async def _observed(
@@ -197,7 +195,7 @@ async def _observed(
                 yield output
                 if output.finished:
                     break
-        except state.settings.engine_dead_errors as e:
+        except state.settings.shutdown_errors as e:
             raise shutting_down() from e
         except ValueError as e:
             # The engine validates a request before producing anything; its ValueError is the user's.

@@ -37,8 +37,8 @@ class ServerSettings:
     device: str = "auto"
     # exception types the engine raises when its waiting queue is full (answered with 503)
     queue_full_errors: tuple[type[BaseException], ...] = ()
-    # exception types the engine raises once it has stopped (answered with 503 "shutting down")
-    engine_dead_errors: tuple[type[BaseException], ...] = ()
+    # exception types the engine raises once shutdown() stopped it (answered with 503 "shutting down")
+    shutdown_errors: tuple[type[BaseException], ...] = ()
     log_requests: bool = True
 
     @property
