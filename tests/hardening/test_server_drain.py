@@ -67,16 +67,18 @@ async def _stream(
                     assert response.headers.get("retry-after", "").isdigit()
                     assert_openai_error(httpx.Response(response.status_code, content=response.content))
                 return f"HTTP {response.status_code}"
-            done = finished = False
+            done = finished = errored = False
             async for line in response.aiter_lines():
                 if started is not None and line.startswith("data: "):
                     started.set()
                 if line == "data: [DONE]":
                     done = True
                 elif line.startswith("data: "):
-                    finished = finished or any(
-                        c.get("finish_reason") for c in json.loads(line[6:])["choices"]
-                    )
+                    chunk = json.loads(line[6:])
+                    errored = errored or "error" in chunk
+                    finished = finished or any(c.get("finish_reason") for c in chunk.get("choices", []))
+            if errored:
+                return "error event" if done else "cut off"
             return "completed" if done and finished else "cut off"
     except httpx.HTTPError as e:
         return type(e).__name__
