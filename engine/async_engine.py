@@ -4,26 +4,26 @@ All LLMEngine calls (tokenizing, adding, stepping, aborting) happen on the loop 
 loop never waits on a forward pass and the engine stays single-threaded. Callers talk to it through a
 command queue; outputs come back to each request's asyncio.Queue via `call_soon_threadsafe`. A consumer
 that stops iterating (cancelled task, closed generator, client gone) aborts its request, which frees
-its KV blocks. An exception inside the loop is handed to every waiting request and kills the engine:
+its KV blocks. `generate_batch` admits the requests of one HTTP request whole or not at all. An exception inside the loop is handed to every waiting request and kills the engine:
 later calls raise EngineDeadError.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.llm_engine import EngineStats, LLMEngine
 from llmdeploy_engine.outputs import RequestOutput
-from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
+from llmdeploy_engine.request_stream import OutputSink, RequestStream
+from llmdeploy_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +36,8 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped (an error inside it, or shutdown); no request can be served."""
 
 
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        # a closed caller loop raises RuntimeError: nobody is listening any more
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+class EngineShutdownError(EngineDeadError):
+    """The engine loop stopped because `shutdown()` asked it to (the server answers 503)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +46,7 @@ class _Add:
     prompt: str | list[int]
     params: SamplingParams
     arrival_time: float
-    stream: _Stream
+    stream: OutputSink
 
 
 @dataclass(frozen=True)
@@ -74,7 +67,7 @@ class AsyncLLMEngine:
         self.engine = engine
         self.config = engine.config
         self._commands: queue.Queue[_Command] = queue.Queue()
-        self._streams: dict[str, _Stream] = {}  # loop thread only
+        self._streams: dict[str, OutputSink] = {}  # loop thread only
         self._lock = threading.Lock()
         self._num_pending_adds = 0
         self._stats = engine.stats()
@@ -108,7 +101,8 @@ class AsyncLLMEngine:
 
     def check_health(self) -> None:
         if not self.is_running:
-            raise EngineDeadError(f"the engine loop has stopped: {self._dead!r}")
+            kind = EngineShutdownError if isinstance(self._dead, EngineShutdownError) else EngineDeadError
+            raise kind(f"the engine loop has stopped: {self._dead!r}")
 
     def stats(self) -> EngineStats:
         """Snapshot taken by the loop thread after its latest step."""
@@ -124,48 +118,42 @@ class AsyncLLMEngine:
         params: SamplingParams,
         request_id: str,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield outputs for one request until it finishes, as `params.output_kind` asks (CUMULATIVE:
-        a slow consumer gets the latest only; DELTA: every delta; FINAL_ONLY: the last output).
+        """Yield outputs for one request until it finishes (see `RequestStream`); stopping early aborts it.
 
         Raises ValueError for a bad prompt or parameters, QueueFullError when `max_queue_len` requests
         already wait, EngineDeadError when the loop has stopped.
         """
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        (stream,) = self.generate_batch([(prompt, params, request_id)])
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.close()
+
+    def generate_batch(
+        self, requests: Sequence[tuple[str | list[int], SamplingParams, str]]
+    ) -> list[RequestStream]:
+        """Admit several requests together or none of them: QueueFullError when they do not all fit in
+        the waiting queue, EngineDeadError when the loop has stopped. The caller closes every stream it
+        gets (closing one that has not finished aborts its request). A bad prompt or parameters arrive
+        as a ValueError from that request's stream.
+        """
+        loop = asyncio.get_running_loop()
         with self._lock:  # the loop thread takes this lock before it fails the queued commands
             self.check_health()
             waiting = self._stats.num_requests_waiting + self._num_pending_adds
-            if waiting >= self.config.max_queue_len:
+            if waiting + len(requests) > self.config.max_queue_len:
                 raise QueueFullError(
-                    f"{waiting} requests are already waiting (max_queue_len={self.config.max_queue_len}); "
-                    "retry later"
+                    f"{waiting} requests are already waiting and this one adds {len(requests)} "
+                    f"(max_queue_len={self.config.max_queue_len}); retry later"
                 )
-            self._num_pending_adds += 1
-            self._commands.put(_Add(request_id, prompt, params, time.time(), stream))
-        finished = False
-        cumulative = params.output_kind is RequestOutputKind.CUMULATIVE
-        try:
-            while True:
-                item = await stream.queue.get()
-                # the engine may run ahead of a slow consumer: cumulative outputs keep only the latest
-                # (DELTA outputs must all be handed over)
-                while (
-                    cumulative
-                    and not isinstance(item, BaseException)
-                    and not item.finished
-                    and not stream.queue.empty()
-                ):
-                    item = stream.queue.get_nowait()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                if item.finished:
-                    finished = True
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self._commands.put(_Abort(request_id))
+            self._num_pending_adds += len(requests)
+            streams = []
+            for prompt, params, request_id in requests:
+                sink = OutputSink(loop)
+                self._commands.put(_Add(request_id, prompt, params, time.time(), sink))
+                streams.append(RequestStream(request_id, sink, params.output_kind, self.abort_nowait))
+        return streams
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; its stream ends with finish_reason "abort"."""
@@ -187,7 +175,7 @@ class AsyncLLMEngine:
             while True:
                 idle = not engine.has_unfinished_requests()
                 if not self._handle_commands(block=idle):
-                    self._dead = EngineDeadError("the engine was shut down")
+                    self._dead = EngineShutdownError("the engine was shut down")
                     break
                 outputs = engine.step() if engine.has_unfinished_requests() else []
                 # the snapshot first: a consumer woken by this step's output sees stats of this step

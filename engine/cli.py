@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 
 from llmdeploy_engine.cli_args import (
     build_parser,
@@ -23,8 +24,9 @@ from llmdeploy_engine.cli_args import (
 from llmdeploy_engine.config import EngineConfig
 
 LOG_FORMAT = "%(levelname)s %(asctime)s %(name)s: %(message)s"
-# on SIGTERM the server stops accepting, lets in-flight requests finish for this long, then exits;
-# rendered Kubernetes pods give it more (terminationGracePeriodSeconds, tests/hardening checks)
+# on SIGTERM the server stops accepting, lets in-flight requests finish for this long, then answers
+# the rest 503 (streams: a final error event) and exits 0; rendered Kubernetes pods give it more
+# (terminationGracePeriodSeconds, tests/hardening checks)
 DRAIN_TIMEOUT_S = 30
 
 
@@ -64,9 +66,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         format=LOG_FORMAT,
     )
 
-    import uvicorn
     from llmdeploy_engine import async_engine
+    from llmdeploy_engine.server import request_body
     from llmdeploy_engine.server.app import build_app
+    from llmdeploy_engine.server.drain import DrainingServer, uvicorn_config
     from llmdeploy_engine.server.state import ServerSettings
 
     names = tuple(args.served_model_name or (config.model,))
@@ -77,10 +80,12 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
         max_queue_len=config.max_queue_len,
+        max_num_seqs_per_request=args.max_num_seqs_per_request,
         max_num_batched_tokens=config.max_num_batched_tokens,
         dtype=config.dtype,
         device=config.device,
         queue_full_errors=(async_engine.QueueFullError,),
+        shutdown_errors=(async_engine.EngineShutdownError,),
         log_requests=not args.disable_log_requests,
     )
 
@@ -93,14 +98,18 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         print(f"llmdeploy-engine serve: error: {e}", file=sys.stderr)
         sys.exit(2)
     app = build_app(settings, engine=engine)
-    uvicorn.run(
+    getattr(engine.tokenizer, "max_chars_per_token", None)  # computed once now, not in the first request
+    # the process that parses big request bodies starts now, not on the first big body
+    threading.Thread(target=request_body.parser_pool, name="llmdeploy-parser-start", daemon=True).start()
+    config_http = uvicorn_config(
         app,
+        DRAIN_TIMEOUT_S,
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=DRAIN_TIMEOUT_S,
         access_log=not args.disable_log_requests,
     )
+    DrainingServer(config_http, DRAIN_TIMEOUT_S, engine.shutdown).run()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -218,6 +218,15 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="waiting requests beyond this are refused with HTTP 503",
     )
     sched.add_argument(
+        "--max-num-seqs-per-request",
+        type=_positive_int,
+        default=256,
+        metavar="N",
+        help="most sequences one HTTP request may ask for (prompts x n of a completion request, n of a "
+        "chat request); more is refused with HTTP 400. A request is admitted to the waiting queue whole "
+        "or not at all (HTTP 503 when it does not fit), so at most --max-queue-len prompts per request",
+    )
+    sched.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=_positive_int,

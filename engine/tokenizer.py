@@ -100,6 +100,38 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters of input text one token can stand for, or None where that has no bound.
+
+        Known only for byte-level BPE with no normalizer and pre-tokenizers that split without
+        dropping text (GPT-2, Llama 3, Qwen, SmolLM): there every token is a vocabulary entry of at
+        most this many bytes (or an added token of at most this many characters), and a text has at
+        least as many bytes as characters, so a text of C characters has at least C / this tokens.
+        The server refuses a prompt that cannot fit before it tokenizes it in full."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        spec = json.loads(backend.to_str())
+        model = spec.get("model") or {}
+        if spec.get("normalizer") is not None or model.get("type") != "BPE":
+            return None
+        if model.get("unk_token") is not None and model.get("fuse_unk"):
+            return None  # one fused unknown token can stand for any length
+        pre = spec.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+        if not any(step.get("type") == "ByteLevel" for step in steps):
+            return None
+        for step in steps:
+            kind = step.get("type")
+            if kind not in ("ByteLevel", "Split", "Digits", "Punctuation"):
+                return None
+            if kind == "Split" and step.get("behavior") == "Removed":
+                return None
+        longest = max((len(token) for token in model.get("vocab", {})), default=0)
+        added = max((len(t.get("content", "")) for t in spec.get("added_tokens", [])), default=0)
+        return max(longest, added, 1)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         backend = self._backend
         if backend is not None:

@@ -21,9 +21,18 @@ from fastapi.responses import PlainTextResponse, Response
 from llmdeploy_engine.server import openai_routes, tgi_routes
 from llmdeploy_engine.server.auth import APIKeyMiddleware
 from llmdeploy_engine.server.body_limit import BodyLimitMiddleware
-from llmdeploy_engine.server.errors import drop_validation_responses, install_error_handlers
+from llmdeploy_engine.server.errors import (
+    APIError,
+    drop_validation_responses,
+    error_response,
+    install_error_handlers,
+)
+from llmdeploy_engine.server.generation import ClientDisconnected
 from llmdeploy_engine.server.metrics import ServerMetrics, read
+from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest
+from llmdeploy_engine.server.request_body import stop_parser_pool
 from llmdeploy_engine.server.state import ServedEngine, ServerSettings, ServerState, server_state
+from llmdeploy_engine.server.tgi_protocol import TGIRequest
 
 logger = logging.getLogger("llmdeploy_engine.server")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -73,6 +82,7 @@ def build_app(
         try:
             yield
         finally:
+            stop_parser_pool()
             if state.engine is not None:
                 await _shutdown(state.engine)
 
@@ -84,6 +94,13 @@ def build_app(
     )
     app.state.serving = state
     install_error_handlers(app)
+
+    async def on_disconnect(request: Request, exc: Exception) -> Response:
+        # the engine requests are aborted already; nobody reads this answer
+        logger.info("client closed the connection before the response of %s; its generation was aborted", exc)
+        return error_response(APIError(499, "the client closed the request", code="client_closed_request"))
+
+    app.add_exception_handler(ClientDisconnected, on_disconnect)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(BodyLimitMiddleware)  # outermost: an oversized body is refused before auth reads it
@@ -114,7 +131,14 @@ def build_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = drop_validation_responses(FastAPI.openapi(app))
+            schema = drop_validation_responses(FastAPI.openapi(app))
+            # the generation routes parse their bodies themselves (off the event loop): their schemas
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (CompletionRequest, ChatCompletionRequest, TGIRequest):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(body.pop("$defs", {}))
+                schemas[model.__name__] = body
+            app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

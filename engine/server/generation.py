@@ -1,15 +1,15 @@
 """One request's trip through the engine: prompt checks, metrics, and abort when the client goes.
 
-Routes never call `engine.generate` directly: `stream_outputs` records the latency and token
-metrics, turns a full queue into 503 and aborts the request in the engine (freeing its KV blocks)
-whenever the consumer stops early, such as when a streaming client disconnects. Non-streaming
-routes wrap their wait in `until_disconnect`, which cancels it (and so aborts) when the client goes.
+Routes never call the engine directly: a `Submission` admits all engine requests of one HTTP request
+at once (or answers 503 for all of them), records the latency and token metrics of each, and its
+`close()` aborts every part that has not finished (freeing their KV blocks) when one part fails or
+the client goes. Non-streaming routes wrap their wait in `until_disconnect`, which cancels it when
+the client disconnects; a streaming response closes its submission when its generator ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -47,28 +47,52 @@ def check_prompt_ids(state: ServerState, ids: Sequence[int], param: str) -> list
     return list(ids)
 
 
-def encode(state: ServerState, text: str, *, add_special_tokens: bool) -> list[int]:
+def encode(
+    state: ServerState,
+    text: str,
+    *,
+    add_special_tokens: bool,
+    max_tokens: int | None,
+    param: str,
+    prompt_param: str,
+) -> list[int]:
+    """Token ids of a prompt; a prompt that cannot fit in max_model_len is refused before it is
+    tokenized in full where the tokenizer bounds how much text one token stands for. Call it off the
+    event loop (a 10 MB prompt takes seconds to tokenize)."""
     tokenizer = state.ready_engine().tokenizer
+    chars_per_token = getattr(tokenizer, "max_chars_per_token", None)
+    if isinstance(chars_per_token, int) and chars_per_token > 0:
+        resolve_max_tokens(
+            state, -(-len(text) // chars_per_token), max_tokens, param, prompt_param, at_least=True
+        )
     return [int(t) for t in tokenizer.encode(text, add_special_tokens=add_special_tokens)]
 
 
 def resolve_max_tokens(
-    state: ServerState, num_prompt_tokens: int, max_tokens: int | None, param: str, prompt_param: str
+    state: ServerState,
+    num_prompt_tokens: int,
+    max_tokens: int | None,
+    param: str,
+    prompt_param: str,
+    *,
+    at_least: bool = False,
 ) -> int:
-    """The completion budget, or 400 when prompt plus budget passes max_model_len (vLLM's wording)."""
+    """The completion budget, or 400 when prompt plus budget passes max_model_len (vLLM's wording).
+    `at_least`: `num_prompt_tokens` is a lower bound from the prompt's length (not tokenized yet)."""
     max_len = int(state.ready_engine().max_model_len)
+    has = "at least " if at_least else ""
     if max_tokens is None:
         if num_prompt_tokens >= max_len:
             raise bad_request(
                 f"This model's maximum context length is {max_len} tokens. However, your request has "
-                f"{num_prompt_tokens} input tokens. Please reduce the length of the input.",
+                f"{has}{num_prompt_tokens} input tokens. Please reduce the length of the input.",
                 prompt_param,
             )
         return max_len - num_prompt_tokens
     if num_prompt_tokens + max_tokens > max_len:
         raise bad_request(
             f"This model's maximum context length is {max_len} tokens. However, you requested "
-            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the input, {max_tokens} in the "
+            f"{has}{num_prompt_tokens + max_tokens} tokens ({has}{num_prompt_tokens} in the input, {max_tokens} in the "
             f"completion). Please reduce the length of the input or completion.",
             prompt_param if num_prompt_tokens >= max_len else param,
         )
@@ -87,25 +111,61 @@ def make_params(state: ServerState, **kwargs: Any) -> SamplingParams:
         raise bad_request(str(e)) from e
 
 
-_PENDING_ABORTS: set[asyncio.Future[None]] = set()  # strong references until each abort ran
+def check_request_size(state: ServerState, num_prompts: int, n: int, prompt_param: str) -> None:
+    """400 for a request whose prompts x n pass --max-num-seqs-per-request, or whose prompts could
+    never all fit in the waiting queue (a request is admitted whole or not at all)."""
+    limit = state.settings.max_num_seqs_per_request
+    if num_prompts * n > limit:
+        raise bad_request(
+            f"this request asks for {num_prompts * n} sequences ({num_prompts} prompts x n={n}); this "
+            f"server takes at most {limit} per request (--max-num-seqs-per-request)",
+            prompt_param if n == 1 else "n",
+        )
+    if num_prompts > state.settings.max_queue_len:
+        raise bad_request(
+            f"this request has {num_prompts} prompts; this server queues at most "
+            f"{state.settings.max_queue_len} (--max-queue-len)",
+            prompt_param,
+        )
 
 
-async def _abort(state: ServerState, request_id: str) -> None:
-    engine = state.engine
-    if engine is None:
-        return
-    try:
-        result = engine.abort(request_id)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        logger.exception("aborting request %s failed", request_id)
+Part = tuple[list[int], SamplingParams, str]  # prompt ids, parameters, engine request id
 
 
-async def stream_outputs(
-    state: ServerState, prompt_ids: list[int], params: SamplingParams, request_id: str
+class Submission:
+    """The engine requests of one HTTP request, admitted together. `close()` aborts every one that has
+    not finished: routes call it in a `finally`, so a failed part or a client that left takes the
+    whole request out of the engine."""
+
+    def __init__(self, state: ServerState, parts: Sequence[Part]) -> None:
+        engine = state.ready_engine()
+        try:
+            self._sources: list[Any] = list(engine.generate_batch(parts))
+        except state.settings.queue_full_errors as e:
+            raise APIError(
+                503, f"the server is overloaded: {e}", code="queue_full", headers={"Retry-After": "1"}
+            ) from e
+        except state.settings.shutdown_errors as e:
+            raise shutting_down() from e
+        self.streams = [
+            _observed(state, ids, request_id, source)
+            for (ids, _, request_id), source in zip(parts, self._sources, strict=True)
+        ]
+
+    def close(self) -> None:
+        for source in self._sources:
+            source.close()
+
+
+def shutting_down() -> APIError:
+    message = "the server is shutting down; retry on another replica"
+    return APIError(503, message, code="server_shutting_down", headers={"Retry-After": "5"})
+
+
+async def _observed(
+    state: ServerState, prompt_ids: list[int], request_id: str, source: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[RequestOutput]:
-    engine = state.ready_engine()
+    """One engine request's outputs, recording latency and token metrics and its request log line."""
     metrics = state.metrics
     start = time.monotonic()
     first_s: float | None = None
@@ -115,8 +175,7 @@ async def stream_outputs(
     final: RequestOutput | None = None
     try:
         try:
-            stream = engine.generate(prompt_ids, params, request_id)
-            async for output in stream:
+            async for output in source:
                 now = time.monotonic()
                 num_tokens = sum(len(c.token_ids) for c in output.outputs)
                 longest = max((len(c.token_ids) for c in output.outputs), default=0)
@@ -136,10 +195,8 @@ async def stream_outputs(
                 yield output
                 if output.finished:
                     break
-        except state.settings.queue_full_errors as e:
-            raise APIError(
-                503, f"the server is overloaded: {e}", code="queue_full", headers={"Retry-After": "1"}
-            ) from e
+        except state.settings.shutdown_errors as e:
+            raise shutting_down() from e
         except ValueError as e:
             # The engine validates a request before producing anything; its ValueError is the user's.
             if final is not None:
@@ -147,6 +204,7 @@ async def stream_outputs(
             raise bad_request(str(e)) from e
     finally:
         # No await before the bookkeeping: under a cancelled (anyio) scope every await raises again.
+        source.close()  # type: ignore[attr-defined]
         done = final is not None and final.finished
         if final is not None or first_s is not None:
             reasons = [c.finish_reason for c in final.outputs] if final is not None and done else []
@@ -168,10 +226,6 @@ async def stream_outputs(
                 seen_tokens,
                 "finished" if done else ("aborted" if final is not None else "not started"),
             )
-        if not done:
-            task = asyncio.ensure_future(_abort(state, request_id))
-            _PENDING_ABORTS.add(task)
-            task.add_done_callback(_PENDING_ABORTS.discard)
 
 
 async def last_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
@@ -182,6 +236,20 @@ async def last_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
     return final
 
 
+async def all_outputs(streams: Sequence[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    """The final output of every stream; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(last_output(s)) for s in streams]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -189,8 +257,13 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+class ClientDisconnected(Exception):
+    """The client closed the connection before its non-streaming response was ready."""
+
+
 async def until_disconnect(request: Request, work: Any) -> Any:
-    """Run `work` (a coroutine); cancel it when the client disconnects first (its finally aborts)."""
+    """Run `work` (a coroutine); cancel it when the client disconnects first (the route's `finally`
+    then aborts its engine requests) and raise ClientDisconnected."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -199,8 +272,11 @@ async def until_disconnect(request: Request, work: Any) -> Any:
         watcher.cancel()
         if not task.done():
             task.cancel()
+    if not task.done():
+        # let the cancelled work unwind (its streams' bookkeeping runs) before the route goes on
+        await asyncio.wait({task})
     if task.cancelled():
-        raise APIError(499, "the client closed the request", code="client_closed_request")
+        raise ClientDisconnected(f"{request.method} {request.url.path}")
     return task.result()
 
 

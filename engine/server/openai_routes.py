@@ -12,13 +12,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, bad_request
 from llmdeploy_engine.server.generation import (
+    Part,
+    Submission,
+    all_outputs,
     check_model,
     check_prompt_ids,
+    check_request_size,
     encode,
     last_output,
     make_params,
     resolve_max_tokens,
-    stream_outputs,
     until_disconnect,
 )
 from llmdeploy_engine.server.openai_format import (
@@ -34,6 +37,7 @@ from llmdeploy_engine.server.openai_stream import (
     guarded,
     start_streams,
 )
+from llmdeploy_engine.server.request_body import openapi_body, read_body
 from llmdeploy_engine.server.state import ServerState, server_state
 
 logger = logging.getLogger("llmdeploy_engine.server")
@@ -61,40 +65,62 @@ async def list_models(request: Request) -> dict[str, Any]:
     }
 
 
-def _completion_inputs(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str]]:
-    out = []
-    for prompt in body.prompts():
+Prepared = tuple[list[tuple[list[int], str]], list[Part]]  # (ids, echo text) per prompt; engine parts
+
+
+def _prepare_completion(state: ServerState, body: CompletionRequest, request_id: str) -> Prepared:
+    """Tokenize and check every prompt (runs in a worker thread)."""
+    prompts = body.prompts()
+    check_request_size(state, len(prompts), body.n, "prompt")
+    inputs, parts = [], []
+    for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
-            out.append((encode(state, prompt, add_special_tokens=True), prompt))
+            ids = encode(
+                state,
+                prompt,
+                add_special_tokens=True,
+                max_tokens=body.max_tokens,
+                param="max_tokens",
+                prompt_param="prompt",
+            )
+            inputs.append((ids, prompt))
         else:
             ids = check_prompt_ids(state, prompt, "prompt")
             text = str(state.ready_engine().tokenizer.decode(ids)) if body.echo else ""
-            out.append((ids, text))
-    return out
-
-
-@router.post("/v1/completions", responses=JSON_OR_STREAM)
-async def create_completion(body: CompletionRequest, request: Request) -> Any:
-    state = server_state(request)
-    check_model(state, body.model)
-    tokenizer = state.ready_engine().tokenizer
-    inputs = _completion_inputs(state, body)
-    request_id = f"cmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    model = body.model or state.settings.model_name
-    streams = []
-    for i, (ids, _) in enumerate(inputs):
+            inputs.append((ids, text))
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens", "prompt")
         params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.logprobs)
-        streams.append(stream_outputs(state, ids, params, f"{request_id}-{i}"))
+        parts.append((ids, params, f"{request_id}-{i}"))
+    return inputs, parts
+
+
+@router.post("/v1/completions", responses=JSON_OR_STREAM, openapi_extra=openapi_body(CompletionRequest))
+async def create_completion(request: Request) -> Any:
+    state = server_state(request)
+    body = await read_body(request, CompletionRequest)
+    check_model(state, body.model)
+    state.ready_engine()
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    inputs, parts = await asyncio.to_thread(_prepare_completion, state, body, request_id)
+    tokenizer = state.ready_engine().tokenizer
+    created = int(time.time())
+    model = body.model or state.settings.model_name
+    submission = Submission(state, parts)
     if body.stream:
-        started = await start_streams(request, streams)
+        try:
+            started = await start_streams(request, submission.streams)
+        except BaseException:
+            submission.close()
+            raise
         return StreamingResponse(
-            guarded(completion_events(state, body, inputs, started, request_id, created, model)),
+            guarded(completion_events(state, body, inputs, started, request_id, created, model), submission),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-    finals = await until_disconnect(request, asyncio.gather(*(last_output(s) for s in streams)))
+    try:
+        finals = await until_disconnect(request, all_outputs(submission.streams))
+    finally:
+        submission.close()
     choices, num_prompt, num_completion = [], 0, 0
     for i, (final, (_, text)) in enumerate(zip(finals, inputs, strict=True)):
         num_prompt += len(final.prompt_token_ids)
@@ -113,6 +139,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 
 
 def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    """Render the chat template and tokenize it (runs in a worker thread)."""
     tokenizer = state.ready_engine().tokenizer
     messages = [
         {"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages
@@ -122,32 +149,56 @@ def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int
     except Exception as e:  # the template is user-facing: a failure is about these messages
         raise bad_request(f"the chat template failed on these messages: {e}", "messages") from e
     if isinstance(rendered, str):
-        return encode(state, rendered, add_special_tokens=False)
+        return encode(
+            state,
+            rendered,
+            add_special_tokens=False,
+            max_tokens=body.completion_budget,
+            param="max_completion_tokens",
+            prompt_param="messages",
+        )
     return [int(t) for t in rendered]
 
 
-@router.post("/v1/chat/completions", responses=JSON_OR_STREAM)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
-    state = server_state(request)
-    check_model(state, body.model)
-    tokenizer = state.ready_engine().tokenizer
+def _prepare_chat(state: ServerState, body: ChatCompletionRequest, request_id: str) -> Part:
+    check_request_size(state, 1, body.n, "messages")
     ids = chat_prompt_ids(state, body)
     max_tokens = resolve_max_tokens(
         state, len(ids), body.completion_budget, "max_completion_tokens", "messages"
     )
     params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.num_logprobs())
+    return ids, params, request_id
+
+
+@router.post(
+    "/v1/chat/completions", responses=JSON_OR_STREAM, openapi_extra=openapi_body(ChatCompletionRequest)
+)
+async def create_chat_completion(request: Request) -> Any:
+    state = server_state(request)
+    body = await read_body(request, ChatCompletionRequest)
+    check_model(state, body.model)
+    state.ready_engine()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    part = await asyncio.to_thread(_prepare_chat, state, body, request_id)
+    tokenizer = state.ready_engine().tokenizer
     created = int(time.time())
     model = body.model or state.settings.model_name
-    stream = stream_outputs(state, ids, params, request_id)
+    submission = Submission(state, [part])
     if body.stream:
-        started = await start_streams(request, [stream])
+        try:
+            started = await start_streams(request, submission.streams)
+        except BaseException:
+            submission.close()
+            raise
         return StreamingResponse(
-            guarded(chat_events(state, body, started[0], request_id, created, model)),
+            guarded(chat_events(state, body, started[0], request_id, created, model), submission),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-    final = await until_disconnect(request, last_output(stream))
+    try:
+        final = await until_disconnect(request, last_output(submission.streams[0]))
+    finally:
+        submission.close()
     choices = [chat_choice(tokenizer, c.index, c, body.num_logprobs()) for c in final.outputs]
     num_completion = sum(len(c.token_ids) for c in final.outputs)
     return {

@@ -10,6 +10,7 @@ from fastapi import Request
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.server.errors import APIError, error_body
 from llmdeploy_engine.server.generation import (
+    Submission,
     merge,
     until_disconnect,
 )
@@ -51,8 +52,10 @@ async def start_streams(
     return started
 
 
-async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """An error after the 200 header went out can only be reported as an event."""
+async def guarded(events: AsyncIterator[str], submission: Submission) -> AsyncIterator[str]:
+    """An error after the 200 header went out can only be reported as an event: `data: {"error":
+    {...}}` in OpenAI's error shape, then `data: [DONE]` (as vLLM ends a failed stream). Whichever
+    way the stream ends, every engine request of the submission that has not finished is aborted."""
     try:
         async for event in events:
             yield event
@@ -63,6 +66,8 @@ async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
         logger.exception("stream failed")
         yield sse(error_body(500, f"internal server error: {type(e).__name__}", code="internal_error"))
         yield sse("[DONE]")
+    finally:
+        submission.close()
 
 
 async def completion_events(

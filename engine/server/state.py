@@ -15,9 +15,10 @@ class ServedEngine(Protocol):
     tokenizer: Any
     max_model_len: int
 
-    def generate(self, prompt: str | list[int], params: Any, request_id: str) -> Any: ...
-
-    def abort(self, request_id: str) -> Any: ...
+    def generate_batch(self, requests: Any) -> Any:
+        """Admit (prompt ids, params, request id) triples whole or not at all; one stream each, whose
+        `close()` aborts it (see `AsyncLLMEngine.generate_batch`)."""
+        ...
 
     def stats(self) -> Any: ...
 
@@ -30,11 +31,14 @@ class ServerSettings:
     block_size: int = 16
     max_num_seqs: int = 256
     max_queue_len: int = 1024
+    max_num_seqs_per_request: int = 256  # prompts x n of one request; more is a 400
     max_num_batched_tokens: int | None = None
     dtype: str = "auto"
     device: str = "auto"
     # exception types the engine raises when its waiting queue is full (answered with 503)
     queue_full_errors: tuple[type[BaseException], ...] = ()
+    # exception types the engine raises once shutdown() stopped it (answered with 503 "shutting down")
+    shutdown_errors: tuple[type[BaseException], ...] = ()
     log_requests: bool = True
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -13,15 +14,16 @@ from fastapi.responses import StreamingResponse
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestOutput
 from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, STREAM_ONLY, APIError
 from llmdeploy_engine.server.generation import (
+    Submission,
     encode,
     last_output,
     make_params,
     resolve_max_tokens,
-    stream_outputs,
     until_disconnect,
 )
 from llmdeploy_engine.server.openai_format import finite, token_text
 from llmdeploy_engine.server.openai_stream import SSE_HEADERS, primed
+from llmdeploy_engine.server.request_body import openapi_body, read_body
 from llmdeploy_engine.server.state import ServerState, server_state
 from llmdeploy_engine.server.tgi_protocol import DEFAULT_MAX_NEW_TOKENS, TGIRequest
 
@@ -70,9 +72,17 @@ def _top_tokens(
 
 
 def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
-    state.ready_engine()
-    ids = encode(state, body.inputs, add_special_tokens=True)
+    """Tokenize and check the request (runs in a worker thread)."""
     p = body.parameters
+    ids = encode(
+        state,
+        body.inputs,
+        add_special_tokens=True,
+        # a truncated prompt fits whatever its length; an unset max_new_tokens shrinks to fit
+        max_tokens=p.max_new_tokens if p.truncate is None else None,
+        param="max_new_tokens",
+        prompt_param="inputs",
+    )
     if p.truncate is not None:
         ids = ids[-p.truncate :]
     wanted = p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
@@ -99,12 +109,19 @@ def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[
     return details
 
 
-async def _generate_one(request: Request, body: TGIRequest) -> dict[str, Any]:
+async def _submit(request: Request, body: TGIRequest) -> tuple[ServerState, Submission, int]:
     state = server_state(request)
-    ids, params = _prepare(state, body)
-    final: RequestOutput = await until_disconnect(
-        request, last_output(stream_outputs(state, ids, params, f"tgi-{uuid.uuid4().hex}"))
-    )
+    state.ready_engine()
+    ids, params = await asyncio.to_thread(_prepare, state, body)
+    return state, Submission(state, [(ids, params, f"tgi-{uuid.uuid4().hex}")]), len(ids)
+
+
+async def _generate_one(request: Request, body: TGIRequest) -> dict[str, Any]:
+    state, submission, _ = await _submit(request, body)
+    try:
+        final: RequestOutput = await until_disconnect(request, last_output(submission.streams[0]))
+    finally:
+        submission.close()
     c = final.outputs[0]
     text = (body.inputs + c.text) if body.parameters.return_full_text else c.text
     out: dict[str, Any] = {"generated_text": text}
@@ -114,7 +131,11 @@ async def _generate_one(request: Request, body: TGIRequest) -> dict[str, Any]:
 
 
 async def _stream_events(
-    state: ServerState, body: TGIRequest, stream: AsyncIterator[RequestOutput], num_prompt_tokens: int
+    state: ServerState,
+    body: TGIRequest,
+    stream: AsyncIterator[RequestOutput],
+    num_prompt_tokens: int,
+    submission: Submission,
 ) -> AsyncIterator[str]:
     tokenizer = state.ready_engine().tokenizer
     special = _special_ids(tokenizer)
@@ -162,34 +183,46 @@ async def _stream_events(
     except Exception as e:
         logger.exception("TGI stream failed")
         yield _event({"error": f"internal server error: {type(e).__name__}", "error_type": "generation"})
+    finally:
+        submission.close()
 
 
 async def _stream_response(request: Request, body: TGIRequest) -> StreamingResponse:
-    state = server_state(request)
-    ids, params = _prepare(state, body)
-    stream = stream_outputs(state, ids, params, f"tgi-{uuid.uuid4().hex}")
-    started = await until_disconnect(request, primed(stream))
+    state, submission, num_prompt_tokens = await _submit(request, body)
+    try:
+        started = await until_disconnect(request, primed(submission.streams[0]))
+    except BaseException:
+        submission.close()
+        raise
     return StreamingResponse(
-        _stream_events(state, body, started, len(ids)), media_type="text/event-stream", headers=SSE_HEADERS
+        _stream_events(state, body, started, num_prompt_tokens, submission),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
-@router.post("/", responses=JSON_OR_STREAM)
-async def compat_generate(body: TGIRequest, request: Request) -> Any:
+@router.post("/", responses=JSON_OR_STREAM, openapi_extra=openapi_body(TGIRequest))
+async def compat_generate(request: Request) -> Any:
     """TGI's root route: a list with one result, or an SSE stream when `stream` is true."""
+    body = await read_body(request, TGIRequest)
     if body.stream:
         return await _stream_response(request, body)
     return [await _generate_one(request, body)]
 
 
-@router.post("/generate")
-async def generate(body: TGIRequest, request: Request) -> dict[str, Any]:
-    return await _generate_one(request, body)
+@router.post("/generate", openapi_extra=openapi_body(TGIRequest))
+async def generate(request: Request) -> dict[str, Any]:
+    return await _generate_one(request, await read_body(request, TGIRequest))
 
 
-@router.post("/generate_stream", responses=STREAM_ONLY, response_class=StreamingResponse)
-async def generate_stream(body: TGIRequest, request: Request) -> StreamingResponse:
-    return await _stream_response(request, body)
+@router.post(
+    "/generate_stream",
+    responses=STREAM_ONLY,
+    response_class=StreamingResponse,
+    openapi_extra=openapi_body(TGIRequest),
+)
+async def generate_stream(request: Request) -> StreamingResponse:
+    return await _stream_response(request, await read_body(request, TGIRequest))
 
 
 @router.get("/info")

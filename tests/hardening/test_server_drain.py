@@ -67,16 +67,18 @@ async def _stream(
                     assert response.headers.get("retry-after", "").isdigit()
                     assert_openai_error(httpx.Response(response.status_code, content=response.content))
                 return f"HTTP {response.status_code}"
-            done = finished = False
+            done = finished = errored = False
             async for line in response.aiter_lines():
                 if started is not None and line.startswith("data: "):
                     started.set()
                 if line == "data: [DONE]":
                     done = True
                 elif line.startswith("data: "):
-                    finished = finished or any(
-                        c.get("finish_reason") for c in json.loads(line[6:])["choices"]
-                    )
+                    chunk = json.loads(line[6:])
+                    errored = errored or "error" in chunk
+                    finished = finished or any(c.get("finish_reason") for c in chunk.get("choices", []))
+            if errored:
+                return "error event" if done else "cut off"
             return "completed" if done and finished else "cut off"
     except httpx.HTTPError as e:
         return type(e).__name__
@@ -135,10 +137,67 @@ def test_sigterm_drains_in_flight_then_exits(small_server: EngineServer) -> None
     record("SIGTERM: new requests accepted after the signal", int(late == "completed"))
     assert outcomes == ["completed"] * num_in_flight
     assert late in ("ConnectError", "HTTP 503"), late
-    # uvicorn re-raises the signal it caught once the drain is done, so a clean exit reads as -SIGTERM
-    assert small_server.proc.returncode in (0, -signal.SIGTERM), small_server.proc.returncode
+    assert small_server.proc.returncode == 0, small_server.proc.returncode  # a clean drain exits 0
     assert exit_s < DRAIN_TIMEOUT_S + 5
     assert "Traceback" not in small_server.log()
+
+
+async def _sse(client: httpx.AsyncClient, url: str, max_tokens: int, started: asyncio.Event) -> list[str]:
+    """A streaming completion's `data:` payloads, or ["HTTP <status>", <body>] when refused."""
+    body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True}
+    async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as response:
+        if response.status_code != 200:
+            return [f"HTTP {response.status_code}", (await response.aread()).decode()]
+        events = []
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                started.set()
+                events.append(line[len("data: ") :])
+        return events
+
+
+def test_sigterm_past_the_drain_ends_every_request_cleanly(tmp_path: Path) -> None:
+    """Work that cannot finish in the drain: queued requests get 503 in OpenAI's shape, a running
+    stream a final error event and [DONE]; the process still exits 0."""
+    server = start(
+        tmp_path, "--max-model-len", "4096", "--kv-cache-memory-bytes", "256M", "--max-num-seqs", "1"
+    )
+
+    async def scenario() -> tuple[list[str], httpx.Response, list[str], float]:
+        async with httpx.AsyncClient(timeout=DRAIN_TIMEOUT_S + 60) as client:
+            running_started, queued_started = asyncio.Event(), asyncio.Event()
+            running = asyncio.create_task(_sse(client, server.url, 4000, running_started))
+            await asyncio.wait_for(running_started.wait(), 120)
+            body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 8}
+            queued_plain = asyncio.create_task(client.post(server.url + "/v1/completions", json=body))
+            queued_stream = asyncio.create_task(_sse(client, server.url, 8, queued_started))
+            await asyncio.sleep(1.0)
+            signalled = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            results = await asyncio.gather(running, queued_plain, queued_stream)
+            await asyncio.to_thread(server.proc.wait, DRAIN_TIMEOUT_S + 30)
+            return results[0], results[1], results[2], time.monotonic() - signalled
+
+    try:
+        streamed, plain, queued, exit_s = asyncio.run(scenario())
+    except subprocess.TimeoutExpired:
+        server.stop()
+        pytest.fail(f"the server did not exit within {DRAIN_TIMEOUT_S + 30} s of SIGTERM")
+    print(
+        f"\npast the drain: stream ended {streamed[-2:]}, queued: {plain.status_code}, {queued[:1]}; exit {exit_s:.1f} s"
+    )
+    assert streamed[-1] == "[DONE]", streamed[-3:]
+    final = json.loads(streamed[-2])
+    assert set(final) == {"error"} and final["error"]["code"] == "server_shutting_down", final
+    assert len(streamed) > 3  # it was generating before the deadline
+    assert plain.status_code == 503, plain.text
+    assert_openai_error(plain)
+    assert queued[0] == "HTTP 503", queued
+    assert_openai_error(httpx.Response(503, content=queued[1].encode()))
+    assert server.proc.returncode == 0, server.proc.returncode
+    assert DRAIN_TIMEOUT_S <= exit_s < DRAIN_TIMEOUT_S + 10
+    assert "Traceback" not in server.log(), server.log()[-3000:]
+    record("SIGTERM past the drain: requests cut off, all answered 503 or an error event", 3)
 
 
 def test_kubernetes_grace_period_covers_the_drain() -> None:

@@ -58,6 +58,30 @@ class FakeReport:
         return [f"KV cache size: {self.kv_cache_tokens} tokens"]
 
 
+class FakeStream:
+    """What `generate_batch` hands out: an async iterator whose close() aborts an unfinished request."""
+
+    def __init__(self, engine: FakeEngine, source: AsyncIterator[RequestOutput], request_id: str) -> None:
+        self.engine, self.source, self.request_id = engine, source, request_id
+        self.finished = False
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        out = await self.source.__anext__()
+        self.finished = out.finished
+        return out
+
+    def close(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.engine.aborted.append(self.request_id)
+            self.engine.running.discard(self.request_id)
+
+
 class FakeEngine:
     def __init__(
         self,
@@ -81,6 +105,11 @@ class FakeEngine:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
         self.running.discard(request_id)
+
+    def generate_batch(self, requests: list[tuple[list[int], SamplingParams, str]]) -> list[FakeStream]:
+        if self.queue_full:
+            raise QueueFull("waiting queue is full (1 requests)")
+        return [FakeStream(self, self.generate(p, params, rid), rid) for p, params, rid in requests]
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str
