@@ -130,5 +130,8 @@ def normalize_quantized(spec: QuantSpec, weights: dict[str, torch.Tensor]) -> di
                 k = t.shape[0] * 8
                 out[g_idx] = (torch.arange(k) // spec.group(k)).to(torch.int32)
     if dropped:
-        logger.info("fp8 checkpoint: %d static input_scale tensors not used (activations are scaled per token)", dropped)
+        logger.info(
+            "fp8 checkpoint: %d static input_scale tensors not used (activations are scaled per token)",
+            dropped,
+        )
     return out

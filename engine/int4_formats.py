@@ -54,7 +54,9 @@ def quantize_int4(
     format, which cannot store 0)."""
     n, k = w.shape
     if k % group_size:
-        raise ValueError(f"{k} input features do not split into groups of {group_size}; pick a group size that divides it")
+        raise ValueError(
+            f"{k} input features do not split into groups of {group_size}; pick a group size that divides it"
+        )
     perm = None
     if g_idx is not None:
         perm = torch.argsort(g_idx.to(w.device), stable=True)

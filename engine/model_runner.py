@@ -38,6 +38,7 @@ from llmdeploy_engine.distributed import (
 )
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model import CausalLM
+from llmdeploy_engine.quant_linear import QuantWeight
 from llmdeploy_engine.multi_step import DecodeWindow, check_decode_window, check_follow_rows, step_batch
 from llmdeploy_engine.sampler import WindowSampler
 from llmdeploy_engine.sampling_params import SamplingParams
@@ -202,6 +203,8 @@ class ModelRunner:
             )
         self.model = self._load_model()
         weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # quantized projections hold their weights in buffers (quant_linear.py)
+        weights_bytes += sum(w.stored_bytes() for w in self.model.modules() if isinstance(w, QuantWeight))
         load_time_s = time.perf_counter() - start
 
         model_len = config.max_model_len or self.model_config.max_position_embeddings

@@ -84,10 +84,20 @@ def quantization_config(
             "config_groups": {
                 "group_0": {
                     "targets": ["Linear"],
-                    "weights": {"num_bits": 8, "type": "float", "strategy": fp8_strategy,
-                                "symmetric": True, "dynamic": False},  # fmt: skip
-                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                          "symmetric": True, "dynamic": True},  # fmt: skip
+                    "weights": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": fp8_strategy,
+                        "symmetric": True,
+                        "dynamic": False,
+                    },
+                    "input_activations": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "token",
+                        "symmetric": True,
+                        "dynamic": True,
+                    },
                 }
             },
             "ignore": ["lm_head"],
@@ -102,7 +112,7 @@ def quantize_tensors(
     """The checkpoint tensors of projection weight `name` ([N, K], any float dtype), on CPU. GPTQ
     act-order: the inputs are grouped in `order` (a permutation of K), else in one drawn from gen."""
     base = name.removesuffix(".weight")
-    n, k = w.shape
+    k = w.shape[1]
     if method == "fp8":
         wf = w.float()
         if qcfg["config_groups"]["group_0"]["weights"]["strategy"] == "channel":

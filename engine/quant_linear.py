@@ -70,7 +70,9 @@ class QuantWeight(nn.Module):
     def _gemv(self, kernels: Any, x: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
-    def _batched(self, kernels: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    def _batched(
+        self, kernels: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def _fusable(self) -> bool:
@@ -224,7 +226,9 @@ class Int4Weight(QuantWeight):
         )  # fmt: skip
         return pair
 
-    def _batched(self, kernels: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    def _batched(
+        self, kernels: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
         if x.shape[0] >= DEQUANT_GEMM_ROWS:
             w = self.dequantize(x.dtype)
             if out is None:
@@ -278,13 +282,17 @@ class Fp8Weight(QuantWeight):
         )
         return pair
 
-    def _batched(self, kernels: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    def _batched(
+        self, kernels: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
         # per-token dynamic activation scales (the checkpoint's static input_scale is not used)
         amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
         x_scale = amax / FP8_MAX
         xq = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         w = self.weight_bytes.view(torch.float8_e4m3fn)
-        y = torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=self.weight_scale[None, :], out_dtype=x.dtype)
+        y = torch._scaled_mm(
+            xq, w.t(), scale_a=x_scale, scale_b=self.weight_scale[None, :], out_dtype=x.dtype
+        )
         if bias is not None:
             y = y + bias
         if out is None:

@@ -77,10 +77,16 @@ class PartLoader:
             codes, scales, zeros = unpack_awq(got["qweight"], got["qzeros"], got["scales"])
             g_idx = torch.arange(codes.shape[1]) // self.spec.group(codes.shape[1])
         else:
-            codes, scales, zeros = unpack_gptq(got["qweight"], got["qzeros"], got["scales"], self.spec.zeros_offset)
+            codes, scales, zeros = unpack_gptq(
+                got["qweight"], got["qzeros"], got["scales"], self.spec.zeros_offset
+            )
             g_idx = got["g_idx"].long()
         first, n, dest = rows if rows is not None else (0, codes.shape[0], 0)
-        codes, scales, zeros = codes.narrow(0, first, n), scales.narrow(0, first, n), zeros.narrow(0, first, n)
+        codes, scales, zeros = (
+            codes.narrow(0, first, n),
+            scales.narrow(0, first, n),
+            zeros.narrow(0, first, n),
+        )
         if cols is not None and cols[1] != codes.shape[1]:  # a tensor-parallel rank's input slice
             start, width = cols
             assert isinstance(self.weight, Int4Weight)

@@ -35,7 +35,9 @@ def _nibbles_f32(words):
 
 
 @triton.jit
-def _prologue_row(x_ptr, r_ptr, nw_ptr, kk, kmask, up_off, rstd, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr):
+def _prologue_row(
+    x_ptr, r_ptr, nw_ptr, kk, kmask, up_off, rstd, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr
+):
     """One input row over the columns kk (any shape), after the fused prologue, in float32."""
     if PROLOGUE == 1:
         h = tl.load(x_ptr + kk, mask=kmask, other=0.0)
@@ -134,7 +136,9 @@ def _qgemv_kernel(
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             kmask = kk < K
-            wb = tl.load(w_ptr + cols64[:, None] * K + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0)
+            wb = tl.load(
+                w_ptr + cols64[:, None] * K + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0
+            )
             wf = wb.to(tl.float8e4nv, bitcast=True).to(tl.float32)
             for m in tl.static_range(BLOCK_M):
                 rstd_m = tl.sum(tl.where(rows == m, rstd, 0.0), 0)
@@ -235,13 +239,15 @@ def _int4_gemm_kernel(
             mask=rmask[:, None] & ((k0 + ks)[None, :] < K),
             other=0.0,
         )
-        q = tl.load(w_ptr + cols64[:, None] * (K // 8) + (k0 // 8 + wi)[None, :], mask=cmask[:, None], other=0)
+        q = tl.load(
+            w_ptr + cols64[:, None] * (K // 8) + (k0 // 8 + wi)[None, :], mask=cmask[:, None], other=0
+        )
         g = k0 // G
         s = tl.load(s_ptr + cols64 * stride_sn + g, mask=cmask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + cols64 * stride_sn + g, mask=cmask, other=0).to(tl.float32)
         qf = tl.reshape(_nibbles_f32(q), (BLOCK_N, BLOCK_K))
         w = ((qf - z[:, None]) * s[:, None]).to(x.dtype)
-        if IEEE:
+        if IEEE:  # noqa: SIM108
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
@@ -280,7 +286,9 @@ def int4_gemm(
 
 
 @triton.jit
-def _int4_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, G, stride_sn, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+def _int4_dequant_kernel(
+    w_ptr, s_ptr, z_ptr, out_ptr, N, K, G, stride_sn, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr
+):
     pid_n, pid_w = tl.program_id(0), tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     words = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
@@ -292,7 +300,11 @@ def _int4_dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, G, stride_sn, BLOCK
     z = tl.load(z_ptr + cols64[:, None] * stride_sn + grp[None, :], mask=mask, other=0).to(tl.float32)
     w = (_nibbles_f32(q) - z[:, :, None]) * s[:, :, None]
     kk = words[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(out_ptr + cols64[:, None, None] * K + kk[None, :, :], w.to(out_ptr.dtype.element_ty), mask=mask[:, :, None])
+    tl.store(
+        out_ptr + cols64[:, None, None] * K + kk[None, :, :],
+        w.to(out_ptr.dtype.element_ty),
+        mask=mask[:, :, None],
+    )
 
 
 def int4_dequantize(
@@ -301,5 +313,7 @@ def int4_dequantize(
     n, k = qweight.shape[0], qweight.shape[1] * 8
     out = torch.empty((n, k), dtype=dtype, device=qweight.device)
     grid = (triton.cdiv(n, 32), triton.cdiv(k // 8, 32))
-    _int4_dequant_kernel[grid](qweight, scales, zeros, out, n, k, group_size, scales.stride(0), BLOCK_N=32, BLOCK_W=32)
+    _int4_dequant_kernel[grid](
+        qweight, scales, zeros, out, n, k, group_size, scales.stride(0), BLOCK_N=32, BLOCK_W=32
+    )
     return out

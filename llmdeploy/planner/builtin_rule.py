@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-
 # bytes the engine stores per parameter of a quantized decoder projection (engine/quant_linear.py):
 # int4 codes, plus per group of 128 inputs one scale in the model dtype and one uint8 zero point
 # (added in weights_bytes); fp8 one byte (a float32 scale per output row is negligible)

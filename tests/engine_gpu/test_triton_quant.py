@@ -104,7 +104,9 @@ def test_quantized_layers_on_cuda_match_their_cpu_reference(method: str) -> None
         tensors.update(quantize_tensors(f"{proj}.weight", w, name, qcfg, torch.Generator().manual_seed(1)))
     layers = {}
     for device in ("cpu", "cuda"):
-        gate_up = MergedColumnParallelLinear(k, inter, ("gate_proj", "up_proj"), quant=spec).to(torch.bfloat16)
+        gate_up = MergedColumnParallelLinear(k, inter, ("gate_proj", "up_proj"), quant=spec).to(
+            torch.bfloat16
+        )
         down = RowParallelLinear(inter, k, "down_proj", quant=spec).to(torch.bfloat16)
         for layer in (gate_up, down):
             for hf in layer.hf_shapes():
@@ -119,4 +121,7 @@ def test_quantized_layers_on_cuda_match_their_cpu_reference(method: str) -> None
             gate_up, down = layers[device]
             gu, _ = gate_up.forward_normed(h.to(device), res.to(device), nw.to(device), 1e-6)
             outs.append(down(gu, silu_mul=True).double().cpu())
-        assert _err(outs[1], outs[0]) < 2e-2, rows
+        # fp8 batches of more than 8 rows also quantize the activations per token (W8A8, as vLLM's
+        # fp8 path does): e4m3's 3 mantissa bits put them a few percent off the bf16 reference
+        bound = 6e-2 if name == "fp8" and rows > 8 else 2e-2
+        assert _err(outs[1], outs[0]) < bound, rows

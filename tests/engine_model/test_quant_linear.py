@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine import ops
+from llmdeploy_engine.hf_loader import normalize_quantized
 from llmdeploy_engine.int4_formats import (
     AWQ_ORDER,
     dequantize_int4,
@@ -18,7 +19,6 @@ from llmdeploy_engine.int4_formats import (
     unpack_awq,
     unpack_gptq,
 )
-from llmdeploy_engine.hf_loader import normalize_quantized
 from llmdeploy_engine.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
 from llmdeploy_engine.quant_checkpoint import quantization_config, quantize_tensors
 from llmdeploy_engine.quant_config import quant_spec_from_dict
@@ -68,11 +68,16 @@ def _reference(method: str, tensors: dict[str, torch.Tensor], base: str, k: int)
         return tensors[f"{base}.weight"].double() * tensors[f"{base}.weight_scale"].double().reshape(-1, 1)
     qcfg = quant_spec_from_dict(tensors["__cfg__"])  # type: ignore[arg-type]
     if method == "awq":
-        codes, scales, zeros = unpack_awq(tensors[f"{base}.qweight"], tensors[f"{base}.qzeros"], tensors[f"{base}.scales"])
+        codes, scales, zeros = unpack_awq(
+            tensors[f"{base}.qweight"], tensors[f"{base}.qzeros"], tensors[f"{base}.scales"]
+        )
         g_idx = torch.arange(k) // qcfg.group(k)
     else:
         codes, scales, zeros = unpack_gptq(
-            tensors[f"{base}.qweight"], tensors[f"{base}.qzeros"], tensors[f"{base}.scales"], qcfg.zeros_offset
+            tensors[f"{base}.qweight"],
+            tensors[f"{base}.qzeros"],
+            tensors[f"{base}.scales"],
+            qcfg.zeros_offset,
         )
         g_idx = tensors[f"{base}.g_idx"]
     return dequantize_int4(codes, scales, zeros, g_idx)
@@ -86,9 +91,14 @@ def _checkpoint(method: str, options: dict[str, Any], names: list[str], n: int, 
     tensors: dict[str, Any] = {"__cfg__": qcfg}
     for name in names:
         w = torch.randn(n, k, generator=gen) * k**-0.5
-        tensors.update(quantize_tensors(f"{name}.weight", w, method, qcfg, torch.Generator().manual_seed(seed)))
+        tensors.update(
+            quantize_tensors(f"{name}.weight", w, method, qcfg, torch.Generator().manual_seed(seed))
+        )
     spec = quant_spec_from_dict(qcfg)
-    return spec, {"__cfg__": qcfg, **normalize_quantized(spec, {k: v for k, v in tensors.items() if k != "__cfg__"})}
+    return spec, {
+        "__cfg__": qcfg,
+        **normalize_quantized(spec, {k: v for k, v in tensors.items() if k != "__cfg__"}),
+    }
 
 
 def test_quantizer_error_is_small() -> None:
@@ -145,7 +155,13 @@ def test_merged_column_matches_float64(method: str, options: dict[str, Any]) -> 
 
 def test_merged_act_order_projections_must_share_g_idx() -> None:
     spec, tensors = _checkpoint("gptq", {"sym": True, "desc_act": True}, ["gate_proj", "up_proj"], 64, 256, 1)
-    tensors.update((name, t) for name, t in _checkpoint("gptq", {"sym": True, "desc_act": True}, ["up_proj"], 64, 256, 2)[1].items() if name.startswith("up_proj"))
+    tensors.update(
+        (name, t)
+        for name, t in _checkpoint("gptq", {"sym": True, "desc_act": True}, ["up_proj"], 64, 256, 2)[
+            1
+        ].items()
+        if name.startswith("up_proj")
+    )
     layer = MergedColumnParallelLinear(256, 64, ("gate_proj", "up_proj"), quant=spec)
     with pytest.raises(ValueError, match="different g_idx"):
         for name in layer.hf_shapes():

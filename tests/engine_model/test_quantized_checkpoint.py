@@ -98,7 +98,9 @@ def test_quantized_default_model_loads_and_matches_its_dequantized_weights(
     stored = json.loads((folder / "config.json").read_text())["quantization_config"]
     assert stored["quant_method"] == ("compressed-tensors" if method == "fp8" else method)
     dense = _dequantized_copy(folder, tmp_path / "dense")
-    engine = EngineConfig(model=str(folder), tokenizer=str(gguf_path), device="cpu", kv_cache_memory_bytes=KV_BYTES)
+    engine = EngineConfig(
+        model=str(folder), tokenizer=str(gguf_path), device="cpu", kv_cache_memory_bytes=KV_BYTES
+    )
     runner = ModelRunner(engine)
     assert runner.model_config.quantization is not None
     ref_runner = ModelRunner(EngineConfig(model=str(dense), device="cpu", kv_cache_memory_bytes=KV_BYTES))
@@ -110,7 +112,13 @@ def test_quantized_default_model_loads_and_matches_its_dequantized_weights(
 
 def test_quantized_default_model_generates(gguf_path: Path, folders: dict[str, Path]) -> None:
     folder = folders["awq0"]
-    llm = LLM(str(folder), tokenizer=str(gguf_path), device="cpu", kv_cache_memory_bytes=KV_BYTES, quantization="awq")
+    llm = LLM(
+        str(folder),
+        tokenizer=str(gguf_path),
+        device="cpu",
+        kv_cache_memory_bytes=KV_BYTES,
+        quantization="awq",
+    )
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0.0))
     assert len(out[0].outputs[0].token_ids) == 8
     assert out[0].outputs[0].text.strip()
