@@ -119,6 +119,51 @@ def bench(model: str, label: str, args: argparse.Namespace, bandwidth: float) ->
     return res
 
 
+SWEEP = [(8, 512, 4, False), (16, 512, 4, False), (16, 1024, 8, False), (32, 512, 8, False),
+         (16, 256, 4, True), (8, 1024, 4, False), (32, 1024, 8, False)]  # fmt: skip
+
+
+def sweep(device: str) -> dict[str, Any]:
+    """Single-row GEMV per candidate launch config (triton_quant.GEMV_CONFIGS) at Llama-3.1-8B's
+    gate_up and down shapes: us a launch and GB/s of weight bytes; the fastest becomes the config."""
+    import triton.testing
+    from llmdeploy_engine import triton_gemv, triton_quant
+    from llmdeploy_engine.int4_formats import pack_last
+
+    out: dict[str, Any] = {}
+    for fmt, name in ((0, "int4"), (1, "fp8")):
+        totals: dict[tuple[int, int, int, bool], float] = {}
+        for n, k in ((28672, 4096), (4096, 14336)):
+            x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+            if fmt == 0:
+                w = pack_last(torch.randint(0, 16, (n, k), device=device, dtype=torch.uint8))
+                s = torch.rand(n, k // 128, device=device, dtype=torch.bfloat16)
+                z = torch.randint(0, 16, (n, k // 128), device=device, dtype=torch.uint8)
+                args: tuple[Any, ...] = (0, w, s, z, 128, n, k)
+                nbytes = n * k // 2 + n * k // 128 * 3
+            else:
+                w = torch.randint(0, 120, (n, k), device=device, dtype=torch.uint8)
+                args = (1, w, torch.rand(n, device=device), None, 0, n, k)
+                nbytes = n * k
+            dense = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+            t_bf16 = triton.testing.do_bench(lambda: triton_gemv.linear(x, dense), return_mode="median")  # noqa: B023
+            log(f"  bf16 triton_gemv {n}x{k}: {t_bf16 * 1e3:.1f} us ({n * k * 2 / t_bf16 / 1e6:.0f} GB/s)")
+            for cfg in SWEEP:
+                triton_quant.GEMV_CONFIGS[(fmt, 1)] = cfg
+                try:
+                    t = triton.testing.do_bench(lambda: triton_quant.gemv(x, *args), return_mode="median")  # noqa: B023
+                except Exception as e:  # a config the compiler refuses (registers, shared memory)
+                    log(f"  {name} {cfg}: {type(e).__name__}")
+                    t = float("inf")
+                totals[cfg] = totals.get(cfg, 0.0) + t
+                log(f"  {name} {n}x{k} {cfg}: {t * 1e3:.1f} us ({nbytes / t / 1e6:.0f} GB/s)")
+        best = min(totals, key=lambda c: totals[c])
+        triton_quant.GEMV_CONFIGS[(fmt, 1)] = best
+        out[name] = {"best": best, "us": {str(c): v * 1e3 for c, v in totals.items()}}
+        log(f"{name}: fastest single-row config {best}")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="meta-llama/Llama-3.1-8B")
@@ -130,11 +175,14 @@ def main() -> None:
     p.add_argument("--workdir", default="/tmp/quant-checkpoints")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None)
+    p.add_argument("--sweep", action="store_true", help="time GEMV launch configs first, keep the fastest")
     args = p.parse_args()
     log(f"torch {torch.__version__}, {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}")
     bandwidth = copy_bandwidth_bytes_per_s(args.device, 2 * 2**30)
     log(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     results: dict[str, Any] = {}
+    if args.sweep:
+        results["sweep"] = sweep(args.device)
     workdir = Path(args.workdir)
     for label in args.formats.split(","):
         try:
@@ -150,6 +198,7 @@ def main() -> None:
             traceback.print_exc()
     if args.out:
         Path(args.out, "gpu_quant.json").write_text(json.dumps(results, indent=2))
+    results.pop("sweep", None)
     base = results.get("bf16", {})
     print(
         f"\n{args.model}: format | weights GiB | decode tok/s (x bf16) | roofline | throughput tok/s (x bf16)"

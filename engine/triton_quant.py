@@ -16,12 +16,26 @@ scale per output feature.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from llmdeploy_engine import triton_pdl
 
 MAX_GEMV_ROWS = 8
+# (weight format, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred reduction); the
+# environment's LLMDEPLOY_QGEMV ("fmt,bucket,bn,bk,warps,defer;...", fmt 0 int4 / 1 fp8) overrides
+# entries (benchmarks/gpu_quant.py --sweep times the candidates)
+GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, bool]] = {
+    (0, 1): (16, 1024, 8, False),
+    (0, 8): (16, 128, 4, True),
+    (1, 1): (16, 1024, 8, False),
+    (1, 8): (8, 256, 4, True),
+}
+for _item in filter(None, os.environ.get("LLMDEPLOY_QGEMV", "").split(";")):
+    _f, _b, _bn, _bk, _w, _d = (int(v) for v in _item.split(","))
+    GEMV_CONFIGS[(_f, _b)] = (_bn, _bk, _w, bool(_d))
 _PLAIN, _NORM, _SILU = 0, 1, 2
 _INT4, _FP8 = 0, 1
 
@@ -72,6 +86,7 @@ def _qgemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # input features a step (int4: BLOCK_K // 8 words)
     NORM_BLOCK: tl.constexpr,
+    DEFER: tl.constexpr,  # keep per-element partial sums, reduce once (else reduce every step)
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
     triton_pdl.trigger(USE_PDL)
@@ -100,7 +115,10 @@ def _qgemv_kernel(
 
     if WFMT == 0:
         BLOCK_W: tl.constexpr = BLOCK_K // 8
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], dtype=tl.float32)
+        if DEFER:
+            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], dtype=tl.float32)
+        else:
+            acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         wi = tl.arange(0, BLOCK_W)
         for k0 in range(0, K, BLOCK_K):
             words = k0 // 8 + wi
@@ -128,10 +146,19 @@ def _qgemv_kernel(
                 dot = tl.sum(qf * x[None, :, :], 2)  # [BLOCK_N, BLOCK_W]
                 xs = tl.sum(x, 1)  # [BLOCK_W]
                 part = s * (dot - zf * xs[None, :])
-                acc += tl.where(rows[:, None, None] == m, part[None, :, :], 0.0)
-        out = tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
+                if DEFER:
+                    acc += tl.where(rows[:, None, None] == m, part[None, :, :], 0.0)
+                else:
+                    acc2 += tl.where(rows[:, None] == m, tl.sum(part, 1)[None, :], 0.0)
+        if DEFER:  # noqa: SIM108
+            out = tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
+        else:
+            out = acc2
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        if DEFER:
+            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        else:
+            acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         ks = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
@@ -146,9 +173,15 @@ def _qgemv_kernel(
                     x_ptr + m * stride_xm, r_ptr + m * stride_rm, nw_ptr, kk, kmask & (m < M),
                     up_off, rstd_m, PROLOGUE, HAS_RES,
                 )  # fmt: skip
-                acc += tl.where(rows[:, None, None] == m, (wf * x[None, :])[None, :, :], 0.0)
+                if DEFER:
+                    acc += tl.where(rows[:, None, None] == m, (wf * x[None, :])[None, :, :], 0.0)
+                else:
+                    acc2 += tl.where(rows[:, None] == m, tl.sum(wf * x[None, :], 1)[None, :], 0.0)
         scale = tl.load(s_ptr + cols, mask=cmask, other=0.0)
-        out = tl.sum(acc, 2) * scale[None, :]
+        if DEFER:  # noqa: SIM108
+            out = tl.sum(acc, 2) * scale[None, :]
+        else:
+            out = acc2 * scale[None, :]
     if HAS_BIAS:
         out += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     y_off = rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
@@ -180,10 +213,7 @@ def gemv(
     if prologue == _NORM and residual is not None:
         summed = torch.empty((m, k), dtype=x.dtype, device=x.device)
     block_m = triton.next_power_of_2(m)
-    if wfmt == _INT4:
-        block_n, block_k = (16, 256) if m == 1 else (16, 128)
-    else:
-        block_n, block_k = (16, 256) if m == 1 else (8, 256)
+    block_n, block_k, num_warps, defer = GEMV_CONFIGS[(wfmt, 1 if m == 1 else 8)]
     while block_n > 4 and triton.cdiv(n, block_n) < 264:
         block_n //= 2
     block_k = min(block_k, triton.next_power_of_2(k))
@@ -198,8 +228,8 @@ def gemv(
         k if prologue == _SILU else 0, float(eps),
         WFMT=wfmt, PROLOGUE=prologue, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        NORM_BLOCK=max(block_k, min(triton.next_power_of_2(k), 4096 // block_m)),
-        num_warps=4, num_stages=2, **triton_pdl.launch_args(x),
+        NORM_BLOCK=max(block_k, min(triton.next_power_of_2(k), 4096 // block_m)), DEFER=defer,
+        num_warps=num_warps, num_stages=2, **triton_pdl.launch_args(x),
     )  # fmt: skip
     return y, summed
 
