@@ -38,8 +38,8 @@ from llmdeploy_engine.distributed import (
 )
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model import CausalLM
-from llmdeploy_engine.quant_linear import QuantWeight
 from llmdeploy_engine.multi_step import DecodeWindow, check_decode_window, check_follow_rows, step_batch
+from llmdeploy_engine.quant_linear import QuantWeight
 from llmdeploy_engine.sampler import WindowSampler
 from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.startup_report import StartupReport
