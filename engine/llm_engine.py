@@ -663,7 +663,7 @@ class LLMEngine:
             [r.prompt_token_ids if r.needs_history else no_history for r in reqs],
             [s.output_token_ids if r.needs_history else no_history for s, r in zip(seqs, reqs, strict=True)],
             [r.generators[s.index] for s, r in zip(seqs, reqs, strict=True)],
-            grammar=grammar,
+            **({} if grammar is None else {"grammar": grammar}),  # samplers without grammars stay valid
         )
         now = time.time()
         touched: dict[str, _Request] = {}
