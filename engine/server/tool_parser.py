@@ -224,14 +224,16 @@ class ToolCallParser:
             self.call = None
             self.pending = call.raw[at + len(HERMES_CLOSE) :]
             call.raw = call.raw[:at]
-            self._rescue(call, out)
+            self._rescue(call, out, HERMES_CLOSE)
             return
         self.call = None
         self._seen_text = True
         self.pending = call.raw
         call.raw = ""
 
-    def _rescue(self, call: _Call, out: list[ToolCallDelta]) -> None:
+    def _rescue(self, call: _Call, out: list[ToolCallDelta], closing: str = "") -> None:
+        """A whole call's text that did not start with the usual head: a call if it is one JSON
+        object with a name and arguments, else its text (tags included) as content."""
         try:
             obj = json.loads(call.raw)
         except json.JSONDecodeError:
@@ -241,7 +243,7 @@ class ToolCallParser:
             args = obj.get("arguments", obj.get("parameters"))
         if args is None:
             opening = HERMES_OPEN if self.fmt == "hermes" else ""
-            self._content(opening + call.raw, out)
+            self._content(opening + call.raw + closing, out)
             return
         assert isinstance(obj, dict)
         call.name = obj["name"]
