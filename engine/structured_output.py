@@ -19,6 +19,7 @@ a large schema); the engine's own call is then a cache hit.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -27,8 +28,12 @@ from typing import Any
 import torch
 from llmdeploy_engine.sampling_params import StructuredOutputsParams
 
-# Compiled grammars kept per engine (most recently used first out of the cache last).
+# Compiled grammars kept per engine (the least recently used leaves first).
 GRAMMAR_CACHE_SIZE = 256
+# From this many constrained rows a step fills their masks on xgrammar's thread pool (half the
+# host's cores): one matcher's fill is tens of microseconds to a millisecond, 64 in a row would add
+# up to the device's step time.
+BATCH_FILL_MIN_ROWS = 4
 
 
 def choice_grammar(choices: tuple[str, ...]) -> str:
@@ -54,6 +59,7 @@ class GrammarCompiler:
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
         self._cache: OrderedDict[StructuredOutputsParams, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._batch: Any = None  # xgrammar's BatchGrammarMatcher, built on the first large step
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
         with self._lock:
@@ -89,6 +95,12 @@ class GrammarCompiler:
             what = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
             raise ValueError(f"invalid {what.get(spec.kind, spec.kind)}: {clean_reason(e)}") from e
 
+    def batch_fill(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+        """Fill row rows[k] of `bitmask` from matchers[k], on xgrammar's threads."""
+        if self._batch is None:
+            self._batch = self._xgr.BatchGrammarMatcher(max_threads=max(1, (os.cpu_count() or 2) // 2))
+        self._batch.batch_fill_next_token_bitmask([m.xgr_matcher for m in matchers], bitmask, indices=rows)
+
     def matcher(self, compiled: Any) -> GrammarMatcher:
         return GrammarMatcher(self._xgr.GrammarMatcher(compiled))
 
@@ -107,6 +119,10 @@ class GrammarMatcher:
 
     def __init__(self, matcher: Any) -> None:
         self._m = matcher
+
+    @property
+    def xgr_matcher(self) -> Any:
+        return self._m
 
     def accept(self, token_id: int) -> bool:
         return bool(self._m.accept_token(token_id))
@@ -146,8 +162,11 @@ def fill_grammar_mask(compiler: GrammarCompiler, matchers: list[GrammarMatcher |
     (None: unconstrained; its bitmask row stays all-allowed and is not applied)."""
     bitmask = compiler.allocate_bitmask(len(matchers))
     rows = [i for i, m in enumerate(matchers) if m is not None]
-    for i in rows:
-        m = matchers[i]
-        assert m is not None
-        m.fill(bitmask, i)
+    if len(rows) >= BATCH_FILL_MIN_ROWS:
+        compiler.batch_fill([m for m in matchers if m is not None], bitmask, rows)
+    else:
+        for i in rows:
+            m = matchers[i]
+            assert m is not None
+            m.fill(bitmask, i)
     return GrammarMask(compiler, bitmask, rows)
