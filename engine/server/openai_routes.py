@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE)."""
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE), with
+structured outputs (constraints.py) and tool calls (tool_calls.py, tool_parser.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from llmdeploy_engine.sampling_params import StructuredOutputsParams
+from llmdeploy_engine.server.constraints import compile_constraint
 from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, bad_request
 from llmdeploy_engine.server.generation import (
     check_model,
@@ -26,7 +29,7 @@ from llmdeploy_engine.server.openai_format import (
     completion_choice,
     usage,
 )
-from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest
+from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from llmdeploy_engine.server.openai_stream import (
     SSE_HEADERS,
     chat_events,
@@ -35,6 +38,7 @@ from llmdeploy_engine.server.openai_stream import (
     start_streams,
 )
 from llmdeploy_engine.server.state import ServerState, server_state
+from llmdeploy_engine.server.tool_calls import ToolPlan, plan_tools, template_messages
 
 logger = logging.getLogger("llmdeploy_engine.server")
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -61,6 +65,24 @@ async def list_models(request: Request) -> dict[str, Any]:
     }
 
 
+async def _constraint(
+    state: ServerState, body: _SamplingFields, forced: StructuredOutputsParams | None = None
+) -> StructuredOutputsParams | None:
+    """The request's structured-output constraint, compiled (off the event loop), or None; 400 for a
+    bad one. `forced`: the constraint a forced tool call brings (then the body may set none)."""
+    try:
+        spec, param = body.structured_outputs_params()
+    except ValueError as e:
+        raise bad_request(str(e), "response_format") from e
+    if forced is not None:
+        if spec is not None:
+            raise bad_request(f"{param} cannot be combined with a forced tool call (tool_choice)", param)
+        spec, param = forced, "tools"
+    if spec is not None:
+        await compile_constraint(state, spec, param)
+    return spec
+
+
 def _completion_inputs(state: ServerState, body: CompletionRequest) -> list[tuple[list[int], str]]:
     out = []
     for prompt in body.prompts():
@@ -82,10 +104,17 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.model_name
+    constraint = await _constraint(state, body)
     streams = []
     for i, (ids, _) in enumerate(inputs):
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens", "prompt")
-        params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.logprobs)
+        params = make_params(
+            state,
+            **body.sampling_kwargs(),
+            max_tokens=max_tokens,
+            logprobs=body.logprobs,
+            structured_outputs=constraint,
+        )
         streams.append(stream_outputs(state, ids, params, f"{request_id}-{i}"))
     if body.stream:
         started = await start_streams(request, streams)
@@ -112,13 +141,23 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     }
 
 
-def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    tokenizer = state.ready_engine().tokenizer
-    messages = [
-        {"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages
-    ]
+def chat_tool_plan(state: ServerState, body: ChatCompletionRequest) -> ToolPlan | None:
     try:
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+        return plan_tools(body, getattr(state.ready_engine().tokenizer, "chat_template", None))
+    except ValueError as e:
+        raise bad_request(str(e), "tools") from e
+
+
+def chat_prompt_ids(
+    state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | None = None
+) -> list[int]:
+    tokenizer = state.ready_engine().tokenizer
+    messages = template_messages(body.messages)
+    extra = {} if tools is None else {"tools": tools.tools}
+    try:
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt, **extra
+        )
     except Exception as e:  # the template is user-facing: a failure is about these messages
         raise bad_request(f"the chat template failed on these messages: {e}", "messages") from e
     if isinstance(rendered, str):
@@ -131,11 +170,20 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = server_state(request)
     check_model(state, body.model)
     tokenizer = state.ready_engine().tokenizer
-    ids = chat_prompt_ids(state, body)
+    tools = chat_tool_plan(state, body)
+    ids = chat_prompt_ids(state, body, tools)
     max_tokens = resolve_max_tokens(
         state, len(ids), body.completion_budget, "max_completion_tokens", "messages"
     )
-    params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.num_logprobs())
+    constraint = await _constraint(state, body, tools.constraint if tools is not None else None)
+    params = make_params(
+        state,
+        **body.sampling_kwargs(),
+        max_tokens=max_tokens,
+        logprobs=body.num_logprobs(),
+        structured_outputs=constraint,
+    )
+    tool_format = tools.fmt if tools is not None else None
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or state.settings.model_name
@@ -143,12 +191,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     if body.stream:
         started = await start_streams(request, [stream])
         return StreamingResponse(
-            guarded(chat_events(state, body, started[0], request_id, created, model)),
+            guarded(chat_events(state, body, started[0], request_id, created, model, tool_format)),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
     final = await until_disconnect(request, last_output(stream))
-    choices = [chat_choice(tokenizer, c.index, c, body.num_logprobs()) for c in final.outputs]
+    choices = [chat_choice(tokenizer, c.index, c, body.num_logprobs(), tool_format) for c in final.outputs]
     num_completion = sum(len(c.token_ids) for c in final.outputs)
     return {
         "id": request_id,

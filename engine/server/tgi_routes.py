@@ -11,7 +11,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestOutput
-from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, STREAM_ONLY, APIError
+from llmdeploy_engine.server.constraints import compile_constraint
+from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, STREAM_ONLY, APIError, bad_request
 from llmdeploy_engine.server.generation import (
     encode,
     last_output,
@@ -69,7 +70,7 @@ def _top_tokens(
     return [_token(tokenizer, t, step, special) for t, _ in ranked]
 
 
-def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
+async def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
     state.ready_engine()
     ids = encode(state, body.inputs, add_special_tokens=True)
     p = body.parameters
@@ -79,7 +80,16 @@ def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
     if p.max_new_tokens is None:
         wanted = min(wanted, max(1, int(state.ready_engine().max_model_len) - len(ids)))
     max_tokens = resolve_max_tokens(state, len(ids), wanted, "max_new_tokens", "inputs")
-    return ids, make_params(state, **p.sampling_kwargs(), max_tokens=max_tokens)
+    constraint = None
+    if p.grammar is not None:
+        try:
+            constraint = p.grammar.constraint()
+        except ValueError as e:
+            raise bad_request(str(e), "grammar") from e
+        await compile_constraint(state, constraint, "grammar")
+    return ids, make_params(
+        state, **p.sampling_kwargs(), max_tokens=max_tokens, structured_outputs=constraint
+    )
 
 
 def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[str, Any]:
@@ -101,7 +111,7 @@ def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[
 
 async def _generate_one(request: Request, body: TGIRequest) -> dict[str, Any]:
     state = server_state(request)
-    ids, params = _prepare(state, body)
+    ids, params = await _prepare(state, body)
     final: RequestOutput = await until_disconnect(
         request, last_output(stream_outputs(state, ids, params, f"tgi-{uuid.uuid4().hex}"))
     )
@@ -166,7 +176,7 @@ async def _stream_events(
 
 async def _stream_response(request: Request, body: TGIRequest) -> StreamingResponse:
     state = server_state(request)
-    ids, params = _prepare(state, body)
+    ids, params = await _prepare(state, body)
     stream = stream_outputs(state, ids, params, f"tgi-{uuid.uuid4().hex}")
     started = await until_disconnect(request, primed(stream))
     return StreamingResponse(
