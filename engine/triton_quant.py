@@ -27,10 +27,12 @@ MAX_GEMV_ROWS = 8
 # (weight format, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred reduction); the
 # environment's LLMDEPLOY_QGEMV ("fmt,bucket,bn,bk,warps,defer;...", fmt 0 int4 / 1 fp8) overrides
 # entries (benchmarks/gpu_quant.py --sweep times the candidates)
+# single-row entries: the fastest over Llama-3.1-8B's gate_up and down shapes on an H200 (int4
+# ~480-530 GB/s of weight bytes: bound by the nibble unpacking, not by HBM; fp8 ~2.0-2.7 TB/s)
 GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, bool]] = {
-    (0, 1): (16, 1024, 8, False),
+    (0, 1): (8, 512, 4, False),
     (0, 8): (16, 128, 4, True),
-    (1, 1): (16, 1024, 8, False),
+    (1, 1): (8, 1024, 4, False),
     (1, 8): (8, 256, 4, True),
 }
 for _item in filter(None, os.environ.get("LLMDEPLOY_QGEMV", "").split(";")):
