@@ -91,6 +91,10 @@ class AsyncLLMEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    def grammar_compiler(self) -> Any:
+        """The engine's structured-output compiler (thread-safe; the server compiles off the loop)."""
+        return self.engine.grammar_compiler()
+
     @property
     def is_running(self) -> bool:
         return self._dead is None and self._thread.is_alive()

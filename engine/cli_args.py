@@ -116,7 +116,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--quantization",
         "-q",
         default=None,
-        help="weight quantization method (GGUF files are dequantized at load)",
+        help="weight format the checkpoint must have: awq, gptq, fp8 / compressed-tensors (kept quantized), "
+        "gguf (dequantized at load); unset or auto: read from the checkpoint's quantization_config",
     )
     model.add_argument(
         "--max-model-len",

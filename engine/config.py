@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmdeploy_engine.quant_config import QuantSpec
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 
@@ -104,6 +105,7 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm on q and k per head before RoPE (Qwen3)
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    quantization: QuantSpec | None = None  # the linear layers' stored format (None: dense)
 
     @property
     def q_size(self) -> int:

@@ -1,13 +1,19 @@
-"""Hugging Face checkpoint folders: config.json + safetensors (one file or a sharded index)."""
+"""Hugging Face checkpoint folders: config.json + safetensors (one file or a sharded index), dense or
+quantized (AWQ, GPTQ, fp8: quant_config.py reads which, the layers keep them quantized)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from llmdeploy_engine.config import ModelConfig, RopeScaling
+from llmdeploy_engine.quant_config import QuantSpec, load_quant_spec
+
+logger = logging.getLogger(__name__)
 
 # config.json model_type -> ours
 _MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -72,7 +78,8 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
 
 
 def load_hf_config(folder: str | Path) -> ModelConfig:
-    return config_from_dict(json.loads((Path(folder) / "config.json").read_text()))
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    return dataclasses.replace(config_from_dict(cfg), quantization=load_quant_spec(folder, cfg))
 
 
 def safetensors_files(folder: str | Path) -> list[Path]:
@@ -100,4 +107,31 @@ def load_hf(folder: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     weights: dict[str, torch.Tensor] = {}
     for file in safetensors_files(folder):
         weights.update(load_file(str(file)))
+    if config.quantization is not None:
+        weights = normalize_quantized(config.quantization, weights)
     return config, weights
+
+
+def normalize_quantized(spec: QuantSpec, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors the layers take: fp8 scales flat, static activation scales dropped (the engine
+    scales activations per token), a plain g_idx where a GPTQ file has none."""
+    out: dict[str, torch.Tensor] = {}
+    dropped = 0
+    for name, t in weights.items():
+        if name.endswith(".input_scale"):
+            dropped += 1
+            continue
+        if name.endswith(".weight_scale"):
+            t = t.flatten()
+        out[name] = t
+        if spec.method == "gptq" and name.endswith(".qweight"):
+            g_idx = name.removesuffix(".qweight") + ".g_idx"
+            if g_idx not in weights:
+                k = t.shape[0] * 8
+                out[g_idx] = (torch.arange(k) // spec.group(k)).to(torch.int32)
+    if dropped:
+        logger.info(
+            "fp8 checkpoint: %d static input_scale tensors not used (activations are scaled per token)",
+            dropped,
+        )
+    return out

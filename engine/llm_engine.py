@@ -54,6 +54,7 @@ import dataclasses
 import gc
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -65,7 +66,7 @@ from llmdeploy_engine.multi_step import ARRIVAL_HOLD_S, ARRIVAL_WINDOW_STEPS, Wi
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from llmdeploy_engine.sequence import UNFINISHED, Sequence
+from llmdeploy_engine.sequence import UNFINISHED, Sequence, SequenceStatus
 from llmdeploy_engine.stop_checker import StopChecker
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -152,6 +153,8 @@ class _Request:
     needs_history: bool = False  # the sampler reads the sequences' tokens (penalties, min_tokens)
     # its tokens can be chosen on the device once min_tokens is met: 1 greedy, 2 unseeded sampling
     window_kind: int = 0
+    # structured outputs: per sequence, its position in the request's grammar (structured_output.py)
+    matchers: list[Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -275,6 +278,8 @@ class LLMEngine:
         elif self._async_windows:
             logger.info("Asynchronous scheduling: on (decode steps launched one ahead of their outputs)")
         self.requests: dict[str, _Request] = {}
+        self._grammar_compiler: Any = None  # built on the first constrained request
+        self._grammar_lock = threading.Lock()
         raise_gc_threshold()
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -319,6 +324,17 @@ class LLMEngine:
             )
         return text, ids, max_tokens
 
+    def grammar_compiler(self) -> Any:
+        """The structured-output compiler for this engine's tokenizer (built once, on first use; any
+        thread may call it and its `compile`: the server compiles off the engine loop)."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                from llmdeploy_engine.structured_output import GrammarCompiler
+
+                vocab = getattr(getattr(self.runner, "model_config", None), "vocab_size", None)
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab or self.tokenizer.vocab_size)
+            return self._grammar_compiler
+
     def add_request(
         self,
         request_id: str,
@@ -341,6 +357,11 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         arrival = time.time() if arrival_time is None else arrival_time
+        matchers = None
+        if params.structured_outputs is not None:
+            compiler = self.grammar_compiler()
+            compiled = compiler.compile(params.structured_outputs)  # a cache hit when the server compiled it
+            matchers = [compiler.matcher(compiled) for _ in range(params.n)]
         eos = set() if params.ignore_eos else set(self.tokenizer.eos_token_ids)
         seqs: list[Sequence] = []
         for i in range(params.n):
@@ -377,6 +398,7 @@ class LLMEngine:
             sent=[(0, 0, 0) for _ in seqs],
             needs_history=params.needs_token_history,
             window_kind=_window_kind(params),
+            matchers=matchers,
         )
         self.requests[request_id] = req
         if self.scheduler.running:  # it will wait for the windows in flight (see _window_steps)
@@ -612,6 +634,7 @@ class LLMEngine:
         assert self.speculator is not None
         now = time.time()
         touched: dict[str, _Request] = {}
+        self._mask_verified_rows(out, logits)
         for v in self.speculator.verify(out, logits, self.requests):
             req = self.requests[v.seq.request_id]
             for token_id, lp in zip(v.token_ids, v.logprobs, strict=True):
@@ -630,12 +653,17 @@ class LLMEngine:
         requests = self.requests
         reqs = [requests[s.request_id] for s in seqs]
         no_history: list[int] = []
+        # the forward pass was launched: the host fills the constrained rows' masks meanwhile
+        grammar = self._grammar_mask(
+            [r.matchers[s.index] if r.matchers is not None else None for s, r in zip(seqs, reqs, strict=True)]
+        )
         sampled = self.sampler.sample(
             logits,
             [s.params for s in seqs],
             [r.prompt_token_ids if r.needs_history else no_history for r in reqs],
             [s.output_token_ids if r.needs_history else no_history for s, r in zip(seqs, reqs, strict=True)],
             [r.generators[s.index] for s, r in zip(seqs, reqs, strict=True)],
+            **({} if grammar is None else {"grammar": grammar}),  # samplers without grammars stay valid
         )
         now = time.time()
         touched: dict[str, _Request] = {}
@@ -655,6 +683,8 @@ class LLMEngine:
                 self._record_logprobs(req, seq.index, token_id, lp)
             checker = req.checkers[seq.index]
             status = checker.on_token(token_id, num_output, seq.num_tokens)
+            if req.matchers is not None and _grammar_ends(req.matchers[seq.index], token_id, status):
+                status = SequenceStatus.FINISHED_STOPPED
             if status is not None:
                 seq.stop_reason = checker.stop_reason
                 self.scheduler.finish(seq, status)
@@ -679,11 +709,37 @@ class LLMEngine:
             self._record_logprobs(req, seq.index, token_id, lp)
         checker = req.checkers[seq.index]
         status = checker.on_token(token_id, seq.num_output_tokens, seq.num_tokens)
+        if req.matchers is not None and _grammar_ends(req.matchers[seq.index], token_id, status):
+            status = SequenceStatus.FINISHED_STOPPED
         if status is None:
             return False
         seq.stop_reason = checker.stop_reason
         self.scheduler.finish(seq, status)
         return True
+
+    def _grammar_mask(self, matchers: list[Any]) -> Any:
+        """The bitmask of the rows whose sequence has a grammar (None when none has): filled now, on the
+        host, while the device runs the step's forward pass."""
+        if all(m is None for m in matchers):
+            return None
+        from llmdeploy_engine.structured_output import fill_grammar_mask
+
+        return fill_grammar_mask(self.grammar_compiler(), matchers)
+
+    def _mask_verified_rows(self, out: SchedulerOutput, logits: Any) -> None:
+        """Speculative step: constrained sequences get no proposals (Speculator.set_proposals), so each
+        has one logits row; mask those rows as `Sampler.sample` would."""
+        entries = [e for e in out.scheduled if e.samples]
+        counts = out.batch.num_logits or [1] * len(entries)
+        matchers: list[Any] = []
+        for e, count in zip(entries, counts, strict=True):
+            req = self.requests[e.seq.request_id]
+            m = req.matchers[e.seq.index] if req.matchers is not None else None
+            assert m is None or count == 1, "a constrained sequence was given draft tokens"
+            matchers.extend([m] + [None] * (count - 1))
+        grammar = self._grammar_mask(matchers)
+        if grammar is not None:
+            grammar.apply(logits)
 
     def _collect_outputs(
         self, touched: dict[str, _Request], now: float, finished_any: bool = True
@@ -788,12 +844,26 @@ class LLMEngine:
         }
 
 
+def _grammar_ends(matcher: Any, token_id: int, status: SequenceStatus | None) -> bool:
+    """Advance a sequence's grammar by its new token; True when that must end the sequence although
+    the stop checks did not (its grammar is complete, e.g. with ignore_eos; or the token was refused,
+    which the mask rules out)."""
+    if status is not None:
+        return False
+    if not matcher.accept(token_id):
+        logger.error("token %d was refused by the sequence's grammar; the sequence stops here", token_id)
+        return True
+    return bool(matcher.is_terminated)
+
+
 def _window_kind(params: SamplingParams) -> int:
     """How a multi-step window can choose the request's tokens on the device (once min_tokens is
     met; nothing else may be read from the logits): 1 greedy (argmax), 2 unseeded sampling (the
-    runner's `WindowSampler`), 0 not at all (logprobs, penalties, a seed)."""
+    runner's `WindowSampler`), 0 not at all (logprobs, penalties, a seed, a grammar: its mask needs
+    the host between steps, so a batch with a constrained sequence runs one step at a time)."""
     plain = (
-        params.logprobs is None
+        params.structured_outputs is None
+        and params.logprobs is None
         and params.repetition_penalty == 1.0
         and params.frequency_penalty == 0.0
         and params.presence_penalty == 0.0

@@ -69,12 +69,15 @@ class Attention(nn.Module):
         super().__init__()
         self.config = config
         h, bias = config.hidden_size, config.attention_bias
+        quant = config.quantization
         self.qkv_proj = QKVParallelLinear(
-            h, config.head_dim, config.num_attention_heads, config.num_key_value_heads, bias, parallel
+            h, config.head_dim, config.num_attention_heads, config.num_key_value_heads, bias, parallel, quant
         )
         # this rank's heads (all of them at tensor_parallel_size 1)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(config.q_size, h, "o_proj", parallel, reduce_slot=ATTENTION_SLOT)
+        self.o_proj = RowParallelLinear(
+            config.q_size, h, "o_proj", parallel, reduce_slot=ATTENTION_SLOT, quant=quant
+        )
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -167,8 +170,9 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, parallel: ParallelState = SINGLE) -> None:
         super().__init__()
         h, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(h, inter, ("gate_proj", "up_proj"), parallel)
-        self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel, reduce_slot=MLP_SLOT)
+        quant = config.quantization
+        self.gate_up_proj = MergedColumnParallelLinear(h, inter, ("gate_proj", "up_proj"), parallel, quant)
+        self.down_proj = RowParallelLinear(inter, h, "down_proj", parallel, reduce_slot=MLP_SLOT, quant=quant)
 
     def forward(
         self, h: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm

@@ -39,6 +39,7 @@ from llmdeploy_engine.distributed import (
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model import CausalLM
 from llmdeploy_engine.multi_step import DecodeWindow, check_decode_window, check_follow_rows, step_batch
+from llmdeploy_engine.quant_linear import QuantWeight
 from llmdeploy_engine.sampler import WindowSampler
 from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.startup_report import StartupReport
@@ -50,6 +51,27 @@ CPU_DEFAULT_KV_CACHE_BYTES = 4 * 2**30
 CALIBRATION_TOKENS = 512
 CALIBRATION_SEQ_LEN = 128
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# --quantization values: None / auto read the checkpoint's config; the others must agree with it
+QUANTIZATION_FLAGS = (None, "auto", "gguf", "awq", "gptq", "fp8", "compressed-tensors")
+
+
+def check_quantization(flag: str | None, model: ModelConfig, device: torch.device) -> None:
+    """The flag agrees with the checkpoint's stored format; fp8 weights need an fp8-capable GPU."""
+    spec = model.quantization
+    stored = spec.method if spec is not None else None
+    if flag not in (None, "auto", "gguf") and stored != ("fp8" if flag == "compressed-tensors" else flag):
+        raise ValueError(
+            f"--quantization {flag} but the checkpoint is "
+            + (f"{stored}-quantized" if stored else "not quantized")
+            + "; leave --quantization unset to use the checkpoint's own format"
+        )
+    if stored == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ValueError(
+            "fp8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+            "use a 16-bit or int4 (AWQ/GPTQ) checkpoint on this GPU"
+        )
 
 
 def load_model_config(model: str) -> ModelConfig:
@@ -142,10 +164,10 @@ class ModelRunner:
     def _init(self, config: EngineConfig, rank: int, port: int | None, num_kv_blocks: int | None) -> None:
         start = time.perf_counter()
         tp = config.tensor_parallel_size
-        if config.quantization not in (None, "gguf"):
+        if config.quantization not in QUANTIZATION_FLAGS:
             raise ValueError(
-                f"quantization {config.quantization!r} is not supported by the built-in engine "
-                "(GGUF weights are dequantized at load; leave quantization unset)"
+                f"quantization {config.quantization!r} is not supported by the built-in engine; supported: "
+                f"{', '.join(q for q in QUANTIZATION_FLAGS if q)} (or unset: read from the checkpoint)"
             )
         self.config = config
         self.device = resolve_device(config.device)
@@ -165,6 +187,7 @@ class ModelRunner:
             held_bytes = torch.cuda.memory_allocated(self.device)
 
         self.model_config = load_model_config(config.model)
+        check_quantization(config.quantization, self.model_config, self.device)
         check_tensor_parallel(self.model_config, tp)
         self.rank = rank
         self.parallel: ParallelState = SINGLE
@@ -180,6 +203,8 @@ class ModelRunner:
             )
         self.model = self._load_model()
         weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # quantized projections hold their weights in buffers (quant_linear.py)
+        weights_bytes += sum(w.stored_bytes() for w in self.model.modules() if isinstance(w, QuantWeight))
         load_time_s = time.perf_counter() - start
 
         model_len = config.max_model_len or self.model_config.max_position_embeddings

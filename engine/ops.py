@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine.kv_cache import FP8_DTYPES, write_kv
+from llmdeploy_engine.quant_linear import QuantWeight
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
@@ -74,9 +75,15 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor) -> Any:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantWeight,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x @ weight.T (+ bias), into `out` when given ([rows, out_features], rows may be strided)."""
+    """x @ weight.T (+ bias), into `out` when given ([rows, out_features], rows may be strided);
+    a quantized weight (quant_linear.py) runs its own kernels."""
+    if isinstance(weight, QuantWeight):
+        return weight.linear(x, bias, out=out)
     fused = _gemv(x, weight)
     if fused is not None:
         result: torch.Tensor = fused.linear(x, weight, bias, out=out)
@@ -93,11 +100,13 @@ def add_rms_norm_linear(
     residual: torch.Tensor | None,
     norm_weight: torch.Tensor,
     eps: float,
-    weight: torch.Tensor,
+    weight: torch.Tensor | QuantWeight,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(rms_norm(x + residual)), x + residual): add_rms_norm then the projection, one kernel
     for single-row 16-bit CUDA batches (the decoder layer's norm + QKV and norm + gate_up)."""
+    if isinstance(weight, QuantWeight):
+        return weight.add_rms_norm_linear(x, residual, norm_weight, eps, bias)
     fused = _gemv(x, weight)
     if fused is not None and (residual is None or residual.dtype == x.dtype) and norm_weight.dtype == x.dtype:
         pair: tuple[torch.Tensor, torch.Tensor] = fused.add_rms_norm_linear(
@@ -109,10 +118,12 @@ def add_rms_norm_linear(
 
 
 def silu_mul_linear(
-    gate_up: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
+    gate_up: torch.Tensor, weight: torch.Tensor | QuantWeight, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """linear(silu_mul(gate, up), weight) for the merged gate_up output [rows, 2 * inter] (the MLP's
     down projection), one kernel for single-row 16-bit CUDA batches; into `out` as `linear`."""
+    if isinstance(weight, QuantWeight):
+        return weight.silu_mul_linear(gate_up, out=out)
     inter = gate_up.shape[-1] // 2
     fused = _gemv(gate_up[..., :inter], weight)
     if fused is not None:

@@ -10,7 +10,9 @@
 At world size 1 they are plain single-device layers and make no collective call; the merged QKV and
 gate/up projections still save kernels per layer. Each layer knows the Hugging Face tensors it is
 made of (`hf_shapes`), loads its rank's slice of a full tensor (`load_hf`) and, at world size 1,
-gives the full tensors back (`hf_tensor`), so checkpoints keep Hugging Face names.
+gives the full tensors back (`hf_tensor`), so checkpoints keep Hugging Face names. With a
+`QuantSpec` the projections hold a quantized weight (quant_linear.py) in place of the dense one and
+load the checkpoint's quantized tensors (quant_loading.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from llmdeploy_engine import ops
 from llmdeploy_engine.distributed import EMBED_SLOT, SINGLE, ParallelState, all_gather, all_reduce
+from llmdeploy_engine.quant_config import QuantSpec
+from llmdeploy_engine.quant_loading import PartLoader, make_weight, quant_shapes
 from torch import nn
 
 
@@ -59,6 +63,7 @@ class _MergedColumn(ParallelModule):
         parts: dict[str, tuple[int, int, int]],  # HF module name -> (full rows, local rows, first full row)
         bias: bool,
         parallel: ParallelState,
+        quant: QuantSpec | None = None,
     ) -> None:
         super().__init__()
         self.parallel = parallel
@@ -69,14 +74,23 @@ class _MergedColumn(ParallelModule):
         for name, (_, local, _) in parts.items():
             self.offsets[name] = total
             total += local
-        self.weight = nn.Parameter(torch.empty(total, in_features))
+        self.quant = quant
+        self.weight: nn.Parameter | nn.Module
+        if quant is None:
+            self.weight = nn.Parameter(torch.empty(total, in_features))
+        else:
+            self.weight = make_weight(quant, total, in_features)
+            self._loader = PartLoader(quant, self.weight)
         self.bias = nn.Parameter(torch.empty(total)) if bias else None
         self.split_sizes = [local for _, local, _ in parts.values()]
 
     def hf_shapes(self) -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {}
         for name, (full, _, _) in self.parts.items():
-            shapes[f"{name}.weight"] = (full, self.in_features)
+            if self.quant is None:
+                shapes[f"{name}.weight"] = (full, self.in_features)
+            else:
+                shapes.update(quant_shapes(self.quant, name, full, self.in_features))
             if self.bias is not None:
                 shapes[f"{name}.bias"] = (full,)
         return shapes
@@ -84,11 +98,19 @@ class _MergedColumn(ParallelModule):
     def _target(self, name: str) -> tuple[nn.Parameter, str]:
         part, _, kind = name.rpartition(".")
         param = self.weight if kind == "weight" else self.bias
+        if not isinstance(param, nn.Parameter) and param is not None:
+            raise ValueError(f"{name}: quantized weights have no dense Hugging Face tensor")
         if part not in self.parts or param is None:
             raise KeyError(name)
         return param, part
 
     def load_hf(self, name: str, full: torch.Tensor) -> None:
+        if self.quant is not None and not name.endswith(".bias"):
+            part, _, kind = name.rpartition(".")
+            _, local, first = self.parts[part]
+            expected = len(quant_shapes(self.quant, part, 8, 8))
+            self._loader.add(part, kind, full, expected, rows=(first, local, self.offsets[part]))
+            return
         param, part = self._target(name)
         _, local, first = self.parts[part]
         with torch.no_grad():
@@ -100,7 +122,7 @@ class _MergedColumn(ParallelModule):
         return param.detach().narrow(0, self.offsets[part], self.parts[part][1])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(F.linear(x, self.weight, self.bias).split(self.split_sizes, dim=-1))
+        return tuple(ops.linear(x, self.weight, self.bias).split(self.split_sizes, dim=-1))
 
     def forward_normed(
         self, h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float
@@ -126,6 +148,7 @@ class QKVParallelLinear(_MergedColumn):
         num_kv_heads: int,
         bias: bool,
         parallel: ParallelState = SINGLE,
+        quant: QuantSpec | None = None,
     ) -> None:
         tp, rank = parallel.world_size, parallel.rank
         self.num_heads = divide(num_heads, tp, "the number of attention heads")
@@ -151,6 +174,7 @@ class QKVParallelLinear(_MergedColumn):
             },
             bias,
             parallel,
+            quant,
         )
 
 
@@ -158,7 +182,12 @@ class MergedColumnParallelLinear(_MergedColumn):
     """Equal-width column-parallel projections in one matmul (gate_proj and up_proj of a gated MLP)."""
 
     def __init__(
-        self, in_features: int, out_features: int, names: tuple[str, ...], parallel: ParallelState = SINGLE
+        self,
+        in_features: int,
+        out_features: int,
+        names: tuple[str, ...],
+        parallel: ParallelState = SINGLE,
+        quant: QuantSpec | None = None,
     ) -> None:
         local = divide(out_features, parallel.world_size, f"{'/'.join(names)} width")
         super().__init__(
@@ -166,6 +195,7 @@ class MergedColumnParallelLinear(_MergedColumn):
             {name: (out_features, local, parallel.rank * local) for name in names},
             False,
             parallel,
+            quant,
         )
 
 
@@ -179,18 +209,35 @@ class RowParallelLinear(ParallelModule):
         name: str,
         parallel: ParallelState = SINGLE,
         reduce_slot: int = 0,
+        quant: QuantSpec | None = None,
     ) -> None:
         super().__init__()
         self.parallel, self.name = parallel, name
         self.reduce_slot = reduce_slot  # the symmetric buffer's slot (distributed.REDUCE_SLOTS)
         self.in_features, self.out_features = in_features, out_features
         self.local_in = divide(in_features, parallel.world_size, f"{name} input width")
-        self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
+        self.quant = quant
+        self.weight: nn.Parameter | nn.Module
+        if quant is None:
+            self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
+        else:
+            self.weight = make_weight(quant, out_features, self.local_in)
+            self._loader = PartLoader(quant, self.weight)
 
     def hf_shapes(self) -> dict[str, tuple[int, ...]]:
+        if self.quant is not None:
+            return quant_shapes(self.quant, self.name, self.out_features, self.in_features)
         return {f"{self.name}.weight": (self.out_features, self.in_features)}
 
     def load_hf(self, name: str, full: torch.Tensor) -> None:
+        if self.quant is not None:
+            kind = name.rpartition(".")[2]
+            shapes = self.hf_shapes()
+            if name not in shapes:
+                raise KeyError(name)
+            cols = (self.parallel.rank * self.local_in, self.local_in)
+            self._loader.add(self.name, kind, full, len(shapes), cols=cols)
+            return
         if name != f"{self.name}.weight":
             raise KeyError(name)
         with torch.no_grad():
@@ -198,7 +245,7 @@ class RowParallelLinear(ParallelModule):
 
     def hf_tensor(self, name: str) -> torch.Tensor:
         _check_single(self.parallel)
-        if name != f"{self.name}.weight":
+        if name != f"{self.name}.weight" or not isinstance(self.weight, nn.Parameter):
             raise KeyError(name)
         return self.weight.detach()
 

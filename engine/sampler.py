@@ -13,6 +13,10 @@ argmax on the device and one `.tolist()` (the general path gives the same ids: s
 tie-breaking). Otherwise the rows are processed batched (temperature, top-k/top-p/min-p as tensors);
 only penalties, min_tokens masks and seeded draws loop over the rows that have them.
 
+Structured outputs: the step's grammar mask (structured_output.py) is applied to the constrained
+rows' logits first, so every later stage (and the logprobs) sees the forbidden tokens at -inf; min_tokens
+does not mask the stop tokens of a constrained row (the grammar decides where it may end).
+
 Seeded requests draw their noise from their own torch.Generator, one full-vocabulary draw per step,
 so their tokens do not depend on which other requests share the batch.
 """
@@ -56,9 +60,14 @@ class Sampler:
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
         generators: list[torch.Generator | None],
+        grammar: Any = None,
     ) -> SamplerOutput:
+        """`grammar`: a structured_output.GrammarMask for the constrained rows (their forbidden tokens'
+        logits become -inf, in place, before anything reads them), or None."""
         num_rows, vocab = logits.shape
         assert len(params) == len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_rows
+        if grammar is not None:
+            grammar.apply(logits)
         if all(plain_greedy(p, len(out)) for p, out in zip(params, output_token_ids, strict=True)):
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * num_rows)
         raw = logits.float()
@@ -117,7 +126,9 @@ class Sampler:
         self, x: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
     ) -> None:
         for i, p in enumerate(params):
-            if len(outputs[i]) < p.min_tokens:
+            # a grammar decides where a constrained output may end (masking its stop tokens too could
+            # leave no token allowed)
+            if len(outputs[i]) < p.min_tokens and p.structured_outputs is None:
                 ids = set(p.stop_token_ids or [])
                 if not p.ignore_eos:
                     ids |= self.eos_token_ids

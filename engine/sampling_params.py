@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class RequestOutputKind(enum.Enum):
@@ -17,6 +19,64 @@ class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """One constraint on a request's output (vLLM's `StructuredOutputsParams`; exactly one field set).
+
+    json: a JSON schema, as JSON text (`from_json_schema` accepts a dict); json_object: any JSON
+    object; regex: a regular expression the whole output matches; choice: the output is exactly one
+    of these strings; grammar: an EBNF grammar (xgrammar's dialect, GBNF-like, rule `root`);
+    structural_tag: xgrammar's structural-tag JSON."""
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None  # xgrammar's structural-tag JSON (forced tool calls: tool_calls.py)
+
+    def __post_init__(self) -> None:
+        given = [
+            name
+            for name, value in (
+                ("json", self.json),
+                ("json_object", self.json_object or None),
+                ("regex", self.regex),
+                ("choice", self.choice),
+                ("grammar", self.grammar),
+                ("structural_tag", self.structural_tag),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one structured output constraint (json, json_object, regex, choice or "
+                f"grammar); got {', '.join(given) or 'none'}"
+            )
+        if self.choice is not None and not self.choice:
+            raise ValueError("choice must list at least one string")
+
+    @classmethod
+    def from_json_schema(cls, schema: Any) -> StructuredOutputsParams:
+        """From a schema given as a dict or as JSON text (a cache key: the same schema, one text)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"the JSON schema is not valid JSON: {e}") from e
+        if not isinstance(schema, dict):
+            raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        # key order kept: xgrammar writes properties in the order the schema lists them
+        return cls(json=json.dumps(schema, ensure_ascii=False))
+
+    @property
+    def kind(self) -> str:
+        for name in ("json", "regex", "choice", "grammar", "structural_tag"):
+            if getattr(self, name) is not None:
+                return name
+        return "json_object"
 
 
 @dataclass
@@ -39,6 +99,8 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs per generated token (0: only the chosen token)
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # a constraint on the output (structured_output.py); None: free text
+    structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestOutput
+from llmdeploy_engine.server.tool_parser import parse_tool_calls
 
 # JSON has no -inf; vLLM reports this floor for impossible tokens too.
 MIN_LOGPROB = -9999.0
@@ -158,14 +159,29 @@ def completion_choice(
     }
 
 
-def chat_choice(tokenizer: Any, index: int, c: CompletionOutput, num_logprobs: int | None) -> dict[str, Any]:
+def chat_choice(
+    tokenizer: Any, index: int, c: CompletionOutput, num_logprobs: int | None, tool_format: str | None = None
+) -> dict[str, Any]:
+    """One chat choice; with `tool_format` (the request has tools) the reply's tool calls are parsed
+    out of the text (tool_parser.py) and a stopped reply that called tools ends with "tool_calls"."""
     lps = None
     if num_logprobs is not None and c.logprobs is not None:
         lps = chat_logprobs(tokenizer, c.token_ids, c.logprobs, num_logprobs)
+    content: str | None = c.text
+    calls: list[dict[str, Any]] = []
+    finish_reason = c.finish_reason
+    if tool_format is not None:
+        content, parsed = parse_tool_calls(tool_format, c.text)
+        calls = [
+            {"id": p.id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
+            for p in parsed
+        ]
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
     return {
         "index": index,
-        "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
+        "message": {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls},
         "logprobs": lps,
-        "finish_reason": c.finish_reason,
+        "finish_reason": finish_reason,
         "stop_reason": c.stop_reason,
     }

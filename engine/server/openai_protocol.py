@@ -1,14 +1,20 @@
 """OpenAI request bodies, parsed once at the border.
 
 Unknown fields are ignored (as vLLM does), so clients that send newer OpenAI fields keep working;
-fields we know but cannot honour (tools, logit_bias, suffix, best_of > n, non-text response_format)
-are refused with 400 rather than silently dropped.
+fields we know but cannot honour (logit_bias, suffix, best_of > n) are refused with 400 rather than
+silently dropped.
+
+Structured outputs come as OpenAI's `response_format` (`json_object`, `json_schema`), vLLM's
+`structured_outputs` object (`json`, `regex`, `choice`, `grammar`, `json_object`) or its older
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` extras; at most one constraint a
+request (`structured_outputs_params`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from llmdeploy_engine.sampling_params import StructuredOutputsParams
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 NonNegInt = Annotated[StrictInt, Field(ge=0)]
@@ -21,6 +27,37 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced (through the grammar), strict or not
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.json_schema is None):
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        return self
+
+
+class StructuredOutputsField(_Body):
+    """vLLM's `structured_outputs` request field."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None  # xgrammar's structural-tag JSON, as vLLM passes it on
 
 
 class _SamplingFields(_Body):
@@ -47,6 +84,13 @@ class _SamplingFields(_Body):
     stop_token_ids: list[NonNegInt] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # structured outputs
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> _SamplingFields:
@@ -78,9 +122,68 @@ class _SamplingFields(_Body):
         }
         return out
 
+    def structured_outputs_params(self) -> tuple[StructuredOutputsParams | None, str | None]:
+        """(the request's output constraint or None, the field it came from); ValueError for a bad
+        or doubled one."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            found.append(("response_format", {"json_object": True}))
+        elif rf is not None and rf.type == "json_schema":
+            assert rf.json_schema is not None
+            found.append(("response_format", {"json": rf.json_schema.json_schema}))
+        so = self.structured_outputs
+        if so is not None:
+            given = {
+                k: v
+                for k, v in (
+                    ("json", so.json_),
+                    ("regex", so.regex),
+                    ("choice", so.choice),
+                    ("grammar", so.grammar),
+                    ("structural_tag", so.structural_tag),
+                )
+                if v is not None
+            }
+            if so.json_object:
+                given["json_object"] = True
+            if len(given) != 1:
+                raise ValueError(
+                    "structured_outputs must set exactly one of json, regex, choice, grammar, json_object, "
+                    "structural_tag"
+                )
+            found.append(("structured_outputs", given))
+        for name, key in (
+            ("guided_json", "json"),
+            ("guided_regex", "regex"),
+            ("guided_choice", "choice"),
+            ("guided_grammar", "grammar"),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                found.append((name, {key: value}))
+        if not found:
+            return None, None
+        if len(found) > 1:
+            raise ValueError(
+                f"give one structured output constraint, not several ({', '.join(n for n, _ in found)})"
+            )
+        field, spec = found[0]
+        return structured_outputs_from(spec), field
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def structured_outputs_from(spec: dict[str, Any]) -> StructuredOutputsParams:
+    """One constraint, from a {kind: value} dict (json: a schema dict or its JSON text)."""
+    (kind, value), *_ = spec.items()
+    if kind == "json":
+        return StructuredOutputsParams.from_json_schema(value)
+    if kind == "choice":
+        return StructuredOutputsParams(choice=tuple(value))
+    return StructuredOutputsParams(**{kind: value})
 
 
 PromptField = str | list[StrictInt] | list[str] | list[list[StrictInt]]
@@ -121,10 +224,23 @@ class TextPart(_Body):
     text: str
 
 
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "ipython"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -134,8 +250,25 @@ class ChatMessage(_Body):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(_Body):
-    type: str
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -144,23 +277,37 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _chat_supported(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ValueError("tools are not supported by this server")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("tool_choice is not supported by this server")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format {self.response_format.type!r} is not supported (only 'text')")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools:
+            names = [t.function.name for t in self.tools]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice names the function {self.tool_choice.function.name!r}, which is not in tools "
+                    f"({', '.join(names)})"
+                )
+        if self.tools and len({t.function.name for t in self.tools}) != len(self.tools):
+            raise ValueError("tools: two functions have the same name")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self
+
+    @property
+    def tool_mode(self) -> str:
+        """none (no tools, or tool_choice none), auto, required or named."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return "required" if self.tool_choice == "required" else "auto"
 
     @property
     def completion_budget(self) -> int | None:

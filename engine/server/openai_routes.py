@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE)."""
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE), with
+structured outputs (constraints.py) and tool calls (tool_calls.py, tool_parser.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from llmdeploy_engine.sampling_params import StructuredOutputsParams
+from llmdeploy_engine.server.constraints import compile_constraint
 from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, bad_request
 from llmdeploy_engine.server.generation import (
     Part,
@@ -29,7 +32,7 @@ from llmdeploy_engine.server.openai_format import (
     completion_choice,
     usage,
 )
-from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest
+from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from llmdeploy_engine.server.openai_stream import (
     SSE_HEADERS,
     chat_events,
@@ -39,6 +42,7 @@ from llmdeploy_engine.server.openai_stream import (
 )
 from llmdeploy_engine.server.request_body import openapi_body, read_body
 from llmdeploy_engine.server.state import ServerState, server_state
+from llmdeploy_engine.server.tool_calls import ToolPlan, plan_tools, template_messages
 
 logger = logging.getLogger("llmdeploy_engine.server")
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -65,10 +69,30 @@ async def list_models(request: Request) -> dict[str, Any]:
     }
 
 
+async def _constraint(
+    state: ServerState, body: _SamplingFields, forced: StructuredOutputsParams | None = None
+) -> StructuredOutputsParams | None:
+    """The request's structured-output constraint, compiled (off the event loop), or None; 400 for a
+    bad one. `forced`: the constraint a forced tool call brings (then the body may set none)."""
+    try:
+        spec, param = body.structured_outputs_params()
+    except ValueError as e:
+        raise bad_request(str(e), "response_format") from e
+    if forced is not None:
+        if spec is not None:
+            raise bad_request(f"{param} cannot be combined with a forced tool call (tool_choice)", param)
+        spec, param = forced, "tools"
+    if spec is not None:
+        await compile_constraint(state, spec, param)
+    return spec
+
+
 Prepared = tuple[list[tuple[list[int], str]], list[Part]]  # (ids, echo text) per prompt; engine parts
 
 
-def _prepare_completion(state: ServerState, body: CompletionRequest, request_id: str) -> Prepared:
+def _prepare_completion(
+    state: ServerState, body: CompletionRequest, request_id: str, constraint: StructuredOutputsParams | None
+) -> Prepared:
     """Tokenize and check every prompt (runs in a worker thread)."""
     prompts = body.prompts()
     check_request_size(state, len(prompts), body.n, "prompt")
@@ -89,7 +113,13 @@ def _prepare_completion(state: ServerState, body: CompletionRequest, request_id:
             text = str(state.ready_engine().tokenizer.decode(ids)) if body.echo else ""
             inputs.append((ids, text))
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens", "prompt")
-        params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.logprobs)
+        params = make_params(
+            state,
+            **body.sampling_kwargs(),
+            max_tokens=max_tokens,
+            logprobs=body.logprobs,
+            structured_outputs=constraint,
+        )
         parts.append((ids, params, f"{request_id}-{i}"))
     return inputs, parts
 
@@ -100,8 +130,9 @@ async def create_completion(request: Request) -> Any:
     body = await read_body(request, CompletionRequest)
     check_model(state, body.model)
     state.ready_engine()
+    constraint = await _constraint(state, body)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    inputs, parts = await asyncio.to_thread(_prepare_completion, state, body, request_id)
+    inputs, parts = await asyncio.to_thread(_prepare_completion, state, body, request_id, constraint)
     tokenizer = state.ready_engine().tokenizer
     created = int(time.time())
     model = body.model or state.settings.model_name
@@ -138,14 +169,23 @@ async def create_completion(request: Request) -> Any:
     }
 
 
-def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    """Render the chat template and tokenize it (runs in a worker thread)."""
-    tokenizer = state.ready_engine().tokenizer
-    messages = [
-        {"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages
-    ]
+def chat_tool_plan(state: ServerState, body: ChatCompletionRequest) -> ToolPlan | None:
     try:
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+        return plan_tools(body, getattr(state.ready_engine().tokenizer, "chat_template", None))
+    except ValueError as e:
+        raise bad_request(str(e), "tools") from e
+
+
+def chat_prompt_ids(
+    state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | None = None
+) -> list[int]:
+    tokenizer = state.ready_engine().tokenizer
+    messages = template_messages(body.messages)
+    extra = {} if tools is None else {"tools": tools.tools}
+    try:
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt, **extra
+        )
     except Exception as e:  # the template is user-facing: a failure is about these messages
         raise bad_request(f"the chat template failed on these messages: {e}", "messages") from e
     if isinstance(rendered, str):
@@ -160,13 +200,26 @@ def chat_prompt_ids(state: ServerState, body: ChatCompletionRequest) -> list[int
     return [int(t) for t in rendered]
 
 
-def _prepare_chat(state: ServerState, body: ChatCompletionRequest, request_id: str) -> Part:
+def _prepare_chat(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    request_id: str,
+    tools: ToolPlan | None,
+    constraint: StructuredOutputsParams | None,
+) -> Part:
+    """Render, tokenize and check the conversation (runs in a worker thread)."""
     check_request_size(state, 1, body.n, "messages")
-    ids = chat_prompt_ids(state, body)
+    ids = chat_prompt_ids(state, body, tools)
     max_tokens = resolve_max_tokens(
         state, len(ids), body.completion_budget, "max_completion_tokens", "messages"
     )
-    params = make_params(state, **body.sampling_kwargs(), max_tokens=max_tokens, logprobs=body.num_logprobs())
+    params = make_params(
+        state,
+        **body.sampling_kwargs(),
+        max_tokens=max_tokens,
+        logprobs=body.num_logprobs(),
+        structured_outputs=constraint,
+    )
     return ids, params, request_id
 
 
@@ -178,8 +231,11 @@ async def create_chat_completion(request: Request) -> Any:
     body = await read_body(request, ChatCompletionRequest)
     check_model(state, body.model)
     state.ready_engine()
+    tools = chat_tool_plan(state, body)
+    constraint = await _constraint(state, body, tools.constraint if tools is not None else None)
+    tool_format = tools.fmt if tools is not None else None
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    part = await asyncio.to_thread(_prepare_chat, state, body, request_id)
+    part = await asyncio.to_thread(_prepare_chat, state, body, request_id, tools, constraint)
     tokenizer = state.ready_engine().tokenizer
     created = int(time.time())
     model = body.model or state.settings.model_name
@@ -191,7 +247,9 @@ async def create_chat_completion(request: Request) -> Any:
             submission.close()
             raise
         return StreamingResponse(
-            guarded(chat_events(state, body, started[0], request_id, created, model), submission),
+            guarded(
+                chat_events(state, body, started[0], request_id, created, model, tool_format), submission
+            ),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -199,7 +257,7 @@ async def create_chat_completion(request: Request) -> Any:
         final = await until_disconnect(request, last_output(submission.streams[0]))
     finally:
         submission.close()
-    choices = [chat_choice(tokenizer, c.index, c, body.num_logprobs()) for c in final.outputs]
+    choices = [chat_choice(tokenizer, c.index, c, body.num_logprobs(), tool_format) for c in final.outputs]
     num_completion = sum(len(c.token_ids) for c in final.outputs)
     return {
         "id": request_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from llmdeploy_engine.outputs import RequestOutput
@@ -23,6 +24,7 @@ from llmdeploy_engine.server.openai_format import (
 )
 from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, CompletionRequest
 from llmdeploy_engine.server.state import ServerState
+from llmdeploy_engine.server.tool_parser import ToolCallDelta, ToolCallParser
 
 logger = logging.getLogger("llmdeploy_engine.server")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -136,9 +138,14 @@ async def chat_events(
     request_id: str,
     created: int,
     model: str,
+    tool_format: str | None = None,
 ) -> AsyncIterator[str]:
+    """Chat chunks; with `tool_format` each choice's text goes through a ToolCallParser, so tool calls
+    stream as OpenAI's `tool_calls` deltas (index, id, type and name first, then `arguments`
+    fragments) and a stopped choice that called tools ends with finish_reason "tool_calls"."""
     tokenizer = state.ready_engine().tokenizer
     tracker = StreamTracker()
+    parsers: dict[int, ToolCallParser] = {}
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     num_logprobs = body.num_logprobs()
     async for output in stream:
@@ -157,7 +164,26 @@ async def chat_events(
                         ],
                     }
                 )
-            if d.text or d.token_ids:
+            if tool_format is not None:
+                parser = parsers.setdefault(index, ToolCallParser(tool_format))
+                pieces = parser.feed(d.text) if d.text else []
+                if d.finish_reason is not None:
+                    pieces += parser.finish()
+                for piece in pieces:
+                    yield sse(
+                        {
+                            **head,
+                            "choices": [
+                                {
+                                    "index": index,
+                                    "delta": _delta(piece),
+                                    "logprobs": None,
+                                    "finish_reason": None,
+                                }
+                            ],
+                        }
+                    )
+            elif d.text or d.token_ids:
                 lps = None
                 if num_logprobs is not None and d.logprobs is not None:
                     lps = chat_logprobs(tokenizer, d.token_ids, d.logprobs, num_logprobs)
@@ -175,6 +201,9 @@ async def chat_events(
                     }
                 )
             if d.finish_reason is not None:
+                reason = d.finish_reason
+                if reason == "stop" and index in parsers and parsers[index].tool_calls:
+                    reason = "tool_calls"
                 yield sse(
                     {
                         **head,
@@ -183,7 +212,7 @@ async def chat_events(
                                 "index": index,
                                 "delta": {},
                                 "logprobs": None,
-                                "finish_reason": d.finish_reason,
+                                "finish_reason": reason,
                                 "stop_reason": d.stop_reason,
                             }
                         ],
@@ -194,3 +223,14 @@ async def chat_events(
             {**head, "choices": [], "usage": usage(tracker.num_prompt_tokens, tracker.num_completion_tokens)}
         )
     yield sse("[DONE]")
+
+
+def _delta(piece: ToolCallDelta) -> dict[str, Any]:
+    if piece.content is not None:
+        return {"content": piece.content}
+    call: dict[str, Any] = {"index": piece.index}
+    if piece.id is not None:
+        call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": ""})
+    else:
+        call["function"] = {"arguments": piece.arguments}
+    return {"tool_calls": [call]}

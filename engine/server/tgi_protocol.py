@@ -1,13 +1,15 @@
 """TGI request bodies (`{"inputs", "parameters", "stream"}`), parsed once at the border.
 
-Unknown fields are ignored; known TGI features this engine lacks (grammar, watermark, adapters,
-typical_p < 1, best_of > 1) are refused with 400.
+Unknown fields are ignored; known TGI features this engine lacks (watermark, adapters, typical_p < 1,
+best_of > 1) are refused with 400. `grammar` is TGI's `{"type": "json" | "regex", "value": ...}`
+(a JSON schema as an object or its text; a regular expression), served through structured outputs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from llmdeploy_engine.sampling_params import StructuredOutputsParams
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # TGI's default when max_new_tokens is not given (its router's long-standing default).
@@ -18,13 +20,26 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+class TGIGrammar(_Body):
+    type: Literal["json", "regex"]
+    value: dict[str, Any] | str
+
+    def constraint(self) -> StructuredOutputsParams:
+        """ValueError for a value of the wrong kind."""
+        if self.type == "json":
+            return StructuredOutputsParams.from_json_schema(self.value)
+        if not isinstance(self.value, str):
+            raise ValueError("grammar of type regex needs a string value")
+        return StructuredOutputsParams(regex=self.value)
+
+
 class TGIParameters(_Body):
     best_of: int | None = Field(default=None, ge=1)
     decoder_input_details: bool = False
     details: bool = False
     do_sample: bool = False
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    grammar: Any = None
+    grammar: TGIGrammar | None = None
     max_new_tokens: int | None = Field(default=None, ge=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
     return_full_text: bool | None = None
@@ -41,8 +56,6 @@ class TGIParameters(_Body):
 
     @model_validator(mode="after")
     def _supported(self) -> TGIParameters:
-        if self.grammar is not None:
-            raise ValueError("grammar is not supported by this server")
         if self.watermark:
             raise ValueError("watermark is not supported by this server")
         if self.adapter_id:

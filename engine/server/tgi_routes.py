@@ -12,7 +12,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from llmdeploy_engine.outputs import CompletionOutput, Logprob, RequestOutput
-from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, STREAM_ONLY, APIError
+from llmdeploy_engine.sampling_params import StructuredOutputsParams
+from llmdeploy_engine.server.constraints import compile_constraint
+from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, STREAM_ONLY, APIError, bad_request
 from llmdeploy_engine.server.generation import (
     Submission,
     encode,
@@ -71,7 +73,22 @@ def _top_tokens(
     return [_token(tokenizer, t, step, special) for t, _ in ranked]
 
 
-def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
+async def _grammar(state: ServerState, body: TGIRequest) -> StructuredOutputsParams | None:
+    """The request's `grammar` parameter, compiled (off the event loop), or None; 400 for a bad one."""
+    grammar = body.parameters.grammar
+    if grammar is None:
+        return None
+    try:
+        constraint = grammar.constraint()
+    except ValueError as e:
+        raise bad_request(str(e), "grammar") from e
+    await compile_constraint(state, constraint, "grammar")
+    return constraint
+
+
+def _prepare(
+    state: ServerState, body: TGIRequest, constraint: StructuredOutputsParams | None
+) -> tuple[list[int], Any]:
     """Tokenize and check the request (runs in a worker thread)."""
     p = body.parameters
     ids = encode(
@@ -89,7 +106,9 @@ def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
     if p.max_new_tokens is None:
         wanted = min(wanted, max(1, int(state.ready_engine().max_model_len) - len(ids)))
     max_tokens = resolve_max_tokens(state, len(ids), wanted, "max_new_tokens", "inputs")
-    return ids, make_params(state, **p.sampling_kwargs(), max_tokens=max_tokens)
+    return ids, make_params(
+        state, **p.sampling_kwargs(), max_tokens=max_tokens, structured_outputs=constraint
+    )
 
 
 def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[str, Any]:
@@ -112,7 +131,8 @@ def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[
 async def _submit(request: Request, body: TGIRequest) -> tuple[ServerState, Submission, int]:
     state = server_state(request)
     state.ready_engine()
-    ids, params = await asyncio.to_thread(_prepare, state, body)
+    constraint = await _grammar(state, body)
+    ids, params = await asyncio.to_thread(_prepare, state, body, constraint)
     return state, Submission(state, [(ids, params, f"tgi-{uuid.uuid4().hex}")]), len(ids)
 
 

@@ -81,6 +81,10 @@ class Speculator:
             seq.spec_token_ids = []
             if seq.num_uncomputed_tokens != 1 or seq.num_output_tokens == 0:
                 continue
+            if seq.params.structured_outputs is not None:
+                # its grammar masks one row per step (drafts would need the matcher rolled forward
+                # and back per proposal): constrained sequences are not speculated
+                continue
             k = min(cfg.num_speculative_tokens, max_new_tokens(seq) - 1)
             if k < 1:
                 continue

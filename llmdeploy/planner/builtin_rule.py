@@ -4,6 +4,26 @@ measured values; the planner calls them with its estimates, so the two can only 
 
 from __future__ import annotations
 
+import math
+
+# bytes the engine stores per parameter of a quantized decoder projection (engine/quant_linear.py):
+# int4 codes, plus per group of 128 inputs one scale in the model dtype and one uint8 zero point
+# (added in weights_bytes); fp8 one byte (a float32 scale per output row is negligible)
+INT4_GROUP_SIZE = 128
+STORED_BYTES_PER_LINEAR_PARAM = {"awq": 0.5, "gptq": 0.5, "fp8": 1.0}
+
+
+def weights_bytes(num_params: int, num_linear_params: int, dtype_bytes: int, quantization: str) -> int:
+    """Weight bytes as the engine holds them (all ranks together): the decoder projections
+    (num_linear_params) stored quantized for awq / gptq / fp8, everything else, and every weight of a
+    dense or GGUF checkpoint (dequantized at load), in the model dtype."""
+    per_param = STORED_BYTES_PER_LINEAR_PARAM.get(quantization)
+    if per_param is None:
+        return num_params * dtype_bytes
+    if quantization in ("awq", "gptq"):
+        per_param += (dtype_bytes + 1) / INT4_GROUP_SIZE
+    return math.ceil(num_linear_params * per_param) + (num_params - num_linear_params) * dtype_bytes
+
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype_bytes: int) -> int:
     """2 (K and V) x layers x KV heads (per GPU) x head dim x bytes."""

@@ -210,8 +210,16 @@ def plan_tgi(inputs: PlanInputs) -> MemoryPlan:
 def plan_builtin(inputs: PlanInputs) -> MemoryPlan:
     seqs = inputs.max_num_seqs or 256
     batched = inputs.max_num_batched_tokens or min(max(inputs.context_len, 2048), 8192)
-    # the built-in engine dequantizes every checkpoint (GGUF included) to its compute dtype
-    weights = math.ceil(inputs.spec.num_params * inputs.model_dtype_bytes / inputs.tensor_parallel_size)
+    # int4 / fp8 checkpoints stay quantized; GGUF files are dequantized to the compute dtype
+    weights = math.ceil(
+        builtin_rule.weights_bytes(
+            inputs.spec.num_params,
+            inputs.spec.params.linear,
+            inputs.model_dtype_bytes,
+            inputs.effective_quantization,
+        )
+        / inputs.tensor_parallel_size
+    )
     act = activation_bytes(inputs, batched, min(seqs, batched))
     if inputs.device == "cpu":
         budget = int((inputs.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB) * GIB)

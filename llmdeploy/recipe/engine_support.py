@@ -20,7 +20,9 @@ BUILTIN_ARCHITECTURES = {
 }
 # fp8 is e4m3 (vLLM's meaning), stored with per-layer scales; 1 byte per element in the plan
 BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
-BUILTIN_QUANTIZATIONS = ("none", "gguf")
+# weight formats the built-in engine loads: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ
+# int4 and fp8 (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
+BUILTIN_QUANTIZATIONS = ("none", "gguf", "awq", "gptq", "fp8")
 # TGI's --quantize has no GGUF loader
 TGI_UNSUPPORTED_QUANTIZATIONS = ("gguf",)
 
@@ -47,11 +49,11 @@ def engine_support_problems(recipe: Recipe, model: ModelSpec) -> Iterator[Proble
             )
         if recipe.model.quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights:
             yield Problem(
-                "the built-in engine loads 16/32-bit checkpoints and GGUF files only",
+                "the built-in engine loads 16/32-bit, AWQ / GPTQ int4 and fp8 checkpoints and GGUF files only",
                 path="model.quantization",
                 value=recipe.model.quantization,
                 has_value=True,
-                fix="use a GGUF file (quantization gguf) or unquantized weights, or engine vllm",
+                fix=f"use one of: {', '.join(BUILTIN_QUANTIZATIONS)}, or engine vllm",
             )
     if engine in ("builtin", "tgi") and recipe.parallelism.pipeline > 1:
         yield Problem(

@@ -48,7 +48,7 @@ _QUANTIZATION: dict[str, dict[str, str]] = {
         "int8": "eetq",
         "int4": "bitsandbytes-nf4",
     },
-    "builtin": {"gguf": "gguf"},
+    "builtin": {"gguf": "gguf", "awq": "awq", "gptq": "gptq", "fp8": "fp8"},
 }
 
 

@@ -153,7 +153,13 @@ def test_builtin_engine_limits(tmp_path: Path) -> None:
         in _only(problems, "engine.type").message
     )
     assert not [p for p in problems if p.path == "kv_cache.dtype"]  # fp8 KV is supported
-    assert _only(problems, "model.quantization").value == "awq"
+    assert not [p for p in problems if p.path == "model.quantization"]  # AWQ int4 is supported
+    refused = _check(
+        tmp_path,
+        "model: {id: meta-llama/Llama-3.1-8B-Instruct, quantization: bitsandbytes}\nhardware: {gpu: H100}\n"
+        "engine: {type: builtin}\nlimits: {max_model_len: 4096}\n",
+    )
+    assert _only(refused, "model.quantization").value == "bitsandbytes"
 
 
 def test_builtin_engine_speculation(tmp_path: Path) -> None:
