@@ -7,6 +7,7 @@ engine-support rules (architecture, KV dtype, weight format) must pass for every
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -64,5 +65,7 @@ def test_recipe_validates_plans_and_renders_on_the_builtin_engine(path: Path) ->
     artifacts = render(recipe, plan)
     assert artifacts.files
     if recipe.model.quantization in ("awq", "gptq", "fp8"):
-        text = " ".join("\n".join(artifacts.files.values()).split())
-        assert f'"--quantization", "{recipe.model.quantization}"' in text
+        # the flag and its value are neighbours in the launch script's argv and in a YAML block list
+        tokens = [t.strip("\"',[]") for t in "\n".join(artifacts.files.values()).split() if t != "-"]
+        pairs = set(itertools.pairwise(tokens))
+        assert ("--quantization", recipe.model.quantization) in pairs

@@ -161,7 +161,7 @@ def test_builtin_speculative_config_json_is_what_its_parser_reads() -> None:
             "speculative.draft_model",
         ),
         ("builtin", {"parallelism": {"pipeline": 2}}, "parallelism.pipeline"),
-        ("builtin", {"model": {"id": "a/b", "quantization": "awq"}}, "model.quantization"),
+        ("builtin", {"model": {"id": "a/b", "quantization": "bitsandbytes"}}, "model.quantization"),
         ("vllm", {"model": {"id": "a/b", "quantization": "int8"}}, "model.quantization"),
     ],
 )
