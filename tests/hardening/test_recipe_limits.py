@@ -72,7 +72,9 @@ def test_extends_through_a_symlink_loop_is_an_error(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("extends: a.yaml\nmodel: {id: x}\n")
     results = _all_refuse(recipe, tmp_path)
-    assert "extends: cannot follow the path: a loop of symbolic links" in results[0].output
+    # the link check names the loop before anything tries to resolve or read it
+    assert "extends:" in results[0].output and "a loop of links" in results[0].output
+    assert "Traceback" not in results[0].output
 
 
 @pytest.mark.parametrize(
