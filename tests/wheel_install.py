@@ -147,6 +147,14 @@ def run_installed(
     )
 
 
+def validate_plan_render(venv: WheelVenv, recipe: Path, env: dict[str, str], sets: list[str]) -> None:
+    """`validate`, `plan` and `render -o out` of `recipe` with the installed llmdeploy, each exiting 0."""
+    for verb in (["validate", str(recipe)], ["plan", str(recipe)], ["render", str(recipe), "-o", "out"]):
+        done = run_installed(venv, recipe.parent, env, *verb, *sets)
+        assert done.returncode == 0, f"{verb[0]}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    assert (recipe.parent / "out" / "launch.sh").is_file()
+
+
 def installed_env(venv: WheelVenv, tmp_path: Path, extra_path: str = "") -> dict[str, str]:
     """A user's shell with the venv activated: its bin first on PATH, nothing of this tree importable."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
