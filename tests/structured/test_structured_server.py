@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import jsonschema
@@ -145,33 +145,51 @@ def test_json_schema_replies_always_parse_and_validate(server: EngineServer) -> 
             jsonschema.validate(json.loads(content), schema)
 
 
+def _json_object_prefix(text: str) -> bool:
+    """Whether `text` is a start of a JSON object in the engine's compact JSON grammar."""
+    import xgrammar as xgr
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(["a"]))
+    grammar = compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+    return bool(xgr.GrammarMatcher(grammar, terminate_without_stop_token=True).accept_string(text))
+
+
+def _json_object(text: str, finish: str) -> None:
+    # An open object has no length bound: a sampled one may still be open at max_tokens, and then
+    # the constraint held if what came is a start of an object.
+    if finish == "length":
+        assert _json_object_prefix(text), text
+    else:
+        assert finish == "stop" and isinstance(json.loads(text), dict), (finish, text)
+
+
 def test_every_request_shape_is_constrained(server: EngineServer) -> None:
     person = SCHEMAS[1]
-    chat = [
-        ({"guided_json": person}, lambda t: jsonschema.validate(json.loads(t), person)),
-        ({"guided_json": json.dumps(person)}, lambda t: jsonschema.validate(json.loads(t), person)),
-        ({"structured_outputs": {"json": person}}, lambda t: jsonschema.validate(json.loads(t), person)),
-        (
-            {"response_format": {"type": "json_object"}},
-            lambda t: isinstance(json.loads(t), dict) or pytest.fail(t),
-        ),
+    chat: list[tuple[dict[str, object], Callable[[str, str], object]]] = [
+        ({"guided_json": person}, lambda t, _: jsonschema.validate(json.loads(t), person)),
+        ({"guided_json": json.dumps(person)}, lambda t, _: jsonschema.validate(json.loads(t), person)),
+        ({"structured_outputs": {"json": person}}, lambda t, _: jsonschema.validate(json.loads(t), person)),
+        ({"response_format": {"type": "json_object"}}, _json_object),
         (
             {"guided_regex": r"[0-9]{3}-[a-z]{2,4}"},
-            lambda t: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", t) or pytest.fail(t),
+            lambda t, _: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", t) or pytest.fail(t),
         ),
-        ({"structured_outputs": {"regex": r"(yes|no)!"}}, lambda t: t in ("yes!", "no!") or pytest.fail(t)),
+        (
+            {"structured_outputs": {"regex": r"(yes|no)!"}},
+            lambda t, _: t in ("yes!", "no!") or pytest.fail(t),
+        ),
         (
             {"guided_choice": ["alpha", "beta gamma"]},
-            lambda t: t in ("alpha", "beta gamma") or pytest.fail(t),
+            lambda t, _: t in ("alpha", "beta gamma") or pytest.fail(t),
         ),
-        ({"structured_outputs": {"choice": ["x", "y"]}}, lambda t: t in ("x", "y") or pytest.fail(t)),
+        ({"structured_outputs": {"choice": ["x", "y"]}}, lambda t, _: t in ("x", "y") or pytest.fail(t)),
         (
             {"guided_grammar": 'root ::= "ab" [0-9] | "cd"'},
-            lambda t: re.fullmatch(r"ab[0-9]|cd", t) or pytest.fail(t),
+            lambda t, _: re.fullmatch(r"ab[0-9]|cd", t) or pytest.fail(t),
         ),
     ]
 
-    async def run() -> tuple[list[str], list[str]]:
+    async def run() -> tuple[list[tuple[str, str]], list[str]]:
         async with httpx.AsyncClient(base_url=server.url, timeout=600) as http:
             chats = [
                 http.post(
@@ -206,14 +224,26 @@ def test_every_request_shape_is_constrained(server: EngineServer) -> None:
             answers = await asyncio.gather(*chats, *completions)
         for r in answers:
             assert r.status_code == 200, r.text
-        chat_texts = [r.json()["choices"][0]["message"]["content"] for r in answers[: len(chat)]]
-        return chat_texts, [r.json()["choices"][0]["text"] for r in answers[len(chat) :]]
+        chat_replies = [
+            (r.json()["choices"][0]["message"]["content"], r.json()["choices"][0]["finish_reason"])
+            for r in answers[: len(chat)]
+        ]
+        return chat_replies, [r.json()["choices"][0]["text"] for r in answers[len(chat) :]]
 
-    chat_texts, completion_texts = asyncio.run(run())
-    for (_, check), text in zip(chat, chat_texts, strict=True):
-        check(text)
+    chat_replies, completion_texts = asyncio.run(run())
+    for (_, check), (text, finish) in zip(chat, chat_replies, strict=True):
+        check(text, finish)
     assert completion_texts[0] in ("up", "down")
     jsonschema.validate(json.loads(completion_texts[1]), person)
+
+
+def test_json_object_prefix_check_refuses_text_outside_the_grammar() -> None:
+    assert _json_object_prefix('{"a": "b')
+    assert not _json_object_prefix('x{"a": 1}')
+    assert not _json_object_prefix('{"a" : 1}')  # the compact grammar has no space before a colon
+    for text, finish in [('{"a": 1} trailing', "stop"), ('{"a": 1', "stop"), ('x{"a": 1', "length")]:
+        with pytest.raises((AssertionError, ValueError)):
+            _json_object(text, finish)
 
 
 def test_tgi_grammar_holds(server: EngineServer) -> None:
