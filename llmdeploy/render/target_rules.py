@@ -16,7 +16,7 @@ from llmdeploy.render.model_location import container_model_ref
 
 def render_problems(recipe: Recipe, plan: object) -> list[Problem]:
     """The problems that stop `render(recipe, plan)` for the recipe's target; empty when it renders."""
-    problems = [*_secret_sources(recipe), *_engine(recipe, plan)]
+    problems = [*_secret_sources(recipe), *_engine(recipe, plan), *_local_only(recipe)]
     if isinstance(recipe.target, KubernetesTarget):
         problems += _kubernetes(recipe, recipe.target)
     return problems
@@ -36,6 +36,23 @@ def _engine(recipe: Recipe, plan: object) -> list[Problem]:
     except UserError as e:
         problems += e.problems
     return problems
+
+
+def _local_only(recipe: Recipe) -> list[Problem]:
+    """Fields that name something on this machine, which a container target would silently ignore."""
+    if recipe.engine.executable is None or recipe.target.type == "local":
+        return []
+    return [
+        Problem(
+            f"engine.executable names a local install; the {recipe.target.type} target runs the engine "
+            "its image holds",
+            path="engine.executable",
+            value=recipe.engine.executable,
+            has_value=True,
+            fix="remove engine.executable here (an overlay can set it to null); choose the engine with "
+            "target.image",
+        )
+    ]
 
 
 def _secret_sources(recipe: Recipe) -> list[Problem]:

@@ -5,6 +5,7 @@ Unit tests with stand-in executables; the real vLLM install is exercised by test
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,3 +114,24 @@ def test_builtin_engine_off_path_runs_as_a_module_of_this_interpreter(
     assert found.argv(["llmdeploy-engine", "serve", "--port", "1"]) == [
         sys.executable, "-m", "llmdeploy_engine.cli", "serve", "--port", "1",
     ]  # fmt: skip
+
+
+def test_executable_on_a_container_target_is_refused_with_its_line(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: t\nmodel: {id: meta-llama/Llama-3.1-8B-Instruct}\nhardware: {gpu: A100-80GB}\n"
+        "engine:\n  type: vllm\n  executable: /opt/vllm/bin/vllm\n"
+        "target: {type: kubernetes, namespace: ml}\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "validate", str(recipe)], capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert f"{recipe}:6: engine.executable: engine.executable names a local install" in out.stderr, out.stderr
+    assert "fix: remove engine.executable" in out.stderr
+    local = recipe.read_text().replace("target: {type: kubernetes, namespace: ml}\n", "")
+    recipe.write_text(local)
+    ok = subprocess.run(
+        [sys.executable, "-m", "llmdeploy.cli.main", "validate", str(recipe)], capture_output=True, text=True
+    )
+    assert "engine.executable" not in ok.stdout + ok.stderr
