@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from llmdeploy.catalog.model_spec import ModelSpec
+from llmdeploy.planner import sampler_peak
 from llmdeploy.planner.plan_inputs import PlanInputs
 
 GIB = 2**30
@@ -30,10 +31,14 @@ LINEAR_BITS = {
 
 # calibrated: live activation bytes per token per (2h + MLP width) element in the profile run
 ACTIVATION_FACTOR = 1.1
-# calibrated: bytes per vocab entry per sequence in the sampler warm-up (fp32 logits, probabilities,
-# sorted values + int64 indices for top-k/top-p, cumulative sums): ~40 in both the Llama-3-8B log
-# (256 rows x 128,256 -> 1.26 GiB) and the gpt-oss-120b logs (1024 rows x 201,088 -> ~7.5 GiB)
+# calibrated: bytes per vocab entry per sequence in V0's sampler warm-up (vLLM before 0.8, and TGI):
+# ~40 in the Llama-3-8B V0 log (256 rows x 128,256 -> 1.26 GiB). V1 (0.8 and later, vLLM's default
+# engine) is derived per release in `sampler_peak`.
 SAMPLER_BYTES_PER_LOGIT = 40
+V1_SAMPLER_SINCE = (0, 8, 0)
+# streaming multiprocessors for the Triton top-k/top-p scratch (one vocab row each, at most);
+# H100/H200 have 132, A100 108: a few MiB either way
+DEFAULT_NUM_SMS = 132
 CUDA_CONTEXT_GIB = 0.5  # outside vLLM's accounting, but it occupies the GPU
 
 
@@ -284,7 +289,8 @@ def _draft_kv_bytes(inputs: PlanInputs) -> int:
 
 def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int) -> int:
     """Peak of the profiling pass: the widest per-token tensors of one layer for `num_batched_tokens`
-    tokens, or the sampler warm-up (fp32 logits of `num_seqs` rows), whichever is larger."""
+    tokens, or the sampler warm-up on `num_seqs` rows of logits (`sampler_peak` for vLLM V1, per
+    release), whichever is larger."""
     spec, tp = inputs.spec, inputs.tensor_parallel_size
     act = inputs.model_dtype_bytes
     h = spec.hidden_size
@@ -296,7 +302,15 @@ def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int)
     q = spec.num_attention_heads * spec.head_dim // tp
     attention = 2 * q + 2 * max(1, spec.num_kv_heads // tp) * spec.head_dim
     forward = num_batched_tokens * (2 * h + max(mlp, attention)) * act * ACTIVATION_FACTOR
-    sampler = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT + num_batched_tokens * h * act
+    version = release(inputs.engine_version)
+    if inputs.engine == "vllm" and (version is None or version >= V1_SAMPLER_SINCE):
+        logits = sampler_peak.sampler_peak_bytes(
+            version, num_seqs, spec.vocab_size, act, num_sms=DEFAULT_NUM_SMS
+        )
+    else:
+        logits = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    # the dummy forward's hidden states of all batched tokens stay live through the sampler run
+    sampler = logits + num_batched_tokens * h * act
     return int(max(forward, sampler))
 
 
