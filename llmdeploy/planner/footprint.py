@@ -136,7 +136,33 @@ def expert_matrix_params(spec: ModelSpec) -> int:
     return (spec.num_layers - spec.first_k_dense_replace) * spec.num_experts * per_expert
 
 
-def weights_bytes_total(spec: ModelSpec, quantization: str, dtype_bytes: int) -> int:
+def mxfp4_marlin(inputs: PlanInputs) -> bool:
+    """vLLM runs MXFP4 MoE experts with its Marlin kernels on GPUs before Hopper (compute capability
+    < 9), and on Hopper when the triton_kernels package is missing, as with the 0.10 and 0.11 wheels
+    (v0.11.0 quantization/mxfp4.py `get_mxfp4_backend`; the 0.10.1 gpt-oss-120b H100 log loads the
+    Marlin-sized 65.97 GiB). Later Hopper releases: the 256-padded layout of the other backends."""
+    if inputs.engine != "vllm" or inputs.gpu is None:
+        return False
+    major = int(inputs.gpu.compute_capability.split(".")[0])
+    version = release(inputs.engine_version)
+    return major < 9 or (major == 9 and version is not None and version < (0, 12, 0))
+
+
+def _mxfp4_expert_bytes(spec: ModelSpec, tp: int, marlin: bool) -> int:
+    """MXFP4 expert weights as vLLM allocates them (fused_moe/oracle/mxfp4.py
+    `mxfp4_round_up_hidden_size_and_intermediate_size`): Marlin pads the per-GPU intermediate size to
+    a multiple of 128 and the hidden size to 256; the other CUDA backends the intermediate size to
+    256 (gpt-oss: 2880 -> 3072 x 2944 under Marlin, 2880 x 3072 otherwise). All GPUs together."""
+    inter = -(-(spec.moe_intermediate_size // tp) // (128 if marlin else 256)) * (128 if marlin else 256)
+    hidden = -(-spec.hidden_size // 256) * 256 if marlin else spec.hidden_size
+    per_expert = (3 if spec.mlp_gated else 2) * hidden * inter
+    layers = spec.num_layers - spec.first_k_dense_replace
+    return math.ceil(tp * layers * spec.num_experts * per_expert * LINEAR_BITS["mxfp4"] / 8)
+
+
+def weights_bytes_total(
+    spec: ModelSpec, quantization: str, dtype_bytes: int, tp: int = 1, mxfp4_marlin: bool = False
+) -> int:
     """The whole checkpoint as loaded (all GPUs together)."""
     p = spec.params
     if (quantization == "gguf" or spec.source == "gguf") and spec.weights_bytes_on_disk:
@@ -145,10 +171,7 @@ def weights_bytes_total(spec: ModelSpec, quantization: str, dtype_bytes: int) ->
     rest = p.total - p.linear
     if bits is None and spec.torch_dtype == "mxfp4":  # gpt-oss ships MoE experts in MXFP4
         experts = expert_matrix_params(spec)
-        # vLLM pads the expert intermediate size to a multiple of 256 for its MXFP4 kernels
-        # (gpt-oss-120b: 2880 -> 3072; vLLM logs 64.38 GiB where unpadded would be 60.8)
-        padded = experts * math.ceil(spec.moe_intermediate_size / 256) * 256 // spec.moe_intermediate_size
-        return math.ceil(padded * LINEAR_BITS["mxfp4"] / 8) + (p.total - experts) * dtype_bytes
+        return _mxfp4_expert_bytes(spec, tp, mxfp4_marlin) + (p.total - experts) * dtype_bytes
     if bits is None and spec.torch_dtype.startswith("float8"):  # DeepSeek-V3 ships fp8 blocks
         bits = LINEAR_BITS["fp8"]
     if bits is None:
@@ -168,7 +191,9 @@ def weights_bytes_per_gpu(inputs: PlanInputs) -> int:
 
 def _target_weights_per_gpu(inputs: PlanInputs) -> int:
     spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
-    total = weights_bytes_total(spec, inputs.effective_quantization, inputs.model_dtype_bytes)
+    total = weights_bytes_total(
+        spec, inputs.effective_quantization, inputs.model_dtype_bytes, tp, mxfp4_marlin(inputs)
+    )
     if pp == 1 or spec.num_layers == 0:
         return math.ceil(total / tp)
     p = spec.params
