@@ -248,14 +248,38 @@ def _matrix_shapes_per_gpu(inputs: PlanInputs) -> list[tuple[int, int]]:
     return out
 
 
+def rotary_cache_positions(spec: ModelSpec) -> list[int]:
+    """Positions of each distinct cos/sin cache vLLM builds (model_executor/layers/rotary_embedding,
+    one cache per distinct rope, shared by all layers): YaRN caches original positions x factor,
+    linear scaling max positions x factor, LongRoPE its short and long caches back to back (original
+    + max positions), the others max positions; Gemma 3 adds its local (sliding-layer) rope."""
+    rs = dict(spec.rope_scaling or {})
+    kind = str(rs.get("rope_type") or rs.get("type") or "default")
+    base = spec.max_position_embeddings
+    factor = float(rs.get("factor") or 1.0)
+    original = int(rs.get("original_max_position_embeddings") or base)
+    if kind in ("yarn", "deepseek_yarn") and "original_max_position_embeddings" in rs:
+        positions = int(original * factor)
+    elif kind == "linear":
+        positions = int(base * factor)
+    elif kind == "longrope":
+        positions = original + base
+    else:
+        positions = base
+    caches = [positions]
+    if spec.architecture.startswith("Gemma3"):
+        caches.append(base)  # rope_local_base_freq, unscaled
+    return caches
+
+
 def vllm_load_overhead_bytes(inputs: PlanInputs) -> int:
     """What vLLM's "model loading took" counts beyond the parameters, per GPU: the rotary cos/sin
-    cache (max_position_embeddings x rotary dim in the model dtype: 32 MiB for Llama-3.1's 131,072
-    positions) and the allocator's rounding of 16-bit weight matrices (`allocated_bytes`; not
+    cache (positions x rotary dim in the model dtype, `rotary_cache_positions`: 32 MiB for Llama-3.1's
+    131,072 positions) and the allocator's rounding of 16-bit weight matrices (`allocated_bytes`; not
     modelled for quantized, MLA or GGUF checkpoints, whose tensor layouts differ)."""
     spec = inputs.spec
     rotary = spec.qk_rope_head_dim if spec.is_mla else int(spec.head_dim * spec.partial_rotary_factor)
-    rope = spec.max_position_embeddings * rotary * inputs.model_dtype_bytes
+    rope = sum(rotary_cache_positions(spec)) * rotary * inputs.model_dtype_bytes
     plain = (
         inputs.device == "cuda"  # the rounding is the CUDA caching allocator's
         and inputs.effective_quantization == "none"

@@ -223,3 +223,20 @@ def test_mxfp4_experts_take_the_marlin_layout_before_hopper() -> None:
         experts * (3072 * 2944 - 2880 * 3072), rel=1e-6
     )
     assert gib("H100", "0.10.1") == gib("A100-80GB", "0.19.0")
+
+
+def test_rotary_caches_as_vllm_builds_them() -> None:
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner.footprint import rotary_cache_positions
+
+    assert rotary_cache_positions(resolve_model("meta-llama/Llama-3.1-8B")) == [
+        131072
+    ]  # llama3: max positions
+    assert rotary_cache_positions(resolve_model("openai/gpt-oss-20b")) == [
+        4096 * 32
+    ]  # YaRN: original x factor
+    assert rotary_cache_positions(resolve_model("microsoft/Phi-4-mini-instruct")) == [
+        4096 + 131072
+    ]  # short+long
+    # Gemma 3: the global rope's linear factor 8 over 131,072 positions, plus the local rope
+    assert rotary_cache_positions(resolve_model("google/gemma-3-4b-pt")) == [131072 * 8, 131072]
