@@ -59,7 +59,7 @@ SAMPLER_FAMILIES = (
     # FlashInfer sampling becomes opt-in (VLLM_USE_FLASHINFER_SAMPLER=1): the PyTorch sort path runs
     SamplerFamily((0, 11, 0), "sort", False, "logits", False, False, "v0.11.2, v0.13.0, v0.16.0 __init__"),
     # apply_top_k_top_p uses the Triton kernel for 8 rows or more (the sort only below that)
-    SamplerFamily((0, 19, 0), "triton", True, "logits", False, False, "v0.19.1, v0.20.2 apply_top_k_top_p"),
+    SamplerFamily((0, 17, 0), "triton", True, "logits", False, False, "v0.17.1 to v0.20.2 apply_top_k_top_p"),
     # FlashInfer on by default again, and _dummy_sampler_run warms up the PyTorch path a second time
     SamplerFamily((0, 21, 0), "triton", True, "logits", True, True, "v0.21.0 to v0.32.0 _dummy_sampler_run"),
 )

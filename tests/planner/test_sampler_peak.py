@@ -17,7 +17,8 @@ def test_release_families_in_order() -> None:
     assert sampler_peak.family((0, 8, 5)).flashinfer == "probs"
     assert sampler_peak.family((0, 10, 2)).topk_topp == "sort"
     assert not sampler_peak.family((0, 13, 0)).flashinfer_by_default
-    assert sampler_peak.family((0, 19, 1)).topk_topp == "triton"
+    assert sampler_peak.family((0, 16, 0)).topk_topp == "sort"
+    assert sampler_peak.family((0, 17, 1)).topk_topp == "triton"
     assert sampler_peak.family((0, 21, 0)).native_after_flashinfer
     assert sampler_peak.family(None) is sampler_peak.SAMPLER_FAMILIES[-1]
     assert sampler_peak.family((0, 6, 0)) is sampler_peak.SAMPLER_FAMILIES[0]
