@@ -56,6 +56,7 @@ class LogCheck:
     weights_gib: float | None = None  # logged
     heldout_tokens: int | None = None  # full prediction with non-torch re-fitted without this thread
     heldout_error: float | None = None
+    in_sample: str = ""  # which planner figure this log was used to set ("" = none)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = Non
         weights_gib=logged.get("weights_gib"),
         heldout_tokens=heldout_tokens,
         heldout_error=heldout_error,
+        in_sample=str(entry.get("in_sample", "")),
     )
 
 
@@ -221,13 +223,17 @@ def summaries(checks: list[LogCheck]) -> dict[str, list[float]]:
         out[f"full prediction held out, {group}"] = [
             abs(c.heldout_error) for c in rows if c.heldout_error is not None
         ]
+        # logs used to set no figure at all (non-torch re-fitted without their thread)
+        out[f"full prediction out of sample, {group}"] = [
+            abs(c.heldout_error) for c in rows if c.heldout_error is not None and not c.in_sample
+        ]
     return out
 
 
 def report(checks: list[LogCheck]) -> str:
     lines = [
         f"{'log':<48}{'model':<28}{'GPU':<10}{'vLLM':<10}{'group':<10}{'ref tok':>11}{'pred tok':>10}{'error':>9}"
-        f"{'held-out':>9}{'bpt err':>9}{'dW GiB':>8}{'dAct':>7}{'dKV':>7}"
+        f"{'held-out':>9}{'bpt err':>9}{'dW GiB':>8}{'dAct':>7}{'dKV':>7}  in-sample"
     ]
     for c in checks:
         ref = (
@@ -241,7 +247,7 @@ def report(checks: list[LogCheck]) -> str:
         lines.append(
             f"{c.log_id:<48}{c.model[-27:]:<28}{c.gpu:<10}{c.version[:9]:<10}{c.group:<10}{ref:>11}{pred:>10}"
             f"{_pct(c.full_error):>9}{_pct(c.heldout_error):>9}{_pct(c.bpt_error):>9}{_gib(c.weights_error_gib):>8}"
-            f"{_gib(c.activation_error_gib):>7}{_gib(c.kv_error_gib):>7}"
+            f"{_gib(c.activation_error_gib):>7}{_gib(c.kv_error_gib):>7}  {'yes' if c.in_sample else '-'}"
         )
     for label, errors in summaries(checks).items():
         lines.append(_summary(label, errors))

@@ -30,6 +30,7 @@ BUILTIN_ATTENTION_BYTES_PER_SCORE = 9.55  # calibrated: built-in engine, H200, L
 BUILTIN_NON_TORCH_GIB = 0.67  # calibrated: built-in engine's measured non-torch (CUDA context, cuBLAS), H200
 TGI_DEFAULT_PREFILL_TOKENS = 4096
 GRAPH_PROFILING_SINCE = (0, 21)
+KV_TOKENS_FROM_CONCURRENCY_SINCE = (0, 21)
 
 
 def _version(text: str | None) -> tuple[int, ...] | None:
@@ -83,10 +84,21 @@ def kv_capacity(inputs: PlanInputs, kv_bytes: int, batched: int) -> tuple[int, i
     max_len = inputs.context_len
     blocks = _pool_blocks(layout, max(0, kv_bytes), block)
     concurrency = _concurrency(layout, blocks, block, max_len, batched)
-    # vLLM reports "GPU KV cache size" as blocks x block size; with sliding-window groups (hybrid
-    # allocator) as max concurrency x max_model_len
-    tokens = blocks * block if layout.sliding_window is None else int(concurrency * max_len)
-    return block, blocks, tokens, concurrency
+    return block, blocks, reported_tokens(inputs, layout, blocks, block, concurrency), concurrency
+
+
+def reported_tokens(inputs: PlanInputs, layout: KVLayout, blocks: int, block: int, concurrency: float) -> int:
+    """vLLM's "GPU KV cache size: N tokens" (v1/core/kv_cache_utils.py `_report_kv_cache_config`):
+    up to 0.20 the shared pool's blocks divided among the KV cache groups, times the block size
+    (num_blocks // num_groups * block_size); since 0.21 max concurrency x max_model_len, which
+    counts a sliding-window group only for its window. One group: both are blocks x block size
+    (up to the rounding of max_model_len to whole blocks). Other engines: blocks x block size."""
+    version = _version(inputs.engine_version)
+    if inputs.engine != "vllm" or layout.sliding_window is None:
+        return blocks * block
+    if version is not None and version < KV_TOKENS_FROM_CONCURRENCY_SINCE:
+        return blocks // layout.num_groups * block
+    return int(concurrency * inputs.context_len)
 
 
 def _plan(

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from llmdeploy.catalog.model_spec import ModelSpec
+from llmdeploy.planner import sampler_peak
 from llmdeploy.planner.plan_inputs import PlanInputs
 
 GIB = 2**30
@@ -30,10 +31,14 @@ LINEAR_BITS = {
 
 # calibrated: live activation bytes per token per (2h + MLP width) element in the profile run
 ACTIVATION_FACTOR = 1.1
-# calibrated: bytes per vocab entry per sequence in the sampler warm-up (fp32 logits, probabilities,
-# sorted values + int64 indices for top-k/top-p, cumulative sums): ~40 in both the Llama-3-8B log
-# (256 rows x 128,256 -> 1.26 GiB) and the gpt-oss-120b logs (1024 rows x 201,088 -> ~7.5 GiB)
+# calibrated: bytes per vocab entry per sequence in V0's sampler warm-up (vLLM before 0.8, and TGI):
+# ~40 in the Llama-3-8B V0 log (256 rows x 128,256 -> 1.26 GiB). V1 (0.8 and later, vLLM's default
+# engine) is derived per release in `sampler_peak`.
 SAMPLER_BYTES_PER_LOGIT = 40
+V1_SAMPLER_SINCE = (0, 8, 0)
+# streaming multiprocessors for the Triton top-k/top-p scratch (one vocab row each, at most);
+# H100/H200 have 132, A100 108: a few MiB either way
+DEFAULT_NUM_SMS = 132
 CUDA_CONTEXT_GIB = 0.5  # outside vLLM's accounting, but it occupies the GPU
 
 
@@ -131,7 +136,33 @@ def expert_matrix_params(spec: ModelSpec) -> int:
     return (spec.num_layers - spec.first_k_dense_replace) * spec.num_experts * per_expert
 
 
-def weights_bytes_total(spec: ModelSpec, quantization: str, dtype_bytes: int) -> int:
+def mxfp4_marlin(inputs: PlanInputs) -> bool:
+    """vLLM runs MXFP4 MoE experts with its Marlin kernels on GPUs before Hopper (compute capability
+    < 9), and on Hopper when the triton_kernels package is missing, as with the 0.10 and 0.11 wheels
+    (v0.11.0 quantization/mxfp4.py `get_mxfp4_backend`; the 0.10.1 gpt-oss-120b H100 log loads the
+    Marlin-sized 65.97 GiB). Later Hopper releases: the 256-padded layout of the other backends."""
+    if inputs.engine != "vllm" or inputs.gpu is None:
+        return False
+    major = int(inputs.gpu.compute_capability.split(".")[0])
+    version = release(inputs.engine_version)
+    return major < 9 or (major == 9 and version is not None and version < (0, 12, 0))
+
+
+def _mxfp4_expert_bytes(spec: ModelSpec, tp: int, marlin: bool) -> int:
+    """MXFP4 expert weights as vLLM allocates them (fused_moe/oracle/mxfp4.py
+    `mxfp4_round_up_hidden_size_and_intermediate_size`): Marlin pads the per-GPU intermediate size to
+    a multiple of 128 and the hidden size to 256; the other CUDA backends the intermediate size to
+    256 (gpt-oss: 2880 -> 3072 x 2944 under Marlin, 2880 x 3072 otherwise). All GPUs together."""
+    inter = -(-(spec.moe_intermediate_size // tp) // (128 if marlin else 256)) * (128 if marlin else 256)
+    hidden = -(-spec.hidden_size // 256) * 256 if marlin else spec.hidden_size
+    per_expert = (3 if spec.mlp_gated else 2) * hidden * inter
+    layers = spec.num_layers - spec.first_k_dense_replace
+    return math.ceil(tp * layers * spec.num_experts * per_expert * LINEAR_BITS["mxfp4"] / 8)
+
+
+def weights_bytes_total(
+    spec: ModelSpec, quantization: str, dtype_bytes: int, tp: int = 1, mxfp4_marlin: bool = False
+) -> int:
     """The whole checkpoint as loaded (all GPUs together)."""
     p = spec.params
     if (quantization == "gguf" or spec.source == "gguf") and spec.weights_bytes_on_disk:
@@ -140,10 +171,7 @@ def weights_bytes_total(spec: ModelSpec, quantization: str, dtype_bytes: int) ->
     rest = p.total - p.linear
     if bits is None and spec.torch_dtype == "mxfp4":  # gpt-oss ships MoE experts in MXFP4
         experts = expert_matrix_params(spec)
-        # vLLM pads the expert intermediate size to a multiple of 256 for its MXFP4 kernels
-        # (gpt-oss-120b: 2880 -> 3072; vLLM logs 64.38 GiB where unpadded would be 60.8)
-        padded = experts * math.ceil(spec.moe_intermediate_size / 256) * 256 // spec.moe_intermediate_size
-        return math.ceil(padded * LINEAR_BITS["mxfp4"] / 8) + (p.total - experts) * dtype_bytes
+        return _mxfp4_expert_bytes(spec, tp, mxfp4_marlin) + (p.total - experts) * dtype_bytes
     if bits is None and spec.torch_dtype.startswith("float8"):  # DeepSeek-V3 ships fp8 blocks
         bits = LINEAR_BITS["fp8"]
     if bits is None:
@@ -163,7 +191,9 @@ def weights_bytes_per_gpu(inputs: PlanInputs) -> int:
 
 def _target_weights_per_gpu(inputs: PlanInputs) -> int:
     spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
-    total = weights_bytes_total(spec, inputs.effective_quantization, inputs.model_dtype_bytes)
+    total = weights_bytes_total(
+        spec, inputs.effective_quantization, inputs.model_dtype_bytes, tp, mxfp4_marlin(inputs)
+    )
     if pp == 1 or spec.num_layers == 0:
         return math.ceil(total / tp)
     p = spec.params
@@ -218,14 +248,38 @@ def _matrix_shapes_per_gpu(inputs: PlanInputs) -> list[tuple[int, int]]:
     return out
 
 
+def rotary_cache_positions(spec: ModelSpec) -> list[int]:
+    """Positions of each distinct cos/sin cache vLLM builds (model_executor/layers/rotary_embedding,
+    one cache per distinct rope, shared by all layers): YaRN caches original positions x factor,
+    linear scaling max positions x factor, LongRoPE its short and long caches back to back (original
+    + max positions), the others max positions; Gemma 3 adds its local (sliding-layer) rope."""
+    rs = dict(spec.rope_scaling or {})
+    kind = str(rs.get("rope_type") or rs.get("type") or "default")
+    base = spec.max_position_embeddings
+    factor = float(rs.get("factor") or 1.0)
+    original = int(rs.get("original_max_position_embeddings") or base)
+    if kind in ("yarn", "deepseek_yarn") and "original_max_position_embeddings" in rs:
+        positions = int(original * factor)
+    elif kind == "linear":
+        positions = int(base * factor)
+    elif kind == "longrope":
+        positions = original + base
+    else:
+        positions = base
+    caches = [positions]
+    if spec.architecture.startswith("Gemma3"):
+        caches.append(base)  # rope_local_base_freq, unscaled
+    return caches
+
+
 def vllm_load_overhead_bytes(inputs: PlanInputs) -> int:
     """What vLLM's "model loading took" counts beyond the parameters, per GPU: the rotary cos/sin
-    cache (max_position_embeddings x rotary dim in the model dtype: 32 MiB for Llama-3.1's 131,072
-    positions) and the allocator's rounding of 16-bit weight matrices (`allocated_bytes`; not
+    cache (positions x rotary dim in the model dtype, `rotary_cache_positions`: 32 MiB for Llama-3.1's
+    131,072 positions) and the allocator's rounding of 16-bit weight matrices (`allocated_bytes`; not
     modelled for quantized, MLA or GGUF checkpoints, whose tensor layouts differ)."""
     spec = inputs.spec
     rotary = spec.qk_rope_head_dim if spec.is_mla else int(spec.head_dim * spec.partial_rotary_factor)
-    rope = spec.max_position_embeddings * rotary * inputs.model_dtype_bytes
+    rope = sum(rotary_cache_positions(spec)) * rotary * inputs.model_dtype_bytes
     plain = (
         inputs.device == "cuda"  # the rounding is the CUDA caching allocator's
         and inputs.effective_quantization == "none"
@@ -284,7 +338,8 @@ def _draft_kv_bytes(inputs: PlanInputs) -> int:
 
 def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int) -> int:
     """Peak of the profiling pass: the widest per-token tensors of one layer for `num_batched_tokens`
-    tokens, or the sampler warm-up (fp32 logits of `num_seqs` rows), whichever is larger."""
+    tokens, or the sampler warm-up on `num_seqs` rows of logits (`sampler_peak` for vLLM V1, per
+    release), whichever is larger."""
     spec, tp = inputs.spec, inputs.tensor_parallel_size
     act = inputs.model_dtype_bytes
     h = spec.hidden_size
@@ -296,7 +351,15 @@ def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int)
     q = spec.num_attention_heads * spec.head_dim // tp
     attention = 2 * q + 2 * max(1, spec.num_kv_heads // tp) * spec.head_dim
     forward = num_batched_tokens * (2 * h + max(mlp, attention)) * act * ACTIVATION_FACTOR
-    sampler = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT + num_batched_tokens * h * act
+    version = release(inputs.engine_version)
+    if inputs.engine == "vllm" and (version is None or version >= V1_SAMPLER_SINCE):
+        logits = sampler_peak.sampler_peak_bytes(
+            version, num_seqs, spec.vocab_size, act, num_sms=DEFAULT_NUM_SMS
+        )
+    else:
+        logits = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    # the dummy forward's hidden states of all batched tokens stay live through the sampler run
+    sampler = logits + num_batched_tokens * h * act
     return int(max(forward, sampler))
 
 

@@ -110,8 +110,10 @@ def test_weights_larger_than_gpu() -> None:
 
 
 def test_graphs_outside_budget_before_v021() -> None:
-    new = plan_from_inputs(_inputs("Qwen/Qwen3-8B", engine_version="0.32.0"))
-    old = plan_from_inputs(_inputs("Qwen/Qwen3-8B", engine_version="0.10.1"))
+    # 0.20 and 0.21 warm the sampler up with the same peak (sampler_peak), so only the graphs differ
+    new = plan_from_inputs(_inputs("Qwen/Qwen3-8B", engine_version="0.21.0"))
+    old = plan_from_inputs(_inputs("Qwen/Qwen3-8B", engine_version="0.20.2"))
+    assert old.activation_gib == pytest.approx(new.activation_gib, abs=1e-9)
     assert old.kv_cache_gib == pytest.approx(new.kv_cache_gib + new.cuda_graph_gib, abs=1e-6)
 
 
@@ -185,3 +187,56 @@ def test_vllm_load_overhead_rope_cache_and_rounding() -> None:
     # quantized checkpoints: only the cache (their packed layouts are not modelled)
     awq = _inputs("Qwen/Qwen2.5-32B", tensor_parallel_size=2, quantization="awq")
     assert vllm_load_overhead_bytes(awq) == 8 * MIB
+
+
+def test_hybrid_kv_tokens_as_each_release_prints_them() -> None:
+    # gpt-oss: 18 sliding + 18 full layers -> 2 groups sharing one pool of blocks
+    kw = {"gpu": "H100", "max_model_len": 131072, "max_num_seqs": 256}
+    old = plan_from_inputs(_inputs("openai/gpt-oss-20b", engine_version="0.20.2", **kw))
+    new = plan_from_inputs(_inputs("openai/gpt-oss-20b", engine_version="0.21.0", **kw))
+    # up to 0.20: num_blocks // num_groups * block_size
+    assert old.kv_cache_tokens == old.num_kv_blocks // 2 * old.block_size
+    # since 0.21: max concurrency x max_model_len (the sliding group needs only its window)
+    assert new.kv_cache_tokens == int(new.max_concurrency * 131072)
+    assert new.kv_cache_tokens > new.num_kv_blocks // 2 * new.block_size
+
+
+def test_mxfp4_experts_take_the_marlin_layout_before_hopper() -> None:
+    from llmdeploy.catalog.gpus import resolve_gpu
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner.footprint import mxfp4_marlin, weights_bytes_per_gpu
+    from llmdeploy.planner.plan_inputs import PlanInputs
+
+    spec = resolve_model("openai/gpt-oss-120b")
+
+    def gib(gpu: str, version: str) -> float:
+        return (
+            weights_bytes_per_gpu(PlanInputs(spec=spec, gpu=resolve_gpu(gpu), engine_version=version)) / 2**30
+        )
+
+    a100 = PlanInputs(spec=spec, gpu=resolve_gpu("A100-80GB"), engine_version="0.19.0")
+    assert mxfp4_marlin(a100)
+    assert not mxfp4_marlin(PlanInputs(spec=spec, gpu=resolve_gpu("H100"), engine_version="0.19.0"))
+    # Marlin pads 2880 x 2880 experts to 3072 x 2944; the other layout to 2880 x 3072
+    experts = 36 * 128 * 3 * 4.25 / 8 / 2**30
+    assert gib("A100-80GB", "0.19.0") - gib("H100", "0.19.0") == pytest.approx(
+        experts * (3072 * 2944 - 2880 * 3072), rel=1e-6
+    )
+    assert gib("H100", "0.10.1") == gib("A100-80GB", "0.19.0")
+
+
+def test_rotary_caches_as_vllm_builds_them() -> None:
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner.footprint import rotary_cache_positions
+
+    assert rotary_cache_positions(resolve_model("meta-llama/Llama-3.1-8B")) == [
+        131072
+    ]  # llama3: max positions
+    assert rotary_cache_positions(resolve_model("openai/gpt-oss-20b")) == [
+        4096 * 32
+    ]  # YaRN: original x factor
+    assert rotary_cache_positions(resolve_model("microsoft/Phi-4-mini-instruct")) == [
+        4096 + 131072
+    ]  # short+long
+    # Gemma 3: the global rope's linear factor 8 over 131,072 positions, plus the local rope
+    assert rotary_cache_positions(resolve_model("google/gemma-3-4b-pt")) == [131072 * 8, 131072]
