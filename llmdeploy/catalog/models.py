@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmdeploy.catalog.gguf_spec import spec_from_gguf
 from llmdeploy.catalog.hf_config import spec_from_config, spec_from_folder
 from llmdeploy.catalog.model_spec import ModelSpec, build_spec
 from llmdeploy.errors import UserError
-from llmdeploy.recipe.schema import ModelSection
+
+if TYPE_CHECKING:  # the recipe package (pydantic) is imported only by callers that have a recipe
+    from llmdeploy.recipe.schema import ModelSection
 
 # Suffixes of quantized derivatives, and what they say about the weights (vLLM's method names).
 _QUANT_SUFFIXES: tuple[tuple[str, str], ...] = (
@@ -136,9 +138,20 @@ def _unknown(name: str, field: str) -> UserError:
     )
 
 
-def resolve_model(model: ModelSection | str) -> ModelSpec:
+@dataclass(frozen=True)
+class _ModelRef:
+    """A bare model id, read the way a recipe's model section is (no pydantic on this path)."""
+
+    id: str
+    architecture: str | None = None
+    path: str | None = None
+    pypi: None = None
+    revision: str | None = None
+
+
+def resolve_model(model: ModelSection | _ModelRef | str) -> ModelSpec:
     if isinstance(model, str):
-        model = ModelSection(id=model)
+        model = _ModelRef(id=model)
     if model.architecture:
         spec = find_in_catalog(model.architecture)
         if spec is None:
