@@ -32,7 +32,7 @@ class LazyGroup(click.Group):
     verbs' imports (pydantic models, Jinja2, HTTP clients) would otherwise cost every command."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for names in COMMAND_MODULES.values() for name in names]
+        return sorted(name for names in COMMAND_MODULES.values() for name in names)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         for module_name, names in COMMAND_MODULES.items():
