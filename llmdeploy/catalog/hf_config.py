@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from llmdeploy.catalog.config_defaults import with_defaults
 from llmdeploy.catalog.model_spec import ModelSpec, ParamCount, build_spec
 from llmdeploy.errors import UserError
 
@@ -28,6 +29,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "seq_length"),
     "rope_theta": ("rope_theta",),
     "rope_scaling": ("rope_scaling",),
+    "rope_local_base_freq": ("rope_local_base_freq",),
     "partial_rotary_factor": ("partial_rotary_factor",),
     "rms_norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
     "attention_bias": ("attention_bias", "qkv_bias"),
@@ -77,7 +79,9 @@ _ARCH_FACTS: dict[str, dict[str, Any]] = {
 
 
 def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSpec:
-    """Map a `config.json` mapping to a spec (multimodal configs: the `text_config` part)."""
+    """Map a `config.json` mapping to a spec (multimodal configs: the `text_config` part), with
+    the architecture's defaults for the keys the file leaves out."""
+    config = with_defaults(config)
     arch = (config.get("architectures") or ["unknown"])[0]
     text = config.get("text_config") or config
     facts: dict[str, Any] = {"hf_id": hf_id, "architecture": arch, "source": "config"}

@@ -53,6 +53,7 @@ def model_card(spec: ModelSpec) -> dict[str, Any]:
         "tie_word_embeddings": spec.tie_word_embeddings,
         "rope_theta": spec.rope_theta,
         "rope_scaling": dict(spec.rope_scaling) if spec.rope_scaling else None,
+        "rope_local_base_freq": spec.rope_local_base_freq,
         "partial_rotary_factor": spec.partial_rotary_factor,
         "rms_norm_eps": spec.rms_norm_eps,
         "attention_bias": spec.attention_bias,

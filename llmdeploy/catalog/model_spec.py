@@ -49,6 +49,7 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     rope_theta: float | None = None
     rope_scaling: Mapping[str, Any] | None = None
+    rope_local_base_freq: float | None = None  # RoPE base of the sliding-window layers (Gemma 3)
     partial_rotary_factor: float = 1.0
     rms_norm_eps: float | None = None
     norm_type: NormType = "rms"

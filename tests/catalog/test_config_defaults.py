@@ -1,0 +1,78 @@
+"""config.json files leave the architecture's defaults out; the planner must read them back in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmdeploy.catalog import config_defaults
+from llmdeploy.catalog.hf_config import spec_from_config, spec_from_folder
+
+# google/gemma-7b's config.json without the keys that equal GemmaConfig's defaults
+GEMMA_7B = {
+    "architectures": ["GemmaForCausalLM"],
+    "model_type": "gemma",
+    "hidden_size": 3072,
+    "intermediate_size": 24576,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "vocab_size": 256000,
+    "max_position_embeddings": 8192,
+}
+GEMMA_3_TEXT = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "vocab_size": 262144,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+}
+
+
+def test_gemma_defaults_tie_and_head_dim(tmp_path: Path) -> None:
+    spec = spec_from_config(GEMMA_7B, "google/gemma-7b")
+    assert spec.tie_word_embeddings and spec.head_dim == 256 and spec.rope_theta == 10000.0
+    assert spec.num_params == 8_537_680_896  # the published count of google/gemma-7b
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA_7B))
+    assert spec_from_folder(tmp_path).num_params == 8_537_680_896
+
+
+def test_gemma3_global_and_local_rope_and_layer_pattern() -> None:
+    spec = spec_from_config(GEMMA_3_TEXT, "g3")
+    assert spec.rope_theta == 1000000.0 and spec.rope_local_base_freq == 10000.0
+    assert spec.kinds[:6] == ("sliding",) * 5 + ("full",) and spec.sliding_window == 512
+    assert spec.num_params == 999_885_952  # google/gemma-3-1b-pt, published count
+
+
+def test_stated_keys_win_over_defaults() -> None:
+    spec = spec_from_config({**GEMMA_7B, "tie_word_embeddings": False, "head_dim": 192, "rope_theta": 5e5})
+    assert not spec.tie_word_embeddings and spec.head_dim == 192 and spec.rope_theta == 5e5
+
+
+def test_table_is_used_without_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config_defaults, "_transformers_view", lambda *_: None)
+    spec = spec_from_config(GEMMA_7B)
+    assert spec.tie_word_embeddings and spec.head_dim == 256
+    multimodal = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]}
+    text = {k: v for k, v in GEMMA_3_TEXT.items() if k not in ("architectures", "model_type")}
+    spec = spec_from_config({**multimodal, "text_config": text})
+    assert spec.tie_word_embeddings and spec.rope_theta == 1000000.0
+
+
+@pytest.mark.parametrize("model_type", sorted(config_defaults.DOCUMENTED_DEFAULTS))
+def test_table_agrees_with_transformers(model_type: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    cls: Any = transformers.CONFIG_MAPPING[model_type]
+    minimal = {"model_type": model_type}
+    full = config_defaults.with_defaults(minimal)
+    for key, value in config_defaults.DOCUMENTED_DEFAULTS[model_type].items():
+        assert full.get(key) == value, (model_type, key, full.get(key))
+    assert cls is not None
