@@ -76,3 +76,54 @@ def test_table_agrees_with_transformers(model_type: str) -> None:
     for key, value in config_defaults.DOCUMENTED_DEFAULTS[model_type].items():
         assert full.get(key) == value, (model_type, key, full.get(key))
     assert cls is not None
+
+
+# Qwen3-Next-style hybrid (Gated DeltaNet linear attention, every 4th layer full), shrunk
+QWEN3_NEXT_SMALL = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 1000,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 4,
+    "linear_num_value_heads": 8,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+}
+
+
+@pytest.mark.parametrize("with_transformers", [True, False])
+def test_linear_attention_layers_are_recorded(
+    with_transformers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if with_transformers:
+        pytest.importorskip("transformers")
+    else:
+        monkeypatch.setattr(config_defaults, "_transformers_view", lambda *_: None)
+    spec = spec_from_config(QWEN3_NEXT_SMALL)
+    assert spec.kinds == ("linear",) * 3 + ("full",) + ("linear",) * 3 + ("full",)
+    assert spec.is_hybrid and spec.sliding_window is None
+
+
+def test_chunked_attention_layers_keep_their_chunk_size() -> None:
+    config = {
+        "architectures": ["Llama4ForCausalLM"],
+        "model_type": "unknown_for_transformers",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "vocab_size": 1000,
+        "attention_chunk_size": 8192,
+        "layer_types": ["chunked_attention"] * 3 + ["full_attention"],
+    }
+    spec = spec_from_config(config)
+    assert spec.kinds == ("chunked", "chunked", "chunked", "full") and spec.attention_chunk_size == 8192
+    assert spec_from_config({**config, "layer_types": ["full_attention"] * 4}).attention_chunk_size is None
