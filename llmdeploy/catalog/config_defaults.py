@@ -3,10 +3,11 @@
 A checkpoint's config.json omits every key whose value is the config class's default (Gemma's
 `tie_word_embeddings`, `head_dim` 256 and `rope_theta`; Mistral's `sliding_window`; ...), so
 reading the file alone gets those models wrong. transformers' own config classes hold the defaults;
-when transformers is installed (the `engine` extra) it is asked, imported here only, since it costs
-seconds and catalog hits never read a config.json. Without it, `DOCUMENTED_DEFAULTS` gives the same
-keys for the families the catalog covers (the values of transformers' config classes; a test
-checks the table against them). Keys the file states always win.
+for the families the catalog covers, `DOCUMENTED_DEFAULTS` holds the values of the keys the planner
+reads (a test checks it against transformers' classes), because importing transformers also
+imports torch: 4-7 s on a small machine, for a `plan` that otherwise answers in a fraction of one.
+Any other `model_type` asks transformers when it is installed (the `engine` extra), imported here
+only; catalog hits never read a config.json. Keys the file states always win.
 """
 
 from __future__ import annotations
@@ -49,9 +50,17 @@ def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         return dict(config)
+    if model_type in DOCUMENTED_DEFAULTS or _TEXT_TYPES.get(model_type) in DOCUMENTED_DEFAULTS:
+        return _table_view(model_type, config)
+    return transformers_view(config) or _table_view(model_type, config)
+
+
+def transformers_view(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`config` completed by transformers' config class for its model_type, or None."""
+    model_type = str(config.get("model_type"))
     full = _transformers_view(model_type, config)
     if full is None:
-        return _table_view(model_type, config)
+        return None
     out = {**full, **config}
     raw_text = config.get("text_config")
     if isinstance(raw_text, Mapping) and isinstance(full.get("text_config"), Mapping):
@@ -73,7 +82,8 @@ def _transformers_view(model_type: str, config: Mapping[str, Any]) -> dict[str, 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            parsed = AutoConfig.for_model(model_type, **dict(config))
+            kwargs = {k: v for k, v in config.items() if k != "model_type"}
+            parsed = AutoConfig.for_model(model_type, **kwargs)
         data = parsed.to_dict()
     except Exception:  # an unknown model_type or a config transformers rejects: the file alone
         return None
@@ -89,6 +99,8 @@ def _rope_from_parameters(out: dict[str, Any], raw: Mapping[str, Any]) -> None:
     local = params.get("sliding_attention")
     if "rope_theta" not in raw and isinstance(full, Mapping) and "rope_theta" in full:
         out["rope_theta"] = full["rope_theta"]
+    if "partial_rotary_factor" not in raw and isinstance(full, Mapping) and "partial_rotary_factor" in full:
+        out["partial_rotary_factor"] = full["partial_rotary_factor"]
     if "rope_scaling" not in raw and isinstance(full, Mapping):
         kind = full.get("rope_type", "default")
         if kind != "default":

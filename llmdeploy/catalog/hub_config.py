@@ -30,6 +30,11 @@ _ENV_HINT = (
 )
 
 
+# One answer per process and question: validation, planning and the engine checks each resolve
+# the recipe's model, and a failed lookup should cost one request, not three.
+_ANSWERS: dict[tuple[str, str | None, str | None, str | None], dict[str, Any] | UserError] = {}
+
+
 def fetch_hub_config(
     hf_id: str,
     revision: str | None = None,
@@ -38,6 +43,21 @@ def fetch_hub_config(
     timeout_s: float = TIMEOUT_S,
 ) -> dict[str, Any]:
     """The model's config.json: from the hub cache, else from the hub (then cached), else a UserError."""
+    key = (hf_id, revision, endpoint or os.environ.get("HF_ENDPOINT"), str(cache_dir) if cache_dir else None)
+    if key not in _ANSWERS:
+        try:
+            _ANSWERS[key] = _fetch(hf_id, revision, endpoint, cache_dir, timeout_s)
+        except UserError as exc:
+            _ANSWERS[key] = exc
+    answer = _ANSWERS[key]
+    if isinstance(answer, UserError):
+        raise answer
+    return dict(answer)
+
+
+def _fetch(
+    hf_id: str, revision: str | None, endpoint: str | None, cache_dir: Path | None, timeout_s: float
+) -> dict[str, Any]:
     from huggingface_hub import (
         constants,
         get_hf_file_metadata,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +74,8 @@ def test_table_agrees_with_transformers(model_type: str) -> None:
     transformers = pytest.importorskip("transformers")
     cls: Any = transformers.CONFIG_MAPPING[model_type]
     minimal = {"model_type": model_type}
-    full = config_defaults.with_defaults(minimal)
+    full = config_defaults.transformers_view(minimal)
+    assert full is not None
     for key, value in config_defaults.DOCUMENTED_DEFAULTS[model_type].items():
         assert full.get(key) == value, (model_type, key, full.get(key))
     assert cls is not None
@@ -111,6 +114,8 @@ def test_linear_attention_layers_are_recorded(
     spec = spec_from_config(QWEN3_NEXT_SMALL)
     assert spec.kinds == ("linear",) * 3 + ("full",) + ("linear",) * 3 + ("full",)
     assert spec.is_hybrid and spec.sliding_window is None
+    if with_transformers:  # a family outside the table: Qwen3NextConfig's own defaults
+        assert spec.partial_rotary_factor == 0.25 and spec.rope_theta == 10000.0
 
 
 def test_chunked_attention_layers_keep_their_chunk_size() -> None:
@@ -127,3 +132,13 @@ def test_chunked_attention_layers_keep_their_chunk_size() -> None:
     spec = spec_from_config(config)
     assert spec.kinds == ("chunked", "chunked", "chunked", "full") and spec.attention_chunk_size == 8192
     assert spec_from_config({**config, "layer_types": ["full_attention"] * 4}).attention_chunk_size is None
+
+
+def test_a_catalog_family_is_completed_without_importing_transformers() -> None:
+    code = (
+        "import sys; from llmdeploy.catalog.hf_config import spec_from_config; "
+        f"spec = spec_from_config({GEMMA_7B!r}); "
+        "print(spec.num_params, 'transformers' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["8537680896", "False", "False"]
