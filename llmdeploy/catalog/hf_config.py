@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from llmdeploy.catalog.model_spec import ModelSpec, ParamCount, build_spec
+from llmdeploy.catalog.config_defaults import with_defaults
+from llmdeploy.catalog.model_spec import LayerKind, ModelSpec, ParamCount, build_spec
 from llmdeploy.errors import UserError
 
 # config.json key -> ModelSpec field, first present wins
@@ -28,10 +29,12 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "seq_length"),
     "rope_theta": ("rope_theta",),
     "rope_scaling": ("rope_scaling",),
+    "rope_local_base_freq": ("rope_local_base_freq",),
     "partial_rotary_factor": ("partial_rotary_factor",),
     "rms_norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
     "attention_bias": ("attention_bias", "qkv_bias"),
     "sliding_window": ("sliding_window",),
+    "attention_chunk_size": ("attention_chunk_size",),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token", "moe_topk"),
     "moe_intermediate_size": ("moe_intermediate_size",),
@@ -77,7 +80,9 @@ _ARCH_FACTS: dict[str, dict[str, Any]] = {
 
 
 def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSpec:
-    """Map a `config.json` mapping to a spec (multimodal configs: the `text_config` part)."""
+    """Map a `config.json` mapping to a spec (multimodal configs: the `text_config` part), with
+    the architecture's defaults for the keys the file leaves out."""
+    config = with_defaults(config)
     arch = (config.get("architectures") or ["unknown"])[0]
     text = config.get("text_config") or config
     facts: dict[str, Any] = {"hf_id": hf_id, "architecture": arch, "source": "config"}
@@ -108,17 +113,35 @@ def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSp
     if not isinstance(facts.get("torch_dtype"), str):
         facts.pop("torch_dtype", None)
     if "layer_types" in text:
-        facts["layer_types"] = ["sliding" if "sliding" in t else "full" for t in text["layer_types"]]
+        facts["layer_types"] = [_layer_kind(str(t)) for t in text["layer_types"]]
     elif "sliding_window_pattern" in text and facts.get("sliding_window"):
         facts["layer_types"] = {"full_every": int(text["sliding_window_pattern"])}
+    elif "full_attention_interval" in text and "linear_num_value_heads" in text:
+        period = int(text["full_attention_interval"])
+        n = int(facts["num_layers"])
+        facts["layer_types"] = ["full" if (i + 1) % period == 0 else "linear" for i in range(n)]
     if facts.get("num_experts") and not facts.get("moe_intermediate_size"):
         facts["moe_intermediate_size"] = facts["intermediate_size"]
     if facts.get("kv_lora_rank"):
         facts["head_dim"] = facts.get("qk_nope_head_dim", 0) + facts.get("qk_rope_head_dim", 0)
     if not facts.get("sliding_window") or text.get("use_sliding_window") is False:
         facts["sliding_window"] = None
-        facts.pop("layer_types", None)
+        kinds = facts.get("layer_types")
+        if not isinstance(kinds, list) or not {"chunked", "linear"} & set(kinds):
+            facts.pop("layer_types", None)
+        else:  # a declared window that is switched off: those layers attend to everything
+            facts["layer_types"] = ["full" if k == "sliding" else k for k in kinds]
+    if not facts.get("attention_chunk_size") or "chunked" not in (facts.get("layer_types") or ()):
+        facts.pop("attention_chunk_size", None)
     return build_spec(facts)
+
+
+def _layer_kind(name: str) -> LayerKind:
+    """A transformers `layer_types` entry ("sliding_attention", "chunked_attention", ...) as a kind."""
+    for kind in ("sliding", "chunked", "linear"):
+        if kind in name:
+            return kind
+    return "full"
 
 
 def safetensors_totals(folder: Path) -> tuple[int, int] | None:

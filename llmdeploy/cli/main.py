@@ -27,7 +27,27 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """Imports a verb's module only when that verb runs (or when help lists them all): the
+    verbs' imports (pydantic models, Jinja2, HTTP clients) would otherwise cost every command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for names in COMMAND_MODULES.values() for name in names)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        for module_name, names in COMMAND_MODULES.items():
+            if cmd_name in names:
+                module = importlib.import_module(module_name)
+                command = getattr(module, cmd_name.replace("-", "_") + "_command")
+                assert isinstance(command, click.Command)
+                return command
+        return None
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="llmdeploy")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.pass_context
@@ -37,15 +57,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-def _register() -> None:
-    for module_name, names in COMMAND_MODULES.items():
-        module = importlib.import_module(module_name)
-        for name in names:
-            cli.add_command(getattr(module, name.replace("-", "_") + "_command"), name)
-
-
 def main(argv: list[str] | None = None) -> None:
-    _register()
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
         rv = cli.main(args=argv, prog_name="llmdeploy", standalone_mode=False)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from llmdeploy.errors import UserError
 from llmdeploy.planner.memory_plan import MemoryPlan
 from llmdeploy.planner.plan_inputs import PlanInputs
-from llmdeploy.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan --model` needs none
+    from llmdeploy.recipe.schema import Recipe
 
 T = TypeVar("T")
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from itertools import combinations
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmdeploy.catalog.gpus import list_gpus
 from llmdeploy.planner.engine_rules import plan_for
 from llmdeploy.planner.memory_plan import MemoryPlan
 from llmdeploy.planner.plan_inputs import PlanInputs, inputs_from_recipe
-from llmdeploy.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan --model` needs none
+    from llmdeploy.recipe.schema import Recipe
 
 _INT4_FROM = {"none", "fp8", "int8"}
 

@@ -37,6 +37,8 @@ PUBLISHED = {
     "Qwen/Qwen3-30B-A3B": 30_532_122_624,
     "Qwen/Qwen3-235B-A22B": 235_093_634_560,
     "Qwen/Qwen1.5-MoE-A2.7B": 14_315_784_192,
+    "google/gemma-2b": 2_506_172_416,
+    "google/gemma-7b": 8_537_680_896,
     "google/gemma-2-2b": 2_614_341_888,
     "google/gemma-2-9b": 9_241_705_984,
     "google/gemma-2-27b": 27_227_128_320,
@@ -81,8 +83,10 @@ def test_every_family_of_the_issue_is_present() -> None:
         "qwen2.5",
         "qwen3",
         "qwen3-moe",
+        "gemma",
         "gemma-2",
         "gemma-3",
+        "qwen3-2507",
         "phi-2",
         "phi-3",
         "phi-4",
@@ -203,3 +207,15 @@ def test_weights_bytes_keeps_embeddings_16bit() -> None:
 
 def test_find_in_catalog_none_for_unknown() -> None:
     assert find_in_catalog("nothing/here") is None
+
+
+def test_qwen3_2507_and_gemma3_rope_facts() -> None:
+    new = resolve_model("Qwen/Qwen3-4B-Instruct-2507")
+    old = resolve_model("Qwen/Qwen3-4B")
+    assert new.hf_id == "Qwen/Qwen3-4B-Instruct-2507" and new.num_params == old.num_params
+    assert (new.max_position_embeddings, new.rope_theta) == (262144, 5000000.0)
+    assert old.max_position_embeddings == 40960
+    for name in ("google/gemma-3-1b-it", "google/gemma-3-27b-it"):
+        spec = resolve_model(name)
+        assert (spec.rope_theta, spec.rope_local_base_freq) == (1000000.0, 10000.0)
+    assert resolve_model("google/gemma-7b-it").num_params == 8_537_680_896
