@@ -209,13 +209,17 @@ def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     if q.dim() != 3 or k.dim() != 3 or q.dtype != k.dtype or q.device != k.device:
         return None
     n, heads, d = q.shape
-    if k.shape[0] != n or k.shape[2] != d or q.stride() != k.stride() or q.stride()[1:] != (d, 1):
+    if k.shape[0] != n or k.shape[2] != d or q.stride()[1:] != (d, 1) or k.stride()[1:] != (d, 1):
         return None
     if k.data_ptr() != q.data_ptr() + heads * d * q.element_size():
         return None
-    if n > 1 and q.stride(0) < (heads + k.shape[1]) * d:
+    if k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():  # neighbours by chance
         return None
-    return q.as_strided((n, heads + k.shape[1], d), q.stride())
+    # one row: its stride is whatever a view chose (views of size-1 dims need not agree)
+    row_stride = (heads + k.shape[1]) * d if n == 1 else q.stride(0)
+    if n > 1 and (k.stride(0) != row_stride or row_stride < (heads + k.shape[1]) * d):
+        return None
+    return q.as_strided((n, heads + k.shape[1], d), (row_stride, d, 1))
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
