@@ -320,23 +320,19 @@ def _paged_attention(
     v_scale: torch.Tensor | None = None,
     kv_written: bool = False,
 ) -> torch.Tensor:
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
     if kv_cache is not None and not kv_written:
         assert meta.slot_mapping is not None
         write_kv(kv_cache[0], meta.slot_mapping, k, k_scale)
         write_kv(kv_cache[1], meta.slot_mapping, v, v_scale)
+    if meta.num_decodes and not meta.prefills and meta.decodes_in_order and meta.num_decodes == q.shape[0]:
+        # a decode-only step: every row is a decode, in order; attend straight into the output
+        assert kv_cache is not None, "decode needs a KV cache"
+        return _decode_attention(q, kv_cache, meta, scale, k_scale, v_scale).view(q.shape)
     out = torch.empty_like(q)
 
     if meta.num_decodes:
         assert kv_cache is not None, "decode needs a KV cache"
-        n = meta.num_decodes
-        qd = q[meta.decode_token_index].view(n, num_kv_heads, group, head_dim)
-        kd = read_blocks(kv_cache[0], meta.decode_blocks, n, k_scale, q.dtype)  # [n, kv_heads, ctx, head_dim]
-        vd = read_blocks(kv_cache[1], meta.decode_blocks, n, v_scale, q.dtype)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
-        out[meta.decode_token_index] = od.reshape(n, num_heads, head_dim)
+        out[meta.decode_token_index] = _decode_attention(q, kv_cache, meta, scale, k_scale, v_scale)
 
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
@@ -355,3 +351,23 @@ def _paged_attention(
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True)
         out[rows] = op.transpose(0, 1)
     return out
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """[num_decodes, num_heads, head_dim]: the decode rows' attention over their paged contexts."""
+    n, (num_heads, head_dim) = meta.num_decodes, q.shape[1:]
+    num_kv_heads = kv_cache[0].shape[2]
+    # rows in order are the first n: a view, no gather
+    rows = q[:n] if meta.decodes_in_order else q[meta.decode_token_index]
+    qd = rows.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    kd = read_blocks(kv_cache[0], meta.decode_blocks, n, k_scale, q.dtype)  # [n, kv_heads, ctx, head_dim]
+    vd = read_blocks(kv_cache[1], meta.decode_blocks, n, v_scale, q.dtype)
+    od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+    return od.reshape(n, num_heads, head_dim)

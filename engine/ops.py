@@ -194,7 +194,32 @@ def apply_rope(
     ):
         pair: tuple[torch.Tensor, torch.Tensor] = fused.apply_rope(q, k, cos, sin)
         return pair
+    qk = _adjacent_heads(q, k)
+    if qk is not None:
+        # q and k are neighbouring column ranges of the QKV output: one pass over both heads (the
+        # same elementwise products, half the ops: a decode step's fixed cost on CPU)
+        rotated = qk * cos + rotate_half(qk) * sin
+        return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """q [n, heads, d] and k [n, kv_heads, d] as one [n, heads + kv_heads, d] view when k's heads
+    follow q's in memory row by row (both split from one merged projection), else None."""
+    if q.dim() != 3 or k.dim() != 3 or q.dtype != k.dtype or q.device != k.device:
+        return None
+    n, heads, d = q.shape
+    if k.shape[0] != n or k.shape[2] != d or q.stride()[1:] != (d, 1) or k.stride()[1:] != (d, 1):
+        return None
+    if k.data_ptr() != q.data_ptr() + heads * d * q.element_size():
+        return None
+    if k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():  # neighbours by chance
+        return None
+    # one row: its stride is whatever a view chose (views of size-1 dims need not agree)
+    row_stride = (heads + k.shape[1]) * d if n == 1 else q.stride(0)
+    if n > 1 and (k.stride(0) != row_stride or row_stride < (heads + k.shape[1]) * d):
+        return None
+    return q.as_strided((n, heads + k.shape[1], d), (row_stride, d, 1))
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

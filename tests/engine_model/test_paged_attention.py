@@ -9,16 +9,20 @@ import torch
 from llmdeploy_engine.attention import build_attention_metadata, paged_attention
 from llmdeploy_engine.forward_batch import ForwardBatch
 
+MIXED = [(5, 1), (0, 7), (9, 3), (12, 1), (0, 1), (30, 1)]
+# every row a decode, in order: the decode-only path, which attends straight into its output
+DECODES = [(5, 1), (12, 1), (30, 1), (2, 1)]
 
+
+@pytest.mark.parametrize("seqs", [MIXED, DECODES], ids=["mixed", "decodes"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(6, 2), (4, 4), (8, 1)])
-def test_mixed_batch_matches_reference(num_heads: int, num_kv_heads: int) -> None:
+def test_batch_matches_reference(num_heads: int, num_kv_heads: int, seqs: list[tuple[int, int]]) -> None:
     torch.manual_seed(0)
     rng = random.Random(0)
     head_dim, block_size, num_blocks = 16, 4, 64
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim)
     v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim)
-    # (tokens already cached, new tokens): decodes, a fresh prefill, a prefill chunk after a prefix
-    seqs = [(5, 1), (0, 7), (9, 3), (12, 1), (0, 1), (30, 1)]
+    # seqs: (tokens already cached, new tokens): decodes, a fresh prefill, a prefill chunk after a prefix
     free = list(range(num_blocks))
     rng.shuffle(free)
     tables, positions, slots, starts = [], [], [], []
@@ -40,9 +44,11 @@ def test_mixed_batch_matches_reference(num_heads: int, num_kv_heads: int) -> Non
         tables,
         list(range(len(seqs))),
     )
-    q = torch.randn(n, num_heads, head_dim)
-    k = torch.randn(n, num_kv_heads, head_dim)
-    v = torch.randn(n, num_kv_heads, head_dim)
+    # q, k and v as views of one merged projection output, as the model hands them over
+    qkv = torch.randn(n, (num_heads + 2 * num_kv_heads) * head_dim)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
+    q = q.view(n, num_heads, head_dim)
+    k, v = k.view(n, num_kv_heads, head_dim), v.view(n, num_kv_heads, head_dim)
     scale = head_dim**-0.5
     out = paged_attention(
         q, k, v, (k_cache, v_cache), build_attention_metadata(batch, block_size, q.device), scale

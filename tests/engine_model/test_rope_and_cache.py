@@ -60,3 +60,23 @@ def test_rope_and_cache_then_attention_matches_the_unfused_path(cache_dtype: tor
     )
     decodes = meta.decode_token_index
     assert torch.equal(out_garbage[decodes], out[decodes])
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_rope_over_merged_q_and_k_equals_rope_of_each(n: int) -> None:
+    """q and k split from one QKV output are rotated in one pass (ops.apply_rope): the same values,
+    bit for bit, as rotating separate copies of each on their own."""
+    gen = torch.Generator().manual_seed(1)
+    num_heads, num_kv_heads, head_dim = 6, 2, 16
+    qkv = torch.randn(n, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen)
+    q, k, _ = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
+    q, k = q.view(n, num_heads, head_dim), k.view(n, num_kv_heads, head_dim)
+    assert ops._adjacent_heads(q, k) is not None  # the merged path is the one under test
+    emb = torch.arange(n, dtype=torch.float32)[:, None] * torch.rand(head_dim // 2, generator=gen)
+    cos, sin = torch.cat([emb, emb], -1).cos()[:, None], torch.cat([emb, emb], -1).sin()[:, None]
+    got_q, got_k = ops.apply_rope(q, k, cos, sin)
+    qc, kc = q.clone(), k.clone()
+    assert ops._adjacent_heads(qc, kc) is None
+    want_q, want_k = ops.apply_rope(qc, kc, cos, sin)
+    assert got_q.shape == want_q.shape and got_k.shape == want_k.shape
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
