@@ -86,7 +86,8 @@ class Int4PackWeight(QuantWeight):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
         self.register_buffer("packed", packed)
         self.register_buffer(
-            "scale_zeros", torch.stack((scales.float().t(), zeros.t()), dim=-1).to(torch.bfloat16).contiguous()
+            "scale_zeros",
+            torch.stack((scales.float().t(), zeros.t()), dim=-1).to(torch.bfloat16).contiguous(),
         )
 
     @property
@@ -166,7 +167,9 @@ class RowTable(QuantWeight):
         self.out_features, self.in_features = values.shape
         self.activation_dtype = dtype
         self.register_buffer("values", values.contiguous())
-        self.register_buffer("scales", (scales if scales is not None else torch.zeros(0)).float().contiguous())
+        self.register_buffer(
+            "scales", (scales if scales is not None else torch.zeros(0)).float().contiguous()
+        )
 
     @property
     def dtype(self) -> torch.dtype:

@@ -31,7 +31,10 @@ def runner(gguf_path: Path) -> ModelRunner:
         # float32 weights: this runner is checked against transformers (the compact CPU weights are
         # checked against it in test_cpu_quant.py)
         EngineConfig(
-            model=str(gguf_path), device="cpu", kv_cache_memory_bytes=TEST_KV_CACHE_BYTES, cpu_weights="float32"
+            model=str(gguf_path),
+            device="cpu",
+            kv_cache_memory_bytes=TEST_KV_CACHE_BYTES,
+            cpu_weights="float32",
         )
     )
 

@@ -88,7 +88,9 @@ def _last_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
     return runner.execute(batch)[0]
 
 
-def test_compact_weights_hold_under_a_third_of_float32(compact_runner: ModelRunner, runner: ModelRunner) -> None:
+def test_compact_weights_hold_under_a_third_of_float32(
+    compact_runner: ModelRunner, runner: ModelRunner
+) -> None:
     assert isinstance(compact_runner.model.model.layers[0].mlp.down_proj.weight, cpu_quant.Int4PackWeight)
     assert compact_runner.startup_report.weights_bytes < runner.startup_report.weights_bytes / 3
 
