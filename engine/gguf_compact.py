@@ -232,7 +232,24 @@ def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
         else:
             with torch.no_grad():
                 param.copy_(full)
+    _release_freed_heap()
     return counts
+
+
+def _release_freed_heap() -> None:
+    """Hand the decoding's freed temporaries back to the OS: glibc keeps the heap pages of allocations
+    under its mmap threshold (most per-tensor arrays here), ~170 MB of resident memory for the
+    default model that the process would otherwise hold for its lifetime."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 class _Embedding(nn.Module):
