@@ -113,3 +113,37 @@ def test_compact_greedy_tokens_match_the_float32_path(
     prompts = [tokenizer.encode(p) for p in ("The capital of France is", "1, 2, 3, 4,")]
     ours = greedy_generate(compact_runner, prompts, max_tokens=16, eos_token_ids={2})
     assert ours == greedy_generate(runner, prompts, max_tokens=16, eos_token_ids={2})
+
+
+@pytest.mark.parametrize(
+    "qtype,kernel",
+    [
+        (GGMLQuantizationType.Q4_0, cpu_quant.Int4PackWeight),
+        (GGMLQuantizationType.Q4_1, cpu_quant.Int4PackWeight),
+        (GGMLQuantizationType.Q8_0, cpu_quant.Fp16PackWeight),
+    ],
+)
+def test_tiny_llama_gguf_compact_matches_float32(
+    tmp_path: Path, qtype: GGMLQuantizationType, kernel: type
+) -> None:
+    """An untied Llama (Q/K rows permuted by llama.cpp's converter) in each type, both weight paths."""
+    from llmdeploy_engine.forward_batch import ForwardBatch
+    from test_gguf_loader import tiny_llama, write_gguf
+
+    path = tmp_path / f"tiny-{qtype.name}.gguf"
+    write_gguf(path, tiny_llama(), qtype)
+    logits = {}
+    for mode in ("float32", "quantized"):
+        config = EngineConfig(
+            model=str(path), device="cpu", kv_cache_memory_bytes=4 * 2**20, cpu_weights=mode
+        )
+        runner = ModelRunner(config)
+        ids = list(range(3, 40))
+        n = len(ids)
+        batch = ForwardBatch(ids, list(range(n)), list(range(n)), [0], [n], [n], [[0, 1, 2]], [0])
+        logits[mode] = runner.execute(batch)[0]
+    layer = runner.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj.weight, kernel)
+    assert isinstance(runner.model.lm_head.weight, kernel)
+    ref = logits["float32"]
+    assert float((logits["quantized"] - ref).abs().max() / ref.abs().max()) < MAX_LOGIT_REL_ERR
