@@ -240,16 +240,15 @@ def _release_freed_heap() -> None:
     """Hand the decoding's freed temporaries back to the OS: glibc keeps the heap pages of allocations
     under its mmap threshold (most per-tensor arrays here), ~170 MB of resident memory for the
     default model that the process would otherwise hold for its lifetime."""
+    import contextlib
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
     if name is None:
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
         ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 class _Embedding(nn.Module):
