@@ -15,6 +15,7 @@ with output tokens/s, total (prompt + output) tokens/s and the engine's speed-up
 
     python benchmarks/cpu_throughput.py                      # defaults: 32 requests x 32 tokens
     python benchmarks/cpu_throughput.py --output-len 64 --hf-modes batched
+    python benchmarks/cpu_throughput.py --cpu-weights float32 --hf-modes ""   # the engine alone, fp32 weights
 """
 
 from __future__ import annotations
@@ -170,6 +171,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=512 * 2**20)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument(
+        "--cpu-weights",
+        default="auto",
+        choices=("auto", "quantized", "float32"),
+        help="the engine's GGUF weights: compact (torch's int4 / fp16 CPU kernels) or float32",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -179,13 +186,15 @@ def main() -> None:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         max_model_len=1024,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        cpu_weights=args.cpu_weights,
     )
     engine = LLMEngine(config)
     prompts = make_prompts(engine.tokenizer, args.num_requests)
     print(
         f"model {Path(args.model).name}; {args.num_requests} requests, prompt lengths "
         f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.output_len} output tokens each "
-        f"(greedy, EOS masked); torch {torch.__version__}, {args.threads} threads",
+        f"(greedy, EOS masked); torch {torch.__version__}, {args.threads} threads, "
+        f"--cpu-weights {args.cpu_weights}",
         flush=True,
     )
     engine_result, engine_tokens = run_engine(engine, prompts, args.output_len)

@@ -120,6 +120,14 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "gguf (dequantized at load); unset or auto: read from the checkpoint's quantization_config",
     )
     model.add_argument(
+        "--cpu-weights",
+        default=d.cpu_weights,
+        choices=("auto", "quantized", "float32"),
+        help="GGUF weights on --device cpu: quantized keeps 4-bit types (Q4_0/Q4_1/Q4_K) as int4 and others "
+        "as float16 for torch's CPU kernels; float32 dequantizes at load; auto: quantized where the CPU "
+        "has AVX2 or AVX-512 and tensor_parallel_size is 1",
+    )
+    model.add_argument(
         "--max-model-len",
         type=_positive_int,
         default=None,
@@ -350,6 +358,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         dtype=_DTYPE_ALIASES.get(args.dtype, args.dtype),
         device=args.device,
         quantization=args.quantization,
+        cpu_weights=args.cpu_weights,
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,

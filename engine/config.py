@@ -22,6 +22,9 @@ class EngineConfig:
     dtype: str = "auto"  # auto | float16 | bfloat16 | float32 (auto: bf16 on CUDA, fp32 on CPU)
     device: str = "auto"  # auto | cuda | cpu
     quantization: str | None = None
+    # GGUF weights on the CPU: auto | quantized (kept compact, torch's int4 / fp16 CPU kernels) |
+    # float32 (dequantized at load); gguf_compact.py
+    cpu_weights: str = "auto"
     max_model_len: int | None = None  # default: the model's context, capped by the KV cache
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None  # explicit KV budget (required sizing rule on CPU)

@@ -377,9 +377,20 @@ class ModelRunner:
             layer.self_attn.reset_kv_scales(self.device)
         if random_weights.is_random(self.config.model):
             random_weights.init_random_weights(model, self.config.seed)
+        elif self._compact_gguf():
+            from llmdeploy_engine.gguf_compact import load_compact
+
+            counts = load_compact(model, self.config.model)
+            logger.info("GGUF weights kept compact on the CPU (tensors per kernel: %s)", counts)
         else:
             model.load_weights(self._checkpoint_weights())
         return model.eval()
+
+    def _compact_gguf(self) -> bool:
+        from llmdeploy_engine.gguf_compact import use_compact
+
+        c = self.config
+        return use_compact(c.cpu_weights, self.device, c.model, c.tensor_parallel_size)
 
     def _checkpoint_weights(self) -> dict[str, torch.Tensor]:
         if self.config.model.endswith(".gguf"):

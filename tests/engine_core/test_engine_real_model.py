@@ -46,6 +46,7 @@ def llm() -> LLM:
         max_model_len=1024,
         max_num_batched_tokens=128,
         device="cpu",
+        cpu_weights="float32",  # compared with transformers on the same float32 weights
     )
 
 

@@ -28,7 +28,14 @@ def runner(gguf_path: Path) -> ModelRunner:
     # one thread: the CI/dev machines are shared and OpenMP threads spin-wait badly when oversubscribed
     torch.set_num_threads(1)
     return ModelRunner(
-        EngineConfig(model=str(gguf_path), device="cpu", kv_cache_memory_bytes=TEST_KV_CACHE_BYTES)
+        # float32 weights: this runner is checked against transformers (the compact CPU weights are
+        # checked against it in test_cpu_quant.py)
+        EngineConfig(
+            model=str(gguf_path),
+            device="cpu",
+            kv_cache_memory_bytes=TEST_KV_CACHE_BYTES,
+            cpu_weights="float32",
+        )
     )
 
 
