@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from llmdeploy_engine import cpu_quant
-from llmdeploy_engine.gguf_loader import _PERMUTED_QK, _fields, _hf_name, _unpermute
+from llmdeploy_engine.gguf_loader import _PERMUTED_QK, _fields, _hf_name, _unpermute, gguf_reader
 from torch import nn
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -134,9 +134,7 @@ class _Tensor:
 def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
     """Load the GGUF file at `path` into `model` (a CausalLM at tensor_parallel_size 1), its weights
     kept compact; returns how many tensors each kernel took."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = gguf_reader(path)
     fields = _fields(reader)
     config = model.config
     permuted = fields["general.architecture"] in _PERMUTED_QK

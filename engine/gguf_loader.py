@@ -10,6 +10,8 @@ it goes into the config (`rope_freq_factors`), not the weights.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +65,41 @@ def _fields(reader: Any) -> dict[str, Any]:
     return out
 
 
-def load_gguf_config(path: str | Path) -> ModelConfig:
+_shared_readers: dict[tuple[str, int, int], Any] | None = None
+
+
+@contextmanager
+def shared_gguf_reader() -> Iterator[None]:
+    """Within it, every read of one GGUF file shares one parsed reader: gguf-py's reader takes seconds
+    to parse a large vocabulary, and an engine start reads the file for its config, its weights and its
+    chat template. The parsed fields (~160 MB for the default model) are dropped when it ends."""
+    global _shared_readers
+    if _shared_readers is not None:  # an outer scope already shares
+        yield
+        return
+    _shared_readers = {}
+    try:
+        yield
+    finally:
+        _shared_readers = None
+
+
+def gguf_reader(path: str | Path) -> Any:
+    """gguf-py's reader of the file at `path`: parsed once per `shared_gguf_reader` scope."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    if _shared_readers is None:
+        return GGUFReader(str(path))
+    resolved = Path(path).resolve()
+    st = resolved.stat()
+    key = (str(resolved), st.st_size, st.st_mtime_ns)
+    if key not in _shared_readers:
+        _shared_readers[key] = GGUFReader(str(resolved))
+    return _shared_readers[key]
+
+
+def load_gguf_config(path: str | Path) -> ModelConfig:
+    reader = gguf_reader(path)
     return _config_from_fields(_fields(reader), reader.tensors)
 
 
@@ -142,10 +175,9 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, float32 state dict with Hugging Face names) from a GGUF file."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(str(path))
+    reader = gguf_reader(path)
     fields = _fields(reader)
     config = _config_from_fields(fields, reader.tensors)
     permuted = fields["general.architecture"] in _PERMUTED_QK

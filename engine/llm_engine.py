@@ -162,6 +162,40 @@ class _Request:
 
 
 class LLMEngine:
+    @staticmethod
+    def _build_runner(config: EngineConfig) -> Runner:
+        from llmdeploy_engine.model_runner import ModelRunner
+
+        # model_runner's first import (it imports torch._dynamo: see there) leaves the frames on
+        # the stack, this one and so this engine included, in a cycle of import frames that only
+        # the cyclic collector frees; a young-generation collection frees it now (~1 ms)
+        gc.collect(1)
+        model_runner = ModelRunner(config)
+        runner: Runner = model_runner
+        if model_runner.device.type == "cuda" and not config.enforce_eager:
+            if model_runner.graphs_with_tensor_parallel:
+                # decode steps replayed from CUDA graphs captured now (docs/gpu-notes.md); with
+                # tensor parallelism every rank captures the same graphs (all-reduces over
+                # symmetric memory inside; the logits' all-gather inside with the push path, else
+                # after the replay)
+                from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+
+                model_runner.capture_graphs_on_workers()
+                runner = CudaGraphRunner(runner, logits_max_batch=model_runner.graph_logits_rows())
+            else:
+                from llmdeploy_engine.distributed import ALLREDUCE_ENV
+
+                logger.warning(
+                    "CUDA graphs with tensor_parallel_size > 1 need the symmetric-memory all-reduce "
+                    "(%s=nccl or its set-up failed); decode steps run eagerly",
+                    ALLREDUCE_ENV,
+                )
+        if model_runner.workers is not None:  # tensor parallel: steps go to ranks 1..N-1 first
+            from llmdeploy_engine.tp_worker import TensorParallelDriver
+
+            runner = TensorParallelDriver(runner, model_runner.workers)
+        return runner
+
     def __init__(
         self,
         config: EngineConfig,
@@ -170,42 +204,17 @@ class LLMEngine:
         tokenizer: Any = None,
         sampler: Any = None,
     ) -> None:
+        from llmdeploy_engine.gguf_loader import shared_gguf_reader
+
         self.config = config
-        if runner is None:
-            from llmdeploy_engine.model_runner import ModelRunner
+        with shared_gguf_reader():  # the runner and the tokenizer parse a GGUF file once
+            if runner is None:
+                runner = self._build_runner(config)
+            self.runner = runner
+            if tokenizer is None:
+                from llmdeploy_engine.tokenizer import Tokenizer
 
-            # model_runner's first import (it imports torch._dynamo: see there) leaves the frames on
-            # the stack, this one and so this engine included, in a cycle of import frames that only
-            # the cyclic collector frees; a young-generation collection frees it now (~1 ms)
-            gc.collect(1)
-            runner = model_runner = ModelRunner(config)
-            if runner.device.type == "cuda" and not config.enforce_eager:
-                if model_runner.graphs_with_tensor_parallel:
-                    # decode steps replayed from CUDA graphs captured now (docs/gpu-notes.md); with
-                    # tensor parallelism every rank captures the same graphs (all-reduces over
-                    # symmetric memory inside; the logits' all-gather inside with the push path, else
-                    # after the replay)
-                    from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
-
-                    model_runner.capture_graphs_on_workers()
-                    runner = CudaGraphRunner(runner, logits_max_batch=model_runner.graph_logits_rows())
-                else:
-                    from llmdeploy_engine.distributed import ALLREDUCE_ENV
-
-                    logger.warning(
-                        "CUDA graphs with tensor_parallel_size > 1 need the symmetric-memory all-reduce "
-                        "(%s=nccl or its set-up failed); decode steps run eagerly",
-                        ALLREDUCE_ENV,
-                    )
-            if model_runner.workers is not None:  # tensor parallel: steps go to ranks 1..N-1 first
-                from llmdeploy_engine.tp_worker import TensorParallelDriver
-
-                runner = TensorParallelDriver(runner, model_runner.workers)
-        self.runner = runner
-        if tokenizer is None:
-            from llmdeploy_engine.tokenizer import Tokenizer
-
-            tokenizer = Tokenizer.from_model(config.tokenizer or config.model)
+                tokenizer = Tokenizer.from_model(config.tokenizer or config.model)
         self.tokenizer = tokenizer
         if sampler is None:
             from llmdeploy_engine.sampler import Sampler

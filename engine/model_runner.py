@@ -152,9 +152,12 @@ class ModelRunner:
         *,
         num_kv_blocks: int | None = None,
     ) -> None:
+        from llmdeploy_engine.gguf_loader import shared_gguf_reader
+
         self.workers: Any = None
         try:
-            self._init(config, rank, port, num_kv_blocks)
+            with shared_gguf_reader():  # its config and its weights come from one parse of a GGUF file
+                self._init(config, rank, port, num_kv_blocks)
         except BaseException:
             if self.workers is not None:  # workers stuck in a collective: do not leave them behind
                 self.workers.close(timeout_s=5.0)

@@ -248,7 +248,7 @@ def _jinja_env() -> ImmutableSandboxedEnvironment:
 
 
 def _gguf_chat_template(path: Path) -> str | None:
-    from gguf import GGUFReader
+    from llmdeploy_engine.gguf_loader import gguf_reader
 
-    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    field = gguf_reader(path).fields.get("tokenizer.chat_template")
     return None if field is None else str(field.contents())
