@@ -81,7 +81,10 @@ def spec_from_gguf(path: str | Path) -> ModelSpec:
     p = spec.params
     exact = ParamCount(p.embedding, p.layers, p.head, count - (p.total - p.extra), p.linear, p.active_layers)
     file_type = _file_type_name(tensors)
-    return replace(spec, params=exact, weights_bytes_on_disk=size, file_quantization=file_type)
+    table = tuple((t.name, tuple(int(d) for d in t.shape), t.type_name) for t in tensors.values())
+    return replace(
+        spec, params=exact, weights_bytes_on_disk=size, file_quantization=file_type, gguf_tensors=table
+    )
 
 
 def _file_type_name(tensors: dict[str, GGUFTensor]) -> str:

@@ -86,6 +86,8 @@ class ModelSpec:
     source: str = "catalog"  # catalog | config | gguf
     weights_bytes_on_disk: int | None = None  # exact, when read from safetensors / GGUF headers
     file_quantization: str | None = None  # e.g. GGUF file type "Q4_1"
+    # a GGUF file's tensor table (name, GGUF shape, type): how the CPU engine stores it depends on it
+    gguf_tensors: tuple[tuple[str, tuple[int, ...], str], ...] = field(default=(), repr=False)
     params: ParamCount = field(default_factory=lambda: ParamCount(0, 0, 0))
 
     @property

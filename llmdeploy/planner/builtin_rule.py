@@ -16,13 +16,74 @@ STORED_BYTES_PER_LINEAR_PARAM = {"awq": 0.5, "gptq": 0.5, "fp8": 1.0}
 def weights_bytes(num_params: int, num_linear_params: int, dtype_bytes: int, quantization: str) -> int:
     """Weight bytes as the engine holds them (all ranks together): the decoder projections
     (num_linear_params) stored quantized for awq / gptq / fp8, everything else, and every weight of a
-    dense or GGUF checkpoint (dequantized at load), in the model dtype."""
+    dense or GGUF checkpoint (dequantized at load on CUDA; on the CPU see compact_gguf_weights_bytes),
+    in the model dtype."""
     per_param = STORED_BYTES_PER_LINEAR_PARAM.get(quantization)
     if per_param is None:
         return num_params * dtype_bytes
     if quantization in ("awq", "gptq"):
         per_param += (dtype_bytes + 1) / INT4_GROUP_SIZE
     return math.ceil(num_linear_params * per_param) + (num_params - num_linear_params) * dtype_bytes
+
+
+# On the CPU the engine keeps a GGUF file's weights compact (engine/gguf_compact.py, --cpu-weights
+# auto at tensor_parallel_size 1): bytes per weight of each storage it picks
+GGUF_DENSE_TYPES = ("F32", "F16", "BF16")
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+INT4PACK_BYTES = 0.5 + 4 / 32  # codes, plus a bfloat16 scale and zero per group of 32
+FP16PACK_BYTES = 2
+Q8_ROWS_BYTES = 1 + 4 / 32  # int8 codes, plus a float32 scale per 32
+# GGUF tensor name suffix -> the engine's merged projection it is stacked into
+_MERGED = {
+    "attn_q.weight": "qkv",
+    "attn_k.weight": "qkv",
+    "attn_v.weight": "qkv",
+    "attn_output.weight": "o",
+    "ffn_gate.weight": "gate_up",
+    "ffn_up.weight": "gate_up",
+    "ffn_down.weight": "down",
+}
+
+
+def compact_gguf_weights_bytes(tensors: list[tuple[str, tuple[int, ...], str]], dtype_bytes: int = 4) -> int:
+    """Weight bytes the CPU engine holds for a GGUF file kept compact, from its tensor table
+    (name, GGUF shape [in, out, ...], type): each merged projection as int4pack when all its parts
+    are 4-bit types (inputs a multiple of 32, outputs of 16), else as fp16; dense projections and the
+    other tensors (norms, biases) in the compute dtype; the embedding as int8 rows for Q8_0, else fp16
+    (dense: compute dtype); the LM head (the embedding again when tied) like a projection."""
+    groups: dict[str, list[tuple[tuple[int, ...], str]]] = {}
+    total = 0
+    embed: tuple[tuple[int, ...], str] | None = None
+    head: tuple[tuple[int, ...], str] | None = None
+    for name, shape, kind in tensors:
+        if name == "rope_freqs.weight":
+            continue  # read into the config, not a weight
+        if name == "token_embd.weight":
+            embed = (shape, kind)
+        elif name == "output.weight":
+            head = (shape, kind)
+        elif name.startswith("blk.") and name.split(".", 2)[2] in _MERGED:
+            layer, suffix = name.split(".", 2)[1:]
+            groups.setdefault(f"{layer}.{_MERGED[suffix]}", []).append((shape, kind))
+        else:
+            total += math.prod(shape) * dtype_bytes
+    assert embed is not None, "a GGUF model without token_embd.weight"
+    for parts in [*groups.values(), [head or embed]]:
+        kinds = {kind for _, kind in parts}
+        params = sum(math.prod(shape) for shape, _ in parts)
+        if kinds <= set(GGUF_DENSE_TYPES):
+            total += params * dtype_bytes
+        elif (
+            kinds <= set(GGUF_INT4_TYPES)
+            and all(shape[0] % 32 == 0 for shape, _ in parts)
+            and sum(shape[1] for shape, _ in parts) % 16 == 0
+        ):
+            total += math.ceil(params * INT4PACK_BYTES)
+        else:
+            total += params * FP16PACK_BYTES
+    shape, kind = embed
+    per = dtype_bytes if kind in GGUF_DENSE_TYPES else Q8_ROWS_BYTES if kind == "Q8_0" else FP16PACK_BYTES
+    return total + math.ceil(math.prod(shape) * per)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype_bytes: int) -> int:

@@ -222,16 +222,22 @@ def plan_tgi(inputs: PlanInputs) -> MemoryPlan:
 def plan_builtin(inputs: PlanInputs) -> MemoryPlan:
     seqs = inputs.max_num_seqs or 256
     batched = inputs.max_num_batched_tokens or min(max(inputs.context_len, 2048), 8192)
-    # int4 / fp8 checkpoints stay quantized; GGUF files are dequantized to the compute dtype
-    weights = math.ceil(
-        builtin_rule.weights_bytes(
-            inputs.spec.num_params,
-            inputs.spec.params.linear,
-            inputs.model_dtype_bytes,
-            inputs.effective_quantization,
+    # int4 / fp8 checkpoints stay quantized; GGUF files are dequantized to the compute dtype on CUDA
+    # and kept compact on the CPU (one process: tensor_parallel_size 1)
+    if inputs.device == "cpu" and inputs.spec.gguf_tensors and inputs.tensor_parallel_size == 1:
+        weights = builtin_rule.compact_gguf_weights_bytes(
+            list(inputs.spec.gguf_tensors), inputs.model_dtype_bytes
         )
-        / inputs.tensor_parallel_size
-    )
+    else:
+        weights = math.ceil(
+            builtin_rule.weights_bytes(
+                inputs.spec.num_params,
+                inputs.spec.params.linear,
+                inputs.model_dtype_bytes,
+                inputs.effective_quantization,
+            )
+            / inputs.tensor_parallel_size
+        )
     act = activation_bytes(inputs, batched, min(seqs, batched))
     if inputs.device == "cpu":
         budget = int((inputs.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB) * GIB)

@@ -142,6 +142,12 @@ def test_tiny_llama_gguf_compact_matches_float32(
         n = len(ids)
         batch = ForwardBatch(ids, list(range(n)), list(range(n)), [0], [n], [n], [[0, 1, 2]], [0])
         logits[mode] = runner.execute(batch)[0]
+    # the planner's rule for the stored bytes agrees with what this runner holds
+    from llmdeploy.catalog.gguf_spec import spec_from_gguf
+    from llmdeploy.planner.builtin_rule import compact_gguf_weights_bytes
+
+    table = list(spec_from_gguf(path).gguf_tensors)
+    assert compact_gguf_weights_bytes(table) == runner.startup_report.weights_bytes
     layer = runner.model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj.weight, kernel)
     assert isinstance(runner.model.lm_head.weight, kernel)
