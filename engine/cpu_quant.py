@@ -112,17 +112,12 @@ class Int4PackWeight(QuantWeight):
     ) -> torch.Tensor:
         if x.shape[0] >= CPU_DEQUANT_ROWS or x.device.type != "cpu":
             # activations rounded as the kernel rounds them: a row's result does not depend on the batch
-            y = F.linear(x.to(torch.bfloat16).to(x.dtype), self.dequantize(x.dtype), bias)
+            y = F.linear(x.to(torch.bfloat16).to(x.dtype), self.dequantize(x.dtype))
         else:
             xb = x.to(torch.bfloat16).contiguous()
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, self.group_size, self.scale_zeros)
             y = y.to(x.dtype)
-            if bias is not None:
-                y = y + bias
-        if out is None:
-            return y
-        out.copy_(y)
-        return out
+        return self._output(y, bias, out)  # the bias added alike on both paths
 
 
 class Fp16PackWeight(QuantWeight):
@@ -149,13 +144,7 @@ class Fp16PackWeight(QuantWeight):
         self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x.float().contiguous(), self.pack)
-        y = y.to(x.dtype)
-        if bias is not None:
-            y = y + bias
-        if out is None:
-            return y
-        out.copy_(y)
-        return out
+        return self._output(y.to(x.dtype), bias, out)
 
 
 class RowTable(QuantWeight):

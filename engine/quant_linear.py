@@ -67,6 +67,16 @@ class QuantWeight(nn.Module):
     def _input(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    @staticmethod
+    def _output(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+        """A kernel's result plus the bias, written into `out` when the caller gave one."""
+        if bias is not None:
+            y = y + bias
+        if out is None:
+            return y
+        out.copy_(y)
+        return out
+
     def _gemv(self, kernels: Any, x: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
@@ -293,9 +303,4 @@ class Fp8Weight(QuantWeight):
         y = torch._scaled_mm(
             xq, w.t(), scale_a=x_scale, scale_b=self.weight_scale[None, :], out_dtype=x.dtype
         )
-        if bias is not None:
-            y = y + bias
-        if out is None:
-            return y
-        out.copy_(y)
-        return out
+        return self._output(y, bias, out)
