@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from llmdeploy_engine import cpu_quant
-from llmdeploy_engine.gguf_loader import _PERMUTED_QK, _fields, _hf_name, _unpermute, gguf_reader
+from llmdeploy_engine.gguf_loader import _PERMUTED_QK, _fields, _unpermute, gguf_reader, weight_tensors
 from torch import nn
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -140,12 +140,7 @@ def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
     permuted = fields["general.architecture"] in _PERMUTED_QK
     dtype = model.model.norm.weight.dtype
     tensors: dict[str, _Tensor] = {}
-    for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
-            continue  # read into the config
-        name = _hf_name(t.name)
-        if name is None:
-            raise ValueError(f"GGUF tensor {t.name!r} has no place in a {config.architecture} model")
+    for name, t in weight_tensors(reader, config.architecture):
         heads = None
         if permuted and name.endswith("q_proj.weight"):
             heads = config.num_attention_heads

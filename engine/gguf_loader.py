@@ -173,6 +173,18 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, rows // num_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
+def weight_tensors(reader: Any, architecture: str) -> Iterator[tuple[str, Any]]:
+    """(Hugging Face name, GGUF tensor) of every weight in the file; a tensor with no place in the
+    model is an error."""
+    for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            continue  # read into the config
+        name = _hf_name(t.name)
+        if name is None:
+            raise ValueError(f"GGUF tensor {t.name!r} has no place in a {architecture} model")
+        yield name, t
+
+
 def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, float32 state dict with Hugging Face names) from a GGUF file."""
     from gguf.quants import dequantize
@@ -182,12 +194,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     config = _config_from_fields(fields, reader.tensors)
     permuted = fields["general.architecture"] in _PERMUTED_QK
     weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
-            continue  # read into the config
-        name = _hf_name(t.name)
-        if name is None:
-            raise ValueError(f"GGUF tensor {t.name!r} has no place in a {config.architecture} model")
+    for name, t in weight_tensors(reader, config.architecture):
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         # ne0 is the fastest axis: GGUF shape [in, out] is numpy/torch [out, in]
         w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
