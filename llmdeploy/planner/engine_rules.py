@@ -1,8 +1,8 @@
 """The start-up memory accounting of each engine, from `PlanInputs` to a `MemoryPlan` (no suggestions).
 
 - vLLM (V1): usable = total x gpu_memory_utilization; KV = usable - weights - activation peak -
-  non-torch - CUDA graphs (graphs are profiled and subtracted by default since v0.21; earlier
-  releases capture them afterwards, in the headroom); blocks = floor(KV / (block x bytes/token)).
+  non-torch - CUDA graphs (graphs are profiled and subtracted by default since v0.21, `cuda_graphs`;
+  earlier releases capture them afterwards, in the headroom); blocks = floor(KV / (block x bytes/token)).
 - TGI: after warm-up, the free memory (x its 0.95 wiggle room) becomes blocks; "max batch total tokens".
 - builtin: `builtin_rule`, with an explicit KV budget on CPU (like vLLM's CPU KV space).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from llmdeploy.planner import builtin_rule
+from llmdeploy.planner import builtin_rule, cuda_graphs
 from llmdeploy.planner.footprint import (
     CUDA_CONTEXT_GIB,
     KVLayout,
@@ -29,7 +29,6 @@ TGI_WIGGLE_ROOM = 0.95
 BUILTIN_ATTENTION_BYTES_PER_SCORE = 9.55  # calibrated: built-in engine, H200, Llama-3.1-8B and Qwen2.5-0.5B
 BUILTIN_NON_TORCH_GIB = 0.67  # calibrated: built-in engine's measured non-torch (CUDA context, cuBLAS), H200
 TGI_DEFAULT_PREFILL_TOKENS = 4096
-GRAPH_PROFILING_SINCE = (0, 21)
 KV_TOKENS_FROM_CONCURRENCY_SINCE = (0, 21)
 
 
@@ -45,8 +44,7 @@ def _version(text: str | None) -> tuple[int, ...] | None:
 
 def graphs_in_budget(inputs: PlanInputs) -> bool:
     """vLLM profiles CUDA graphs into the KV budget since 0.21; before, they took the headroom."""
-    version = _version(inputs.engine_version)
-    return version is None or version >= GRAPH_PROFILING_SINCE
+    return cuda_graphs.graphs_in_budget(inputs.engine_version)
 
 
 def vllm_defaults(inputs: PlanInputs) -> tuple[int, int]:
@@ -189,7 +187,7 @@ def plan_vllm(inputs: PlanInputs) -> MemoryPlan:
     usable = int(total * inputs.gpu_memory_utilization)
     act = activation_bytes(inputs, batched, seqs)
     non_torch = non_torch_bytes(inputs)
-    graphs = cuda_graph_bytes(inputs, seqs)
+    graphs = cuda_graphs.vllm_graph_bytes(inputs, batched, seqs)
     graphs_counted = graphs_in_budget(inputs)
     explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
     kv = builtin_rule.kv_cache_bytes(

@@ -1,5 +1,5 @@
 """Per-GPU memory estimates for one model under one set of knobs: weights, activation peak,
-non-torch memory, CUDA graphs, and KV bytes per token (GQA, MLA, sliding-window and hybrid).
+non-torch memory, TGI's CUDA graphs (vLLM's: `cuda_graphs`), and KV bytes per token (GQA, MLA, sliding-window and hybrid).
 
 The constants marked "calibrated" were fitted on the public vLLM start-up logs in
 tests/planner/fixtures/vllm_logs.json (see docs/planner.md); everything else is arithmetic on the
@@ -375,8 +375,8 @@ def non_torch_bytes(inputs: PlanInputs) -> int:
 
 
 def cuda_graph_bytes(inputs: PlanInputs, max_num_seqs: int) -> int:
-    """Graph pools for the captured decode batch sizes: per-layer intermediates of the largest
-    captured batch (min(max_num_seqs, 512) x 2 for piecewise + full), plus a fixed part per layer."""
+    """TGI's graph pools for its captured decode batch sizes: per-layer intermediates of the largest
+    captured batch, plus a fixed part per layer (vLLM's graphs: `cuda_graphs`, per release)."""
     if inputs.enforce_eager or inputs.device == "cpu":
         return 0
     spec = inputs.spec

@@ -124,14 +124,14 @@ def test_held_out_error_differs_only_where_the_thread_states_non_torch() -> None
 
 
 def test_full_prediction_error_regression_guard() -> None:
-    # measured (docs/planner.md: vLLM >= 0.7, non-hybrid, held out, median 1.90 %, max 6.25 %, n = 4:
-    # the >= 0.21 Qwen3-8B log over-predicts since the V1 sampler peak is derived per release, its
-    # CUDA-graph estimate being 0.35 GiB short); a guard against regressions, not proof of a target
+    # measured (docs/planner.md: vLLM >= 0.7, non-hybrid, held out, median 0.93 %, max 2.74 %, n = 4;
+    # the >= 0.21 Qwen3-8B log is +0.79 % with the graph term of planner/cuda_graphs.py, +6.25 % before);
+    # a guard against regressions, not proof of a target
     figures = summaries(check_all())
     target = figures[f"full prediction held out, {TARGET}"]
     assert len(target) >= 4
-    assert statistics.median(target) <= 0.0195
-    assert max(target) <= 0.0635
+    assert statistics.median(target) <= 0.0095
+    assert max(target) <= 0.028
     assert len(figures[f"full prediction, {LEGACY}"]) >= 4
     assert "median |error|" in report(check_all())
 
