@@ -1,7 +1,7 @@
 """The start-up memory accounting of each engine, from `PlanInputs` to a `MemoryPlan` (no suggestions).
 
 - vLLM (V1): usable = total x gpu_memory_utilization; KV = usable - weights - activation peak -
-  non-torch - CUDA graphs (graphs are profiled and subtracted by default since v0.21, `cuda_graphs`;
+  non-torch - CUDA graphs (graphs are profiled and subtracted by default since v0.20, `cuda_graphs`;
   earlier releases capture them afterwards, in the headroom); blocks = floor(KV / (block x bytes/token)).
 - TGI: after warm-up, the free memory (x its 0.95 wiggle room) becomes blocks; "max batch total tokens".
 - builtin: `builtin_rule`, with an explicit KV budget on CPU (like vLLM's CPU KV space).
@@ -43,7 +43,7 @@ def _version(text: str | None) -> tuple[int, ...] | None:
 
 
 def graphs_in_budget(inputs: PlanInputs) -> bool:
-    """vLLM profiles CUDA graphs into the KV budget since 0.21; before, they took the headroom."""
+    """vLLM profiles CUDA graphs into the KV budget since 0.20; before, they took the headroom."""
     return cuda_graphs.graphs_in_budget(inputs.engine_version)
 
 
