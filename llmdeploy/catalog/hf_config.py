@@ -35,6 +35,11 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "attention_bias": ("attention_bias", "qkv_bias"),
     "sliding_window": ("sliding_window",),
     "attention_chunk_size": ("attention_chunk_size",),
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token", "moe_topk"),
     "moe_intermediate_size": ("moe_intermediate_size",),
@@ -50,6 +55,14 @@ _KEYS: dict[str, tuple[str, ...]] = {
 }
 
 _REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
+# the shape of a linear-attention (Gated DeltaNet) layer's recurrent state
+_LINEAR_STATE = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 
 # Per-architecture facts a config does not spell out (they are fixed by the modelling code).
 _ARCH_FACTS: dict[str, dict[str, Any]] = {
@@ -133,6 +146,14 @@ def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSp
             facts["layer_types"] = ["full" if k == "sliding" else k for k in kinds]
     if not facts.get("attention_chunk_size") or "chunked" not in (facts.get("layer_types") or ()):
         facts.pop("attention_chunk_size", None)
+    if "linear" in (facts.get("layer_types") or ()):
+        absent = [name for name in _LINEAR_STATE if not facts.get(name)]
+        if absent:
+            raise UserError.one(
+                f"config.json of {hf_id!r} has linear-attention layers but lacks {', '.join(absent)}; "
+                "their per-request state cannot be sized",
+                fix="add the keys to config.json, or set model.architecture to a catalog name",
+            )
     return build_spec(facts)
 
 

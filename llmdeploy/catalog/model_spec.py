@@ -67,6 +67,12 @@ class ModelSpec:
     sliding_window: int | None = None
     layer_types: tuple[LayerKind, ...] = ()  # per layer; empty means all "full"
     attention_chunk_size: int | None = None  # tokens per chunk of the "chunked" layers
+    # the recurrent state of the "linear" layers (Gated DeltaNet: conv + temporal state)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0

@@ -97,6 +97,7 @@ QWEN3_NEXT_SMALL = {
     "linear_num_value_heads": 8,
     "linear_key_head_dim": 32,
     "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
     "num_experts": 8,
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 64,
