@@ -116,7 +116,7 @@ def expert_matrix_params(spec: ModelSpec) -> int:
     if not spec.is_moe:
         return 0
     per_expert = (3 if spec.mlp_gated else 2) * spec.hidden_size * spec.moe_intermediate_size
-    return (spec.num_layers - spec.first_k_dense_replace) * spec.num_experts * per_expert
+    return spec.num_moe_layers * spec.num_experts * per_expert
 
 
 def mxfp4_marlin(inputs: PlanInputs) -> bool:
@@ -139,8 +139,7 @@ def _mxfp4_expert_bytes(spec: ModelSpec, tp: int, marlin: bool) -> int:
     inter = -(-(spec.moe_intermediate_size // tp) // (128 if marlin else 256)) * (128 if marlin else 256)
     hidden = -(-spec.hidden_size // 256) * 256 if marlin else spec.hidden_size
     per_expert = (3 if spec.mlp_gated else 2) * hidden * inter
-    layers = spec.num_layers - spec.first_k_dense_replace
-    return math.ceil(tp * layers * spec.num_experts * per_expert * LINEAR_BITS["mxfp4"] / 8)
+    return math.ceil(tp * spec.num_moe_layers * spec.num_experts * per_expert * LINEAR_BITS["mxfp4"] / 8)
 
 
 def weights_bytes_total(
@@ -215,12 +214,12 @@ def _matrix_shapes_per_gpu(inputs: PlanInputs) -> list[tuple[int, int]]:
     kv = max(1, spec.num_kv_heads // tp) * hd
     out = [(layers, (q + 2 * kv) * h * dt), (layers, q * h * dt)]
     up = 2 if spec.mlp_gated else 1
-    dense_layers = spec.first_k_dense_replace if spec.is_moe else layers
+    moe_layers = math.ceil(spec.num_moe_layers / inputs.pipeline_parallel_size)
+    dense_layers = layers - moe_layers
     if dense_layers:
         inter = spec.intermediate_size // tp
         out += [(dense_layers, up * inter * h * dt), (dense_layers, inter * h * dt)]
     if spec.is_moe:
-        moe_layers = layers - spec.first_k_dense_replace
         inter = spec.moe_intermediate_size // tp
         out += [
             (moe_layers, spec.num_experts * up * inter * h * dt),
@@ -283,7 +282,7 @@ def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int)
     h = spec.hidden_size
     if spec.is_moe:
         mlp = spec.num_experts_per_tok * (3 * spec.moe_intermediate_size // tp + h)
-        mlp = max(mlp, 3 * spec.intermediate_size // tp) if spec.first_k_dense_replace else mlp
+        mlp = max(mlp, 3 * spec.intermediate_size // tp) if spec.num_moe_layers < spec.num_layers else mlp
     else:
         mlp = 3 * spec.intermediate_size // tp
     q = spec.num_attention_heads * spec.head_dim // tp
