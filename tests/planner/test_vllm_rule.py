@@ -9,7 +9,8 @@ import pytest
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.planner import PlanInputs, plan_from_inputs
-from llmdeploy.planner.footprint import kv_layout, weights_bytes_per_gpu
+from llmdeploy.planner.footprint import weights_bytes_per_gpu
+from llmdeploy.planner.kv_layout import kv_layout
 from llmdeploy.planner.memory_plan import GIB
 
 KEYS = {
