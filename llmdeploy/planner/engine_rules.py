@@ -221,7 +221,11 @@ def plan_vllm(inputs: PlanInputs) -> MemoryPlan:
         graphs if graphs_counted else 0,
         explicit,
     )
-    return _plan(inputs, usable, weights, act, non_torch, graphs, graphs_counted, kv, batched, seqs)
+    notes: tuple[str, ...] = ()
+    if inputs.flashinfer_sampler is not None:
+        backend = "FlashInfer" if inputs.flashinfer_sampler else "PyTorch"
+        notes = (f"sampler warm-up planned for {backend} top-k/top-p sampling (VLLM_USE_FLASHINFER_SAMPLER)",)
+    return _plan(inputs, usable, weights, act, non_torch, graphs, graphs_counted, kv, batched, seqs, notes)
 
 
 def plan_tgi(inputs: PlanInputs) -> MemoryPlan:

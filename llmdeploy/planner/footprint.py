@@ -291,7 +291,7 @@ def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int)
     version = release(inputs.engine_version)
     if inputs.engine == "vllm" and (version is None or version >= V1_SAMPLER_SINCE):
         logits = sampler_peak.sampler_peak_bytes(
-            version, num_seqs, spec.vocab_size, act, num_sms=DEFAULT_NUM_SMS
+            version, num_seqs, spec.vocab_size, act, inputs.flashinfer_sampler, num_sms=DEFAULT_NUM_SMS
         )
     else:
         logits = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
