@@ -40,6 +40,14 @@ V1_SAMPLER_SINCE = (0, 8, 0)
 # H100/H200 have 132, A100 108: a few MiB either way
 DEFAULT_NUM_SMS = 132
 CUDA_CONTEXT_GIB = 0.5  # outside vLLM's accounting, but it occupies the GPU
+# vLLM's unquantized fused-MoE (TritonExperts through FusedMoEModularKernel) takes its intermediate
+# caches from one workspace shared by every MoE layer and kept after the forward (WorkspaceManager):
+# since 0.14 (0.11-0.12 allocate them per call; 0.13 not read); 0.14-0.18 size it for chunks of
+# VLLM_FUSED_MOE_CHUNK_SIZE tokens, 0.19 and later for the whole batch
+MOE_WORKSPACE_SINCE = (0, 14, 0)
+MOE_UNCHUNKED_SINCE = (0, 19, 0)
+MOE_CHUNK_TOKENS = 16 * 1024
+WORKSPACE_ALIGN_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -273,14 +281,52 @@ def vllm_load_overhead_bytes(inputs: PlanInputs) -> int:
     return rope + rounding
 
 
+def moe_workspace_bytes(inputs: PlanInputs, num_batched_tokens: int) -> int:
+    """The persistent fused-MoE workspace of vLLM >= 0.14 for an unquantized MoE model (0 otherwise),
+    from TritonExperts.workspace_shapes and FusedMoEModularKernel._allocate_buffers: with M tokens
+    per chunk, N = the merged gate/up width per GPU, K = hidden size, two buffers of M x top-k x
+    max(N/2, K) (intermediate caches 2, shared with the M_full x K output) and M x top-k x max(N, K)
+    (caches 1 and 3), each rounded to 256 bytes."""
+    spec = inputs.spec
+    version = release(inputs.engine_version)
+    if (
+        inputs.engine != "vllm"
+        or inputs.device != "cuda"
+        or not spec.is_moe
+        or inputs.effective_quantization != "none"
+        or spec.torch_dtype == "mxfp4"  # gpt-oss' experts take the MXFP4 kernels instead
+        or (version is not None and version < MOE_WORKSPACE_SINCE)
+    ):
+        return 0
+    n = (2 if spec.mlp_gated else 1) * spec.moe_intermediate_size // inputs.tensor_parallel_size
+    k, topk, act = spec.hidden_size, spec.num_experts_per_tok, inputs.model_dtype_bytes
+    unchunked = version is None or version >= MOE_UNCHUNKED_SINCE
+    m = num_batched_tokens if unchunked else min(num_batched_tokens, MOE_CHUNK_TOKENS)
+    cache2 = m * topk * max(n // 2 if spec.mlp_gated else n, k)
+    out = num_batched_tokens * k
+    if unchunked:
+        buffers = [max(cache2, out), m * topk * max(n, k)]
+    elif m == num_batched_tokens and cache2 >= out:  # one chunk: the output reuses the cache-2 buffer
+        buffers = [cache2, m * topk * max(n, k)]
+    else:
+        buffers = [cache2, m * topk * max(n, k), out]
+    return sum(-(-b * act // WORKSPACE_ALIGN_BYTES) * WORKSPACE_ALIGN_BYTES for b in buffers)
+
+
 def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int) -> int:
     """Peak of the profiling pass: the widest per-token tensors of one layer for `num_batched_tokens`
     tokens, or the sampler warm-up on `num_seqs` rows of logits (`sampler_peak` for vLLM V1, per
-    release), whichever is larger."""
+    release), whichever is larger; plus vLLM's persistent fused-MoE workspace where it has one
+    (`moe_workspace_bytes`: the MoE intermediates live there, and it stays through the sampler run)."""
     spec, tp = inputs.spec, inputs.tensor_parallel_size
     act = inputs.model_dtype_bytes
     h = spec.hidden_size
-    if spec.is_moe:
+    workspace = moe_workspace_bytes(inputs, num_batched_tokens)
+    if workspace:
+        mlp = 3 * spec.intermediate_size // tp if spec.num_moe_layers < spec.num_layers else 0
+        if spec.shared_expert_intermediate_size:
+            mlp = max(mlp, 3 * spec.shared_expert_intermediate_size // tp)
+    elif spec.is_moe:
         mlp = spec.num_experts_per_tok * (3 * spec.moe_intermediate_size // tp + h)
         mlp = max(mlp, 3 * spec.intermediate_size // tp) if spec.num_moe_layers < spec.num_layers else mlp
     else:
@@ -297,7 +343,7 @@ def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int)
         logits = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
     # the dummy forward's hidden states of all batched tokens stay live through the sampler run
     sampler = logits + num_batched_tokens * h * act
-    return int(max(forward, sampler))
+    return int(max(forward, sampler)) + workspace
 
 
 def non_torch_bytes(inputs: PlanInputs) -> int:
