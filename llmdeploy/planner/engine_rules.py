@@ -225,6 +225,11 @@ def plan_vllm(inputs: PlanInputs) -> MemoryPlan:
     if inputs.flashinfer_sampler is not None:
         backend = "FlashInfer" if inputs.flashinfer_sampler else "PyTorch"
         notes = (f"sampler warm-up planned for {backend} top-k/top-p sampling (VLLM_USE_FLASHINFER_SAMPLER)",)
+    if inputs.pipeline_parallel_size > 1:
+        notes += (
+            "per-GPU figures are the last pipeline stage's (the one that runs the sampler warm-up); "
+            "vLLM gives every stage the smallest stage's KV block count",
+        )
     return _plan(inputs, usable, weights, act, non_torch, graphs, graphs_counted, kv, batched, seqs, notes)
 
 

@@ -313,10 +313,13 @@ def moe_workspace_bytes(inputs: PlanInputs, num_batched_tokens: int) -> int:
     return sum(-(-b * act // WORKSPACE_ALIGN_BYTES) * WORKSPACE_ALIGN_BYTES for b in buffers)
 
 
-def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int) -> int:
+def activation_bytes(
+    inputs: PlanInputs, num_batched_tokens: int, num_seqs: int, sampler_stage: bool = True
+) -> int:
     """Peak of the profiling pass: the widest per-token tensors of one layer for `num_batched_tokens`
     tokens, or the sampler warm-up on `num_seqs` rows of logits (`sampler_peak` for vLLM V1, per
-    release), whichever is larger; plus vLLM's persistent fused-MoE workspace where it has one
+    release), whichever is larger (`sampler_stage` False: a pipeline stage before the last, where
+    vLLM's profile_run skips the sampler warm-up); plus vLLM's persistent fused-MoE workspace where it has one
     (`moe_workspace_bytes`: the MoE intermediates live there, and it stays through the sampler run)."""
     spec, tp = inputs.spec, inputs.tensor_parallel_size
     act = inputs.model_dtype_bytes
@@ -334,6 +337,8 @@ def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int)
     q = spec.num_attention_heads * spec.head_dim // tp
     attention = 2 * q + 2 * max(1, spec.num_kv_heads // tp) * spec.head_dim
     forward = num_batched_tokens * (2 * h + max(mlp, attention)) * act * ACTIVATION_FACTOR
+    if not sampler_stage:
+        return int(forward) + workspace
     version = release(inputs.engine_version)
     if inputs.engine == "vllm" and (version is None or version >= V1_SAMPLER_SINCE):
         logits = sampler_peak.sampler_peak_bytes(

@@ -96,8 +96,10 @@ def test_fit_leaves_out_the_excluded_source() -> None:
 
 def test_bytes_per_token_part_matches_logged_kv_tokens() -> None:
     # the log's own KV memory divided by our bytes/token must give the log's token count
+    # (the PP 2/4 logs quote the first stage's KV memory while the token line is the smallest stage's:
+    # they are compared stage to stage instead, below)
     errors = [abs(c.bpt_error) for c in check_all() if c.bpt_error is not None and not c.hybrid]
-    assert len(errors) >= 51
+    assert len(errors) >= 49
     assert statistics.median(errors) <= 0.02
     assert max(errors) <= 0.02
 
@@ -155,3 +157,16 @@ def test_hybrid_and_mxfp4_regression_guard() -> None:
     hybrid = figures["full prediction held out, hybrid"]
     assert len(hybrid) >= 12 and statistics.median(hybrid) <= 0.0092 and max(hybrid) <= 0.156
     assert max(figures["full prediction out of sample, hybrid"]) <= 0.0365
+
+
+def test_pipeline_logs_are_compared_stage_to_stage() -> None:
+    # llm-d-planner's PP 2/4 logs quote Worker_PP0's lines: the first stage skips the sampler warm-up,
+    # so its activation is the forward alone (planned 0.19-0.24 GiB under the logged 1.1 GiB) and its
+    # KV memory within 0.1 GiB; the token line follows the last stage, which the plan describes
+    checks = {c.log_id: c for c in check_all()}
+    for log_id in ("llmdp-llama31-8b-2xh100-pp2", "llmdp-llama31-8b-4xh100-pp4"):
+        c = checks[log_id]
+        assert c.bpt_error is None
+        assert c.activation_error_gib is not None and -0.25 <= c.activation_error_gib <= -0.15
+        assert c.kv_error_gib is not None and abs(c.kv_error_gib) <= 0.1
+        assert c.full_error is not None and abs(c.full_error) <= 0.001
