@@ -166,9 +166,10 @@ class LLMEngine:
     def _build_runner(config: EngineConfig) -> Runner:
         from llmdeploy_engine.model_runner import ModelRunner
 
-        # model_runner's first import (it imports torch._dynamo: see there) leaves the frames on
-        # the stack, this one and so this engine included, in a cycle of import frames that only
-        # the cyclic collector frees; a young-generation collection frees it now (~1 ms)
+        # a first import that runs torch.fx.wrap (torch._dynamo's does, should anything import it)
+        # leaves the frames on the stack, this one and so this engine included, in a cycle of
+        # import frames that only the cyclic collector frees; a young-generation collection frees
+        # it now (~1 ms)
         gc.collect(1)
         model_runner = ModelRunner(config)
         runner: Runner = model_runner

@@ -237,7 +237,11 @@ class CausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel=parallel)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+        # computed on the CPU, then moved: under a meta-device default (model_runner builds the model
+        # so) a division runs torch's reference ops, whose first use imports torch._dynamo (1-3 s)
+        with torch.device("cpu"):
+            inv_freq = self._inv_freq()
+        self.register_buffer("inv_freq", inv_freq.to(self.model.norm.weight.device), persistent=False)
 
     def _inv_freq(self) -> torch.Tensor:
         c = self.config

@@ -18,14 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-# torch imports torch._dynamo lazily, the first time an op runs through a reference implementation
-# (building the model under a default-device context does: model.rope_inv_freq's division). That
-# import calls torch.fx.wrap, which leaves its caller's frame in a reference cycle: the whole stack,
-# the LLMEngine being built included, so the first engine of a process (and its KV cache) outlived
-# its last reference until the cyclic collector ran, whose thresholds the engine raises. Imported
-# here, the cycle holds import frames only.
-import torch._dynamo
 from llmdeploy_engine import kv_cache
 from llmdeploy_engine.attention import build_attention_metadata, build_profile_metadata, pack_aligned
 from llmdeploy_engine.config import EngineConfig, ModelConfig

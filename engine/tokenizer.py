@@ -1,7 +1,8 @@
 """Tokenizer: encode/decode, incremental detokenization and the chat template, from a GGUF or a folder.
 
-The fast tokenizer comes from transformers (it builds one offline from a GGUF's vocabulary and
-merges, or reads tokenizer.json from a folder). The chat template is rendered here with a sandboxed
+The fast tokenizer is transformers' (from tokenizer.json in a folder; from a GGUF's vocabulary and
+merges, which `gguf_tokenizer` turns into the same tokenizer without transformers' second parse of
+the file where it knows the file's kind). The chat template is rendered here with a sandboxed
 Jinja2 environment, the way transformers renders it, so GGUF and folder models behave alike.
 
 End-of-sequence ids: the model's eos token plus every end-of-turn token the chat template writes
@@ -53,15 +54,15 @@ class Tokenizer:
     def from_model(cls, path: str | Path) -> Tokenizer:
         """From a GGUF file or a folder with tokenizer.json; `random:<id>` models get the byte-level
         tokenizer (`byte_level()`), since they have no files and their text means nothing anyway."""
-        from transformers import AutoTokenizer
-
         if str(path).startswith("random:"):
             return cls.byte_level()
         p = Path(path)
         if p.is_file() and p.suffix == ".gguf":
-            hf = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+            hf = _gguf_tokenizer(p)
             template = getattr(hf, "chat_template", None) or _gguf_chat_template(p)
         elif p.is_dir():
+            from transformers import AutoTokenizer
+
             hf = AutoTokenizer.from_pretrained(str(p))
             template = getattr(hf, "chat_template", None)
         else:
@@ -245,6 +246,31 @@ def _jinja_env() -> ImmutableSandboxedEnvironment:
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    """The fast tokenizer of a GGUF file: built from the engine's parse of the file where
+    `gguf_tokenizer` knows its kind (transformers' own result, without its second parse of the file),
+    else by transformers."""
+    from llmdeploy_engine import gguf_tokenizer
+    from llmdeploy_engine.gguf_loader import tokenizer_fields
+    from transformers import PreTrainedTokenizerFast
+
+    fields = tokenizer_fields(path)
+    backend = gguf_tokenizer.build(fields)
+    if backend is None:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    options: dict[str, Any] = dict(
+        gguf_tokenizer.special_token_names(fields, fields["tokenizer.ggml.tokens"])
+    )
+    for flag in ("add_bos_token", "add_eos_token"):
+        if f"tokenizer.ggml.{flag}" in fields:
+            options[flag] = bool(fields[f"tokenizer.ggml.{flag}"])
+    if "tokenizer.chat_template" in fields:
+        options["chat_template"] = str(fields["tokenizer.chat_template"])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **options)
 
 
 def _gguf_chat_template(path: Path) -> str | None:

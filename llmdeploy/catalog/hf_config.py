@@ -15,6 +15,7 @@ from typing import Any
 
 from llmdeploy.catalog.config_defaults import with_defaults
 from llmdeploy.catalog.model_spec import LayerKind, ModelSpec, ParamCount, build_spec
+from llmdeploy.catalog.vision_tower import vision_tower_params
 from llmdeploy.errors import UserError
 
 # config.json key -> ModelSpec field, first present wins
@@ -24,7 +25,8 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("num_attention_heads", "n_head"),
     "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"),
     "head_dim": ("head_dim",),
-    "intermediate_size": ("intermediate_size", "ffn_hidden_size", "n_inner"),
+    # Llama 4 names its dense MLP width intermediate_size_mlp (its intermediate_size is the experts')
+    "intermediate_size": ("intermediate_size_mlp", "intermediate_size", "ffn_hidden_size", "n_inner"),
     "vocab_size": ("vocab_size", "padded_vocab_size"),
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "seq_length"),
     "rope_theta": ("rope_theta",),
@@ -35,12 +37,18 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "attention_bias": ("attention_bias", "qkv_bias"),
     "sliding_window": ("sliding_window",),
     "attention_chunk_size": ("attention_chunk_size",),
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token", "moe_topk"),
     "moe_intermediate_size": ("moe_intermediate_size",),
     "num_shared_experts": ("n_shared_experts",),
     "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
     "first_k_dense_replace": ("first_k_dense_replace",),
+    "moe_layer_step": ("interleave_moe_layer_step", "decoder_sparse_step"),
     "kv_lora_rank": ("kv_lora_rank",),
     "q_lora_rank": ("q_lora_rank",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
@@ -50,6 +58,14 @@ _KEYS: dict[str, tuple[str, ...]] = {
 }
 
 _REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
+# the shape of a linear-attention (Gated DeltaNet) layer's recurrent state
+_LINEAR_STATE = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 
 # Per-architecture facts a config does not spell out (they are fixed by the modelling code).
 _ARCH_FACTS: dict[str, dict[str, Any]] = {
@@ -76,6 +92,7 @@ _ARCH_FACTS: dict[str, dict[str, Any]] = {
         "router_bias": True,
     },
     "DeepseekV3ForCausalLM": {"router_bias": True},
+    "Qwen3NextForCausalLM": {"qk_norm": True, "shared_expert_gate": True, "attention_output_gate": True},
 }
 
 
@@ -120,6 +137,12 @@ def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSp
         period = int(text["full_attention_interval"])
         n = int(facts["num_layers"])
         facts["layer_types"] = ["full" if (i + 1) % period == 0 else "linear" for i in range(n)]
+    if "intermediate_size_mlp" in text and facts.get("num_experts"):
+        # Llama 4: experts and the one shared expert are intermediate_size wide
+        facts["moe_intermediate_size"] = text["intermediate_size"]
+        facts["shared_expert_intermediate_size"] = text["intermediate_size"]
+    if "layer_types" not in text and text.get("attention_chunk_size"):
+        facts["layer_types"] = _chunked_layer_types(text, int(facts["num_layers"]))
     if facts.get("num_experts") and not facts.get("moe_intermediate_size"):
         facts["moe_intermediate_size"] = facts["intermediate_size"]
     if facts.get("kv_lora_rank"):
@@ -133,7 +156,28 @@ def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSp
             facts["layer_types"] = ["full" if k == "sliding" else k for k in kinds]
     if not facts.get("attention_chunk_size") or "chunked" not in (facts.get("layer_types") or ()):
         facts.pop("attention_chunk_size", None)
+    if "linear" in (facts.get("layer_types") or ()):
+        absent = [name for name in _LINEAR_STATE if not facts.get(name)]
+        if absent:
+            raise UserError.one(
+                f"config.json of {hf_id!r} has linear-attention layers but lacks {', '.join(absent)}; "
+                "their per-request state cannot be sized",
+                fix="add the keys to config.json, or set model.architecture to a catalog name",
+            )
+    extra = vision_tower_params(config, int((config.get("text_config") or config).get("hidden_size") or 0))
+    if extra:
+        facts["extra_params"] = extra
     return build_spec(facts)
+
+
+def _chunked_layer_types(text: Mapping[str, Any], num_layers: int) -> list[LayerKind]:
+    """Llama 4 without `layer_types`: the RoPE layers attend in chunks, the NoPE layers (every
+    `no_rope_layer_interval`-th, or as `no_rope_layers` lists with 0) to everything (transformers'
+    Llama4TextConfig)."""
+    flags = text.get("no_rope_layers") or [
+        int((i + 1) % int(text.get("no_rope_layer_interval", 4)) != 0) for i in range(num_layers)
+    ]
+    return ["chunked" if flag else "full" for flag in flags]
 
 
 def _layer_kind(name: str) -> LayerKind:

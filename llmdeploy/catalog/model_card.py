@@ -21,10 +21,12 @@ WEIGHT_FORMATS = {
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype_bytes: int) -> int:
-    """All layers, one token, one GPU (no tensor parallelism); MLA stores one latent per layer."""
+    """All attention layers, one token, one GPU (no tensor parallelism); MLA stores one latent per
+    layer; linear-attention layers keep a fixed state and no per-token KV."""
     if spec.is_mla:
         return spec.num_layers * (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_dtype_bytes
-    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * kv_dtype_bytes
+    layers = sum(1 for k in spec.kinds if k != "linear")
+    return 2 * layers * spec.num_kv_heads * spec.head_dim * kv_dtype_bytes
 
 
 def _weights_bytes(spec: ModelSpec, bits: float) -> int:

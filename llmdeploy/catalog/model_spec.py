@@ -61,12 +61,19 @@ class ModelSpec:
     attention_out_bias: bool = False  # o_proj bias
     attention_sinks: bool = False  # one learned sink logit per head (gpt-oss)
     qk_norm: bool = False
+    attention_output_gate: bool = False  # q_proj also yields a sigmoid gate per head (Qwen3-Next)
     mlp_gated: bool = True
     mlp_bias: bool = False
     lm_head_bias: bool = False
     sliding_window: int | None = None
     layer_types: tuple[LayerKind, ...] = ()  # per layer; empty means all "full"
     attention_chunk_size: int | None = None  # tokens per chunk of the "chunked" layers
+    # the recurrent state of the "linear" layers (Gated DeltaNet: conv + temporal state)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -76,6 +83,7 @@ class ModelSpec:
     expert_bias: bool = False
     router_bias: bool = False
     first_k_dense_replace: int = 0  # leading dense layers in a MoE stack (DeepSeek)
+    moe_layer_step: int = 1  # every k-th layer is MoE, the others dense (Llama 4 Maverick: 2)
     kv_lora_rank: int = 0  # MLA
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -97,6 +105,14 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` (0-based) routes to experts (transformers' `moe_layers`)."""
+        return self.is_moe and index >= self.first_k_dense_replace and (index + 1) % self.moe_layer_step == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
 
     @property
     def is_mla(self) -> bool:
@@ -133,12 +149,25 @@ def _attention_params(s: ModelSpec) -> tuple[int, int]:
         return q + kv + o, q_norm + s.kv_lora_rank
     q_out = s.num_attention_heads * s.head_dim
     kv_out = s.num_kv_heads * s.head_dim
-    matrices = h * q_out + 2 * h * kv_out + q_out * h
+    gate = q_out if s.attention_output_gate else 0
+    matrices = h * (q_out + gate) + 2 * h * kv_out + q_out * h
     other = (q_out + 2 * kv_out) if s.attention_bias else 0
     other += h if s.attention_out_bias else 0
     other += 2 * s.head_dim if s.qk_norm else 0
     other += s.num_attention_heads if s.attention_sinks else 0
     return matrices, other
+
+
+def _linear_attention_params(s: ModelSpec) -> tuple[int, int]:
+    """(matrix params, other params) of one Gated DeltaNet block (transformers' Qwen3NextGatedDeltaNet):
+    fused q/k/v/z and b/a input projections, a depthwise causal conv over q/k/v, per-value-head
+    A_log and dt_bias, a gated RMSNorm over the value head dim, and the output projection."""
+    h = s.hidden_size
+    key = s.linear_num_key_heads * s.linear_key_head_dim
+    value = s.linear_num_value_heads * s.linear_value_head_dim
+    matrices = h * (2 * key + 2 * value) + h * 2 * s.linear_num_value_heads + value * h
+    conv = (2 * key + value) * s.linear_conv_kernel_dim
+    return matrices, conv + 2 * s.linear_num_value_heads + s.linear_value_head_dim
 
 
 def _mlp_params(s: ModelSpec, inter: int, bias: bool) -> tuple[int, int]:
@@ -165,11 +194,13 @@ def _moe_params(s: ModelSpec) -> tuple[int, int, int]:
 
 def count_params(s: ModelSpec) -> ParamCount:
     norm = s.hidden_size * (2 if s.norm_type == "layernorm" else 1)
-    attn_m, attn_o = _attention_params(s)
+    attention = _attention_params(s)
+    delta_net = _linear_attention_params(s) if "linear" in s.kinds else attention
     dense_m, dense_o = _mlp_params(s, s.intermediate_size, s.mlp_bias)
     layers = linear = active = 0
-    for i in range(s.num_layers):
-        if s.is_moe and i >= s.first_k_dense_replace:
+    for i, kind in enumerate(s.kinds):
+        attn_m, attn_o = delta_net if kind == "linear" else attention
+        if s.is_moe_layer(i):
             mlp_m, mlp_o, mlp_active = _moe_params(s)
         else:
             mlp_m, mlp_o = dense_m, dense_o
@@ -213,12 +244,14 @@ def build_spec(facts: Mapping[str, Any]) -> ModelSpec:
 
 
 def _layer_types(values: Mapping[str, Any]) -> tuple[LayerKind, ...]:
-    """Expand a compact pattern: a list of kinds, or {"sliding_every": k} meaning k-1 sliding then 1 full."""
+    """Expand a compact pattern: a list of kinds, or {"full_every": k, "other": kind} meaning k-1
+    layers of `kind` (default "sliding") then 1 full."""
     raw = values.get("layer_types") or ()
     n = int(values["num_layers"])
     if isinstance(raw, Mapping):
-        period = int(raw["full_every"])
-        return tuple("full" if (i + 1) % period == 0 else "sliding" for i in range(n))
+        period, other = int(raw["full_every"]), raw.get("other", "sliding")
+        assert other in ("sliding", "chunked", "linear"), f"unknown layer kind {other!r}"
+        return tuple("full" if (i + 1) % period == 0 else other for i in range(n))
     kinds = tuple(raw)
     assert not kinds or len(kinds) == n, "layer_types must list every layer"
     return kinds

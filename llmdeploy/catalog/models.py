@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from llmdeploy.catalog.gguf_spec import spec_from_gguf
 from llmdeploy.catalog.hf_config import spec_from_config, spec_from_folder
 from llmdeploy.catalog.model_spec import ModelSpec, build_spec
+from llmdeploy.catalog.vision_tower import vision_tower_params
 from llmdeploy.errors import UserError
 
 if TYPE_CHECKING:  # the recipe package (pydantic) is imported only by callers that have a recipe
@@ -78,8 +79,19 @@ def _catalog() -> tuple[ModelSpec, ...]:
             inherited = {k: v for k, v in by_id[base_id].items() if k not in ("hf_id", "aliases")}
             facts = {**inherited, **facts}
         by_id[facts["hf_id"]] = facts
-        specs.append(build_spec(facts))
+        specs.append(build_spec(_with_vision_tower(facts)))
     return tuple(specs)
+
+
+def _with_vision_tower(facts: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal entry's `vision_config` (as in its config.json) becomes its `extra_params`."""
+    vision = facts.get("vision_config")
+    if vision is None:
+        return facts
+    rest = {k: v for k, v in facts.items() if k != "vision_config"}
+    count = vision_tower_params({"vision_config": vision}, int(facts["hidden_size"]))
+    assert count is not None, f"{facts['hf_id']}: vision tower not countable"
+    return {**rest, "extra_params": count}
 
 
 @cache

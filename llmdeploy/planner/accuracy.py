@@ -17,6 +17,7 @@ and hybrid/sliding-window models, reported separately.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -27,7 +28,13 @@ from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.errors import UserError
 from llmdeploy.planner.engine_rules import graphs_in_budget, kv_capacity, plan_for, vllm_defaults
-from llmdeploy.planner.footprint import NON_TORCH_RULES, NonTorchRule, non_torch_bytes, non_torch_rule
+from llmdeploy.planner.footprint import (
+    NON_TORCH_RULES,
+    NonTorchRule,
+    activation_bytes,
+    non_torch_bytes,
+    non_torch_rule,
+)
 from llmdeploy.planner.plan_inputs import GIB, PlanInputs
 
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "planner" / "fixtures" / "vllm_logs.json"
@@ -129,12 +136,27 @@ def _group(entry: dict[str, Any]) -> str:
     return TARGET if non_torch_rule(_release_text(entry)).since >= (0, 7, 0) else LEGACY
 
 
+def _logged_stage(entry: dict[str, Any]) -> int | None:
+    """The pipeline stage whose "Available KV cache memory" line is quoted (vLLM prefixes worker
+    lines with Worker_PP<i>), None when the line names none."""
+    for line in entry["quoted"]:
+        found = re.search(r"Worker_PP(\d+)\b.*Available KV cache memory", line)
+        if found:
+            return int(found.group(1))
+    return None
+
+
 def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = None) -> LogCheck:
     inputs = _inputs(entry)
     logged = entry["logged"]
     tokens = logged.get("kv_cache_tokens")
     bpt_tokens = bpt_error = None
-    if tokens and logged.get("kv_cache_gib"):
+    # with PP each stage sizes its own cache and vLLM prints the smallest stage's block count, so a
+    # quoted memory line of an earlier stage (which skips the sampler warm-up) is compared stage to
+    # stage for activation and KV memory, and not against the token line
+    stage = _logged_stage(entry) if inputs.pipeline_parallel_size > 1 else None
+    earlier_stage = stage is not None and stage < inputs.pipeline_parallel_size - 1
+    if tokens and logged.get("kv_cache_gib") and not earlier_stage:
         bpt_tokens = _tokens_for(int(logged["kv_cache_gib"] * GIB), inputs)
         bpt_error = (bpt_tokens - tokens) / tokens
     full_tokens = full_error = act_err = kv_err = heldout_tokens = heldout_error = None
@@ -149,12 +171,16 @@ def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = Non
             reference, derived = _tokens_for(int(logged["kv_cache_gib"] * GIB), inputs), True
         if reference:
             full_error = (full_tokens - reference) / reference
-        if logged.get("activation_gib") is not None:
-            act_err = plan.activation_gib - logged["activation_gib"]
         graphs = plan.cuda_graph_gib if graphs_in_budget(inputs) else 0.0
         raw_kv = plan.usable_gib - plan.weights_gib - plan.activation_gib - plan.non_torch_gib - graphs
+        stage_act = plan.activation_gib
+        if earlier_stage:
+            batched, seqs = vllm_defaults(inputs)
+            stage_act = activation_bytes(inputs, batched, seqs, sampler_stage=False) / GIB
+        if logged.get("activation_gib") is not None:
+            act_err = stage_act - logged["activation_gib"]
         if logged.get("kv_cache_gib") is not None:
-            kv_err = raw_kv - logged["kv_cache_gib"]
+            kv_err = raw_kv + plan.activation_gib - stage_act - logged["kv_cache_gib"]
         if obs is not None and reference:
             parallel = inputs.tensor_parallel_size * inputs.pipeline_parallel_size > 1
             refit = fit_non_torch(obs, non_torch_rule(inputs.engine_version), exclude_source=entry["source"])[

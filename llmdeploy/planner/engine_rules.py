@@ -14,14 +14,13 @@ import math
 from llmdeploy.planner import builtin_rule, cuda_graphs
 from llmdeploy.planner.footprint import (
     CUDA_CONTEXT_GIB,
-    KVLayout,
     activation_bytes,
     cuda_graph_bytes,
-    kv_layout,
     non_torch_bytes,
     vllm_load_overhead_bytes,
     weights_bytes_per_gpu,
 )
+from llmdeploy.planner.kv_layout import LINEAR_STATE_BLOCKS_PER_REQUEST, KVLayout, kv_layout
 from llmdeploy.planner.memory_plan import MemoryPlan
 from llmdeploy.planner.plan_inputs import CPU_DEFAULT_KV_GIB, GIB, PlanInputs
 
@@ -62,15 +61,33 @@ def _pool_blocks(layout: KVLayout, kv_bytes: int, block_size: int) -> int:
     return builtin_rule.num_kv_blocks(kv_bytes, layout.pool_bytes_per_token, block_size)
 
 
-def _concurrency(layout: KVLayout, blocks: int, block_size: int, max_model_len: int, batched: int) -> float:
-    """vLLM's max concurrency: pool blocks / blocks one request needs across all groups, where a
-    sliding-window group needs only its window plus one chunk."""
+def _blocks_per_request(layout: KVLayout, block_size: int, max_model_len: int, batched: int) -> int:
+    """Pool blocks one request of max_model_len takes, summed over the groups
+    (kv_cache_utils.py `get_max_concurrency_for_kv_cache_config`): a full group the whole length,
+    a sliding group its window plus one batch (SlidingWindowSpec), a chunked group one chunk plus
+    one batch (ChunkedLocalAttentionSpec.max_admission_blocks_per_request), a linear group its
+    fixed state blocks (MambaSpec.max_memory_usage_bytes)."""
     full_blocks = -(-max_model_len // block_size)
-    if layout.sliding_window is None:
+    total = 0
+    for kind in layout.group_kinds or ("full",):
+        if kind == "sliding":
+            assert layout.sliding_window is not None
+            total += min(full_blocks, -(-(layout.sliding_window - 1 + batched) // block_size) + 1)
+        elif kind == "chunked":
+            assert layout.attention_chunk_size is not None
+            total += -(-min(layout.attention_chunk_size + batched, max_model_len) // block_size)
+        elif kind == "linear":
+            total += LINEAR_STATE_BLOCKS_PER_REQUEST
+        else:
+            total += full_blocks
+    return total
+
+
+def _concurrency(layout: KVLayout, blocks: int, block_size: int, max_model_len: int, batched: int) -> float:
+    """vLLM's max concurrency: pool blocks / blocks one request needs across all groups."""
+    if layout.is_plain:
         return builtin_rule.max_concurrency(blocks, block_size, max_model_len)
-    window_blocks = min(full_blocks, -(-(layout.sliding_window - 1 + batched) // block_size) + 1)
-    full_groups = layout.num_groups - layout.num_sliding_groups
-    return blocks / (full_groups * full_blocks + layout.num_sliding_groups * window_blocks)
+    return blocks / _blocks_per_request(layout, block_size, max_model_len, batched)
 
 
 def kv_capacity(inputs: PlanInputs, kv_bytes: int, batched: int) -> tuple[int, int, int, float]:
@@ -79,6 +96,8 @@ def kv_capacity(inputs: PlanInputs, kv_bytes: int, batched: int) -> tuple[int, i
     block = inputs.block_size
     if layout.is_mla and inputs.engine == "vllm" and block == 16:
         block = 64  # vLLM's MLA backends (FlashMLA) use 64-token blocks
+    if inputs.engine == "vllm":
+        block = layout.hybrid_block_size(block)
     max_len = inputs.context_len
     blocks = _pool_blocks(layout, max(0, kv_bytes), block)
     concurrency = _concurrency(layout, blocks, block, max_len, batched)
@@ -89,10 +108,11 @@ def reported_tokens(inputs: PlanInputs, layout: KVLayout, blocks: int, block: in
     """vLLM's "GPU KV cache size: N tokens" (v1/core/kv_cache_utils.py `_report_kv_cache_config`):
     up to 0.20 the shared pool's blocks divided among the KV cache groups, times the block size
     (num_blocks // num_groups * block_size); since 0.21 max concurrency x max_model_len, which
-    counts a sliding-window group only for its window. One group: both are blocks x block size
-    (up to the rounding of max_model_len to whole blocks). Other engines: blocks x block size."""
+    counts a sliding-window or chunked group only for its window or chunk and a linear group for
+    its state. One full-attention group: both are blocks x block size (up to the rounding of
+    max_model_len to whole blocks). Other engines: blocks x block size."""
     version = _version(inputs.engine_version)
-    if inputs.engine != "vllm" or layout.sliding_window is None:
+    if inputs.engine != "vllm" or layout.is_plain:
         return blocks * block
     if version is not None and version < KV_TOKENS_FROM_CONCURRENCY_SINCE:
         return blocks // layout.num_groups * block
@@ -124,13 +144,13 @@ def _plan(
             f"no memory left for the KV cache: weights, activations and overheads exceed the usable "
             f"{usable_bytes / GIB:.2f} GiB by {short:.2f} GiB"
         )
-    elif concurrency < 1 and layout.sliding_window is None:
+    elif concurrency < 1 and layout.is_plain:
         problems.append(f"max_model_len {max_len:,} exceeds the KV cache's {tokens:,} tokens")
     elif concurrency < 1:
         need = kv_bytes / concurrency / GIB
         problems.append(
             f"one request of max_model_len {max_len:,} needs {need:.2f} GiB of KV cache "
-            f"(sliding-window layers included); only {kv_bytes / GIB:.2f} GiB is available"
+            f"(every layer group included); only {kv_bytes / GIB:.2f} GiB is available"
         )
     spec_max = inputs.spec.max_position_embeddings
     if inputs.max_model_len and spec_max and inputs.max_model_len > spec_max:
@@ -199,7 +219,16 @@ def plan_vllm(inputs: PlanInputs) -> MemoryPlan:
         graphs if graphs_counted else 0,
         explicit,
     )
-    return _plan(inputs, usable, weights, act, non_torch, graphs, graphs_counted, kv, batched, seqs)
+    notes: tuple[str, ...] = ()
+    if inputs.flashinfer_sampler is not None:
+        backend = "FlashInfer" if inputs.flashinfer_sampler else "PyTorch"
+        notes = (f"sampler warm-up planned for {backend} top-k/top-p sampling (VLLM_USE_FLASHINFER_SAMPLER)",)
+    if inputs.pipeline_parallel_size > 1:
+        notes += (
+            "per-GPU figures are the last pipeline stage's (the one that runs the sampler warm-up); "
+            "vLLM gives every stage the smallest stage's KV block count",
+        )
+    return _plan(inputs, usable, weights, act, non_torch, graphs, graphs_counted, kv, batched, seqs, notes)
 
 
 def plan_tgi(inputs: PlanInputs) -> MemoryPlan:

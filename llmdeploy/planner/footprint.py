@@ -1,5 +1,5 @@
 """Per-GPU memory estimates for one model under one set of knobs: weights, activation peak,
-non-torch memory, TGI's CUDA graphs (vLLM's: `cuda_graphs`), and KV bytes per token (GQA, MLA, sliding-window and hybrid).
+non-torch memory and TGI's CUDA graphs (vLLM's: `cuda_graphs`; the KV layout is `kv_layout`).
 
 The constants marked "calibrated" were fitted on the public vLLM start-up logs in
 tests/planner/fixtures/vllm_logs.json (see docs/planner.md); everything else is arithmetic on the
@@ -40,6 +40,14 @@ V1_SAMPLER_SINCE = (0, 8, 0)
 # H100/H200 have 132, A100 108: a few MiB either way
 DEFAULT_NUM_SMS = 132
 CUDA_CONTEXT_GIB = 0.5  # outside vLLM's accounting, but it occupies the GPU
+# vLLM's unquantized fused-MoE (TritonExperts through FusedMoEModularKernel) takes its intermediate
+# caches from one workspace shared by every MoE layer and kept after the forward (WorkspaceManager):
+# since 0.14 (0.11-0.12 allocate them per call; 0.13 not read); 0.14-0.18 size it for chunks of
+# VLLM_FUSED_MOE_CHUNK_SIZE tokens, 0.19 and later for the whole batch
+MOE_WORKSPACE_SINCE = (0, 14, 0)
+MOE_UNCHUNKED_SINCE = (0, 19, 0)
+MOE_CHUNK_TOKENS = 16 * 1024
+WORKSPACE_ALIGN_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -112,28 +120,11 @@ def non_torch_rule(engine_version: str | None) -> NonTorchRule:
     return rules[-1]
 
 
-@dataclass(frozen=True)
-class KVLayout:
-    """How the KV cache is laid out per GPU, and what one token of 'GPU KV cache size' costs."""
-
-    bytes_per_token: int  # per GPU, what the engine divides the KV memory by
-    layer_bytes_per_token: int  # one layer, one token, per GPU
-    num_layers: int  # attention layers on this GPU (pipeline stage)
-    num_kv_heads_per_gpu: int
-    num_groups: int  # vLLM KV cache groups (1 unless hybrid)
-    sliding_window: int | None
-    num_sliding_layers: int
-    is_mla: bool
-    group_size: int = 0  # layers per group (one block pool slot each); 0 means num_layers
-    num_sliding_groups: int = 0
-    pool_bytes_per_token: int = 0  # one block-pool slot (group_size layers, + draft layers), per token
-
-
 def expert_matrix_params(spec: ModelSpec) -> int:
     if not spec.is_moe:
         return 0
     per_expert = (3 if spec.mlp_gated else 2) * spec.hidden_size * spec.moe_intermediate_size
-    return (spec.num_layers - spec.first_k_dense_replace) * spec.num_experts * per_expert
+    return spec.num_moe_layers * spec.num_experts * per_expert
 
 
 def mxfp4_marlin(inputs: PlanInputs) -> bool:
@@ -156,8 +147,7 @@ def _mxfp4_expert_bytes(spec: ModelSpec, tp: int, marlin: bool) -> int:
     inter = -(-(spec.moe_intermediate_size // tp) // (128 if marlin else 256)) * (128 if marlin else 256)
     hidden = -(-spec.hidden_size // 256) * 256 if marlin else spec.hidden_size
     per_expert = (3 if spec.mlp_gated else 2) * hidden * inter
-    layers = spec.num_layers - spec.first_k_dense_replace
-    return math.ceil(tp * layers * spec.num_experts * per_expert * LINEAR_BITS["mxfp4"] / 8)
+    return math.ceil(tp * spec.num_moe_layers * spec.num_experts * per_expert * LINEAR_BITS["mxfp4"] / 8)
 
 
 def weights_bytes_total(
@@ -232,12 +222,12 @@ def _matrix_shapes_per_gpu(inputs: PlanInputs) -> list[tuple[int, int]]:
     kv = max(1, spec.num_kv_heads // tp) * hd
     out = [(layers, (q + 2 * kv) * h * dt), (layers, q * h * dt)]
     up = 2 if spec.mlp_gated else 1
-    dense_layers = spec.first_k_dense_replace if spec.is_moe else layers
+    moe_layers = math.ceil(spec.num_moe_layers / inputs.pipeline_parallel_size)
+    dense_layers = layers - moe_layers
     if dense_layers:
         inter = spec.intermediate_size // tp
         out += [(dense_layers, up * inter * h * dt), (dense_layers, inter * h * dt)]
     if spec.is_moe:
-        moe_layers = layers - spec.first_k_dense_replace
         inter = spec.moe_intermediate_size // tp
         out += [
             (moe_layers, spec.num_experts * up * inter * h * dt),
@@ -291,76 +281,74 @@ def vllm_load_overhead_bytes(inputs: PlanInputs) -> int:
     return rope + rounding
 
 
-def kv_layout(inputs: PlanInputs) -> KVLayout:
-    spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
-    kv_bytes = inputs.kv_dtype_bytes
-    layers = math.ceil(spec.num_layers / pp)
-    if spec.is_mla:
-        # one compressed latent + the rope key per token, replicated on every TP rank
-        per_layer = (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
-        pool = per_layer * layers + _draft_kv_bytes(inputs)
-        return KVLayout(pool, per_layer, layers, 1, 1, None, 0, True, layers, 0, pool)
-    heads = max(1, spec.num_kv_heads // tp)  # replicated when TP exceeds the KV heads
-    per_layer = 2 * heads * spec.head_dim * kv_bytes
-    kinds = spec.kinds[:layers]
-    n_sliding = sum(1 for k in kinds if k == "sliding")
-    n_full = layers - n_sliding
-    groups, group_size, sliding_groups = 1, layers, 1 if n_sliding else 0
-    if n_sliding and n_full:
-        # vLLM's hybrid allocator: groups of equal size, one shared block pool per group slot
-        group_size = min(n_sliding, n_full)
-        sliding_groups = math.ceil(n_sliding / group_size)
-        groups = sliding_groups + math.ceil(n_full / group_size)
-    pool = per_layer * group_size + (_draft_kv_bytes(inputs) if groups == 1 else 0)
-    return KVLayout(
-        bytes_per_token=pool * groups,
-        layer_bytes_per_token=per_layer,
-        num_layers=layers,
-        num_kv_heads_per_gpu=heads,
-        num_groups=groups,
-        sliding_window=spec.sliding_window if n_sliding else None,
-        num_sliding_layers=n_sliding,
-        is_mla=False,
-        group_size=group_size,
-        num_sliding_groups=sliding_groups,
-        pool_bytes_per_token=pool,
-    )
-
-
-def _draft_kv_bytes(inputs: PlanInputs) -> int:
-    """A draft model's attention layers join the target's KV pool (every block spans all layers)."""
-    draft = inputs.draft
-    if draft is None:
+def moe_workspace_bytes(inputs: PlanInputs, num_batched_tokens: int) -> int:
+    """The persistent fused-MoE workspace of vLLM >= 0.14 for an unquantized MoE model (0 otherwise),
+    from TritonExperts.workspace_shapes and FusedMoEModularKernel._allocate_buffers: with M tokens
+    per chunk, N = the merged gate/up width per GPU, K = hidden size, two buffers of M x top-k x
+    max(N/2, K) (intermediate caches 2, shared with the M_full x K output) and M x top-k x max(N, K)
+    (caches 1 and 3), each rounded to 256 bytes."""
+    spec = inputs.spec
+    version = release(inputs.engine_version)
+    if (
+        inputs.engine != "vllm"
+        or inputs.device != "cuda"
+        or not spec.is_moe
+        or inputs.effective_quantization != "none"
+        or spec.torch_dtype == "mxfp4"  # gpt-oss' experts take the MXFP4 kernels instead
+        or (version is not None and version < MOE_WORKSPACE_SINCE)
+    ):
         return 0
-    heads = max(1, draft.num_kv_heads // inputs.tensor_parallel_size)
-    return 2 * draft.num_layers * heads * draft.head_dim * inputs.kv_dtype_bytes
+    n = (2 if spec.mlp_gated else 1) * spec.moe_intermediate_size // inputs.tensor_parallel_size
+    k, topk, act = spec.hidden_size, spec.num_experts_per_tok, inputs.model_dtype_bytes
+    unchunked = version is None or version >= MOE_UNCHUNKED_SINCE
+    m = num_batched_tokens if unchunked else min(num_batched_tokens, MOE_CHUNK_TOKENS)
+    cache2 = m * topk * max(n // 2 if spec.mlp_gated else n, k)
+    out = num_batched_tokens * k
+    if unchunked:
+        buffers = [max(cache2, out), m * topk * max(n, k)]
+    elif m == num_batched_tokens and cache2 >= out:  # one chunk: the output reuses the cache-2 buffer
+        buffers = [cache2, m * topk * max(n, k)]
+    else:
+        buffers = [cache2, m * topk * max(n, k), out]
+    return sum(-(-b * act // WORKSPACE_ALIGN_BYTES) * WORKSPACE_ALIGN_BYTES for b in buffers)
 
 
-def activation_bytes(inputs: PlanInputs, num_batched_tokens: int, num_seqs: int) -> int:
+def activation_bytes(
+    inputs: PlanInputs, num_batched_tokens: int, num_seqs: int, sampler_stage: bool = True
+) -> int:
     """Peak of the profiling pass: the widest per-token tensors of one layer for `num_batched_tokens`
     tokens, or the sampler warm-up on `num_seqs` rows of logits (`sampler_peak` for vLLM V1, per
-    release), whichever is larger."""
+    release), whichever is larger (`sampler_stage` False: a pipeline stage before the last, where
+    vLLM's profile_run skips the sampler warm-up); plus vLLM's persistent fused-MoE workspace where it has one
+    (`moe_workspace_bytes`: the MoE intermediates live there, and it stays through the sampler run)."""
     spec, tp = inputs.spec, inputs.tensor_parallel_size
     act = inputs.model_dtype_bytes
     h = spec.hidden_size
-    if spec.is_moe:
+    workspace = moe_workspace_bytes(inputs, num_batched_tokens)
+    if workspace:
+        mlp = 3 * spec.intermediate_size // tp if spec.num_moe_layers < spec.num_layers else 0
+        if spec.shared_expert_intermediate_size:
+            mlp = max(mlp, 3 * spec.shared_expert_intermediate_size // tp)
+    elif spec.is_moe:
         mlp = spec.num_experts_per_tok * (3 * spec.moe_intermediate_size // tp + h)
-        mlp = max(mlp, 3 * spec.intermediate_size // tp) if spec.first_k_dense_replace else mlp
+        mlp = max(mlp, 3 * spec.intermediate_size // tp) if spec.num_moe_layers < spec.num_layers else mlp
     else:
         mlp = 3 * spec.intermediate_size // tp
     q = spec.num_attention_heads * spec.head_dim // tp
     attention = 2 * q + 2 * max(1, spec.num_kv_heads // tp) * spec.head_dim
     forward = num_batched_tokens * (2 * h + max(mlp, attention)) * act * ACTIVATION_FACTOR
+    if not sampler_stage:
+        return int(forward) + workspace
     version = release(inputs.engine_version)
     if inputs.engine == "vllm" and (version is None or version >= V1_SAMPLER_SINCE):
         logits = sampler_peak.sampler_peak_bytes(
-            version, num_seqs, spec.vocab_size, act, num_sms=DEFAULT_NUM_SMS
+            version, num_seqs, spec.vocab_size, act, inputs.flashinfer_sampler, num_sms=DEFAULT_NUM_SMS
         )
     else:
         logits = num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
     # the dummy forward's hidden states of all batched tokens stay live through the sampler run
     sampler = logits + num_batched_tokens * h * act
-    return int(max(forward, sampler))
+    return int(max(forward, sampler)) + workspace
 
 
 def non_torch_bytes(inputs: PlanInputs) -> int:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmdeploy.catalog.gpus import GPUSpec
-from llmdeploy.planner.footprint import expert_matrix_params, kv_layout, weights_bytes_per_gpu
+from llmdeploy.planner.footprint import expert_matrix_params, weights_bytes_per_gpu
+from llmdeploy.planner.kv_layout import kv_layout
 from llmdeploy.planner.plan_inputs import PlanInputs
 
 # A 4 GiB device-to-device copy moves 4.20-4.30 TB/s (read + written) on an H200 rated 4.8 TB/s, and
@@ -71,11 +72,14 @@ def _matmul_params(inputs: PlanInputs) -> float:
 
 
 def _attended_tokens(inputs: PlanInputs, context: int) -> float:
-    """Tokens of KV each layer reads for one sequence at `context`, averaged over the layers
-    (a sliding-window layer reads at most its window)."""
-    kinds = inputs.spec.kinds or ("full",)
+    """Tokens of KV each attention layer reads for one sequence at `context`, averaged over the
+    layers that hold KV (a sliding-window layer reads at most its window, a chunked layer at most
+    its chunk; linear layers read a fixed state and no KV)."""
+    kinds = [k for k in inputs.spec.kinds if k != "linear"] or ["full"]
     window = inputs.spec.sliding_window or context
-    return sum(min(context, window) if k == "sliding" else context for k in kinds) / len(kinds)
+    chunk = inputs.spec.attention_chunk_size or context
+    limit = {"sliding": window, "chunked": chunk}
+    return sum(min(context, limit.get(k, context)) for k in kinds) / len(kinds)
 
 
 def decode_step(inputs: PlanInputs, gpu: GPUSpec, batch: int, context: int) -> StepCost:

@@ -12,6 +12,7 @@ import pytest
 
 from llmdeploy.catalog import config_defaults
 from llmdeploy.catalog.hf_config import spec_from_config, spec_from_folder
+from llmdeploy.errors import UserError
 
 # google/gemma-7b's config.json without the keys that equal GemmaConfig's defaults
 GEMMA_7B = {
@@ -97,6 +98,7 @@ QWEN3_NEXT_SMALL = {
     "linear_num_value_heads": 8,
     "linear_key_head_dim": 32,
     "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
     "num_experts": 8,
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 64,
@@ -142,3 +144,128 @@ def test_a_catalog_family_is_completed_without_importing_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["8537680896", "False", "False"]
+
+
+# config.json files of three newer families, as their releases ship them (fields the planner reads)
+SCOUT_CONFIG: dict[str, Any] = {
+    "architectures": ["Llama4ForConditionalGeneration"],
+    "model_type": "llama4",
+    "text_config": {
+        "model_type": "llama4_text",
+        "num_hidden_layers": 48,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 8192,
+        "intermediate_size_mlp": 16384,
+        "vocab_size": 202048,
+        "max_position_embeddings": 10485760,
+        "num_experts_per_tok": 1,
+        "num_local_experts": 16,
+        "interleave_moe_layer_step": 1,
+        "attention_chunk_size": 8192,
+        "use_qk_norm": True,
+        "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "model_type": "llama4_vision_model",
+        "hidden_size": 1408,
+        "image_size": 336,
+        "intermediate_size": 5632,
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 34,
+        "patch_size": 14,
+        "pixel_shuffle_ratio": 0.5,
+        "projector_input_dim": 4096,
+        "projector_output_dim": 4096,
+        "vision_output_dim": 4096,
+    },
+}
+QWEN3_NEXT_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "decoder_sparse_step": 1,
+    "full_attention_interval": 4,
+    "head_dim": 256,
+    "hidden_size": 2048,
+    "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "moe_intermediate_size": 512,
+    "num_attention_heads": 16,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 2,
+    "partial_rotary_factor": 0.25,
+    "rope_theta": 10000000,
+    "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+}
+MISTRAL_SMALL_31_CONFIG: dict[str, Any] = {
+    "architectures": ["Mistral3ForConditionalGeneration"],
+    "model_type": "mistral3",
+    "multimodal_projector_bias": False,
+    "spatial_merge_size": 2,
+    "text_config": {
+        "head_dim": 128,
+        "hidden_size": 5120,
+        "intermediate_size": 32768,
+        "max_position_embeddings": 131072,
+        "model_type": "mistral",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 8,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
+        "vocab_size": 131072,
+    },
+    "vision_config": {
+        "head_dim": 64,
+        "hidden_size": 1024,
+        "image_size": 1540,
+        "intermediate_size": 4096,
+        "model_type": "pixtral",
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+    },
+}
+
+
+@pytest.mark.parametrize("with_transformers", [True, False])
+@pytest.mark.parametrize(
+    ("config", "catalog_id"),
+    [
+        (SCOUT_CONFIG, "meta-llama/Llama-4-Scout-17B-16E-Instruct"),
+        (QWEN3_NEXT_CONFIG, "Qwen/Qwen3-Next-80B-A3B-Instruct"),
+        (MISTRAL_SMALL_31_CONFIG, "mistralai/Mistral-Small-3.1-24B-Instruct-2503"),
+    ],
+)
+def test_a_release_config_reads_as_its_catalog_entry(
+    config: dict[str, Any], catalog_id: str, with_transformers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmdeploy.catalog.models import resolve_model
+
+    if with_transformers:
+        pytest.importorskip("transformers")
+    else:
+        monkeypatch.setattr(config_defaults, "_transformers_view", lambda *_: None)
+    spec, entry = spec_from_config(config), resolve_model(catalog_id)
+    assert spec.params == entry.params  # vision tower included
+    assert spec.kinds == entry.kinds and spec.attention_chunk_size == entry.attention_chunk_size
+    assert spec.linear_num_value_heads == entry.linear_num_value_heads
+
+
+def test_linear_layers_without_their_state_shape_are_refused() -> None:
+    broken = {k: v for k, v in QWEN3_NEXT_CONFIG.items() if k != "linear_conv_kernel_dim"}
+    with pytest.raises(UserError, match="linear_conv_kernel_dim"):
+        spec_from_config(broken | {"model_type": "not_known_to_transformers"})

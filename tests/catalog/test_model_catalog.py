@@ -53,6 +53,23 @@ PUBLISHED = {
     "HuggingFaceTB/SmolLM2-360M": 361_821_120,
     "HuggingFaceTB/SmolLM2-1.7B": 1_711_376_384,
 }
+# Families added from their config.json files, counted by transformers' own modelling code on the
+# meta device (the counts the model cards round to 24B, 30.5B, 235B, 80B, 109B and 402B; MTP layers
+# are not part of the model transformers builds). Config sources: Mistral-Small-3.1's config.json as
+# transcribed in public test fixtures (text and Pixtral tower), the 2507 configs (262,144 positions,
+# rope_theta 1e7 / 5e6), Qwen3-Next-80B-A3B-Instruct's (with the 48 layers and 151,936 vocabulary
+# of the release), Llama-4-Scout's and -Maverick's (text, vision tower, interleave step 2 and 128
+# experts for Maverick).
+PUBLISHED.update(
+    {
+        "mistralai/Mistral-Small-3.1-24B-Instruct-2503": 24_011_361_280,
+        "Qwen/Qwen3-30B-A3B-Instruct-2507": 30_532_122_624,
+        "Qwen/Qwen3-235B-A22B-Instruct-2507": 235_093_634_560,
+        "Qwen/Qwen3-Next-80B-A3B-Instruct": 79_674_391_296,
+        "meta-llama/Llama-4-Scout-17B-16E-Instruct": 108_641_793_536,
+        "meta-llama/Llama-4-Maverick-17B-128E-Instruct": 401_583_781_376,
+    }
+)
 
 
 @pytest.mark.parametrize(("hf_id", "count"), sorted(PUBLISHED.items()))
@@ -95,6 +112,9 @@ def test_every_family_of_the_issue_is_present() -> None:
         "deepseek-r1",
         "gpt-oss",
         "smollm2",
+        "mistral-small-3.1",
+        "qwen3-next",
+        "llama-4",
     ):
         assert family in families, family
 
@@ -109,6 +129,46 @@ def test_split_adds_up_and_shapes_are_sane(spec) -> None:  # type: ignore[no-unt
         0 if spec.tie_word_embeddings else p.embedding
     ) + (spec.vocab_size if spec.lm_head_bias else 0)
     assert len(spec.kinds) == spec.num_layers
+
+
+def test_vision_towers_are_counted_from_their_config() -> None:
+    # SigLIP without its pooling head + Gemma 3's projector; the 4B's safetensors total is published
+    gemma = resolve_model("google/gemma-3-4b-it")
+    assert gemma.params.extra == 416_866_032 + 1152 + 1152 * 2560
+    # Pixtral (24 layers of 4 x 1024^2 + 3 x 1024 x 4096 + 2 norms) + Mistral 3's patch-merger projector
+    pixtral = 3 * 14 * 14 * 1024 + 1024 + 24 * (4 * 1024**2 + 3 * 1024 * 4096 + 2 * 1024)
+    projector = 1024 + 4 * 1024 * 1024 + 1024 * 5120 + 5120 * 5120
+    assert resolve_model("mistralai/Mistral-Small-3.1-24B-Instruct-2503").params.extra == pixtral + projector
+    scout, maverick = (
+        resolve_model(f"meta-llama/Llama-4-{m}-Instruct") for m in ("Scout-17B-16E", "Maverick-17B-128E")
+    )
+    assert scout.params.extra == maverick.params.extra == 871_932_416
+
+
+def test_gated_delta_net_layer_matches_the_release_shapes() -> None:
+    # one Qwen3-Next decoder layer with a Gated DeltaNet and 512 experts: 1,648,531,648 parameters
+    # as torchinfo prints it for the release's per-layer shapes
+    spec = resolve_model("Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert spec.kinds[:4] == ("linear", "linear", "linear", "full") and spec.kinds.count("linear") == 36
+    full_layer = 2048 * (4096 + 4096) + 2 * 2048 * 512 + 4096 * 2048 + 2 * 256  # gated q, k, v, o, q/k norms
+    moe = (
+        512 * 3 * 2048 * 512 + 2048 * 512 + 3 * 2048 * 512 + 2048 + 2 * 2048
+    )  # + router, shared, gate, norms
+    per_linear = (spec.params.layers - 12 * (full_layer + moe)) // 36
+    assert per_linear == 1_648_531_648
+
+
+def test_llama4_maverick_alternates_dense_and_moe_layers() -> None:
+    maverick = resolve_model("meta-llama/Llama-4-Maverick-17B-128E-Instruct")
+    assert [maverick.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert (
+        maverick.num_moe_layers == 24
+        and resolve_model("meta-llama/Llama-4-Scout-17B-16E").num_moe_layers == 48
+    )
+    assert (
+        maverick.kinds[:4] == ("chunked", "chunked", "chunked", "full")
+        and maverick.attention_chunk_size == 8192
+    )
 
 
 def test_hybrid_patterns() -> None:

@@ -157,7 +157,6 @@ def test_quantized_tensors_dequantize_to_the_original(
 def test_an_engine_start_parses_its_gguf_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Config, weights and chat template share one parse inside the scope (gguf-py's reader takes
     seconds on a real vocabulary); outside it nothing is kept."""
-    import gguf
     from llmdeploy_engine import gguf_loader
     from llmdeploy_engine.config import EngineConfig
     from llmdeploy_engine.model_runner import ModelRunner
@@ -165,13 +164,13 @@ def test_an_engine_start_parses_its_gguf_once(tmp_path: Path, monkeypatch: pytes
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_llama(), GGMLQuantizationType.F32)
     parsed: list[str] = []
-    real = gguf.GGUFReader
+    real = gguf_loader._open_reader
 
-    def counting(p: str, *args: object, **kwargs: object) -> object:
+    def counting(p: str) -> object:
         parsed.append(p)
-        return real(p, *args, **kwargs)
+        return real(p)
 
-    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    monkeypatch.setattr(gguf_loader, "_open_reader", counting)
     ModelRunner(EngineConfig(model=str(path), device="cpu", kv_cache_memory_bytes=4 * 2**20))
     assert len(parsed) == 1
     assert gguf_loader._shared_readers is None

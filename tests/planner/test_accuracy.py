@@ -96,15 +96,17 @@ def test_fit_leaves_out_the_excluded_source() -> None:
 
 def test_bytes_per_token_part_matches_logged_kv_tokens() -> None:
     # the log's own KV memory divided by our bytes/token must give the log's token count
+    # (the PP 2/4 logs quote the first stage's KV memory while the token line is the smallest stage's:
+    # they are compared stage to stage instead, below)
     errors = [abs(c.bpt_error) for c in check_all() if c.bpt_error is not None and not c.hybrid]
-    assert len(errors) >= 6
+    assert len(errors) >= 49
     assert statistics.median(errors) <= 0.02
     assert max(errors) <= 0.02
 
 
 def test_weights_match_the_logged_model_loading_line() -> None:
     checks = [c for c in check_all() if c.weights_error_gib is not None and not c.hybrid]
-    assert len(checks) >= 10
+    assert len(checks) >= 60
     for c in checks:
         assert c.weights_gib is not None
         assert abs(c.weights_error_gib) / c.weights_gib < 0.02, c.log_id  # type: ignore[operator]
@@ -124,14 +126,14 @@ def test_held_out_error_differs_only_where_the_thread_states_non_torch() -> None
 
 
 def test_full_prediction_error_regression_guard() -> None:
-    # measured (docs/planner.md: vLLM >= 0.7, non-hybrid, held out, median 0.93 %, max 2.74 %, n = 4;
-    # the >= 0.21 Qwen3-8B log is +0.79 % with the graph term of planner/cuda_graphs.py, +6.25 % before);
-    # a guard against regressions, not proof of a target
+    # measured (docs/planner.md: vLLM >= 0.7, non-hybrid, held out, n = 50, median 0.55 %, max 62.9 %: the
+    # max is Qwen2.5-72B on 2 H100s at 0.19 with a 3 GiB cache, where the TP runs of that sweep leave
+    # ~1.9 GiB less KV than planned); a guard against regressions, not proof of a target
     figures = summaries(check_all())
     target = figures[f"full prediction held out, {TARGET}"]
-    assert len(target) >= 4
-    assert statistics.median(target) <= 0.0095
-    assert max(target) <= 0.028
+    assert len(target) >= 50
+    assert statistics.median(target) <= 0.0056
+    assert max(target) <= 0.63
     assert len(figures[f"full prediction, {LEGACY}"]) >= 4
     assert "median |error|" in report(check_all())
 
@@ -143,14 +145,28 @@ def test_logs_say_whether_they_set_a_figure() -> None:
 
 
 def test_hybrid_and_mxfp4_regression_guard() -> None:
-    # measured (docs/planner.md): gpt-oss weights within 0.06 GiB of "model loading took" (0.1 %),
-    # KV tokens +0.9 % (20b on an A100, held out) and +15.6 % (120b at 0.11 with a 1.7 GiB cache)
+    # measured (docs/planner.md): hybrid weights within 0.5 % of "model loading took" but for gpt-oss-20b
+    # with TP 2 at 0.19 (planned 0.27 GiB over its 7.01 GiB, 3.9 %); KV tokens held out median 0.91 %,
+    # max +15.6 % (120b at 0.11 with a 1.7 GiB cache), logs used to set no figure max 3.6 %
     checks = [c for c in check_all() if c.hybrid]
     weights = [c for c in checks if c.weights_error_gib is not None and c.weights_gib]
-    assert len(weights) >= 2
-    for c in weights:
-        assert abs(c.weights_error_gib) / c.weights_gib < 0.005, c.log_id  # type: ignore[operator,arg-type]
+    assert len(weights) >= 12
+    relative = sorted(abs(c.weights_error_gib) / c.weights_gib for c in weights)  # type: ignore[operator,arg-type]
+    assert relative[-2] < 0.005 and relative[-1] <= 0.039
     figures = summaries(check_all())
     hybrid = figures["full prediction held out, hybrid"]
-    assert len(hybrid) >= 2 and statistics.median(hybrid) <= 0.083 and max(hybrid) <= 0.156
-    assert max(figures["full prediction out of sample, hybrid"]) <= 0.0095
+    assert len(hybrid) >= 12 and statistics.median(hybrid) <= 0.0092 and max(hybrid) <= 0.156
+    assert max(figures["full prediction out of sample, hybrid"]) <= 0.0365
+
+
+def test_pipeline_logs_are_compared_stage_to_stage() -> None:
+    # llm-d-planner's PP 2/4 logs quote Worker_PP0's lines: the first stage skips the sampler warm-up,
+    # so its activation is the forward alone (planned 0.19-0.24 GiB under the logged 1.1 GiB) and its
+    # KV memory within 0.1 GiB; the token line follows the last stage, which the plan describes
+    checks = {c.log_id: c for c in check_all()}
+    for log_id in ("llmdp-llama31-8b-2xh100-pp2", "llmdp-llama31-8b-4xh100-pp4"):
+        c = checks[log_id]
+        assert c.bpt_error is None
+        assert c.activation_error_gib is not None and -0.25 <= c.activation_error_gib <= -0.15
+        assert c.kv_error_gib is not None and abs(c.kv_error_gib) <= 0.1
+        assert c.full_error is not None and abs(c.full_error) <= 0.001

@@ -70,3 +70,32 @@ def test_v1_activation_peak_uses_the_release_formula() -> None:
     assert act("0.22.0") == pytest.approx((14 * 1024 * 128_256 + 132 * 128_256 * 4) / GIB + hidden, rel=1e-6)
     # V0 (before 0.8) keeps its calibrated 40 B/entry
     assert act("0.6.5") == pytest.approx(40 * 1024 * 128_256 / GIB + hidden, rel=1e-6)
+
+
+def test_recipe_env_picks_the_sampler_backend() -> None:
+    from llmdeploy.errors import UserError
+    from llmdeploy.planner.engine_rules import plan_for
+    from llmdeploy.planner.plan_inputs import inputs_from_recipe
+    from llmdeploy.recipe import load_recipe
+
+    base = ["engine.version=0.10.1"]
+    default = inputs_from_recipe(load_recipe("recipes/production-h100.yaml", base))
+    assert default.flashinfer_sampler is None
+    on = inputs_from_recipe(
+        load_recipe("recipes/production-h100.yaml", [*base, 'engine.env.VLLM_USE_FLASHINFER_SAMPLER="1"'])
+    )
+    off = inputs_from_recipe(
+        load_recipe("recipes/production-h100.yaml", [*base, 'engine.env.VLLM_USE_FLASHINFER_SAMPLER="0"'])
+    )
+    assert (on.flashinfer_sampler, off.flashinfer_sampler) == (True, False)
+    # 0.10 samples from the logits with FlashInfer (14 B/entry) instead of the sort path's 38
+    seqs, vocab = 256, on.spec.vocab_size
+    saved = activation_bytes(default, 2048, seqs) - activation_bytes(on, 2048, seqs)
+    assert saved == pytest.approx((38 - 14) * seqs * vocab, rel=1e-6)
+    assert activation_bytes(off, 2048, seqs) == activation_bytes(default, 2048, seqs)
+    assert any("FlashInfer" in n for n in plan_for(on).notes)
+    assert not plan_for(default).notes
+    with pytest.raises(UserError, match="VLLM_USE_FLASHINFER_SAMPLER"):
+        inputs_from_recipe(
+            load_recipe("recipes/production-h100.yaml", [*base, "engine.env.VLLM_USE_FLASHINFER_SAMPLER=yes"])
+        )

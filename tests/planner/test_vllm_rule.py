@@ -9,7 +9,8 @@ import pytest
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.planner import PlanInputs, plan_from_inputs
-from llmdeploy.planner.footprint import kv_layout, weights_bytes_per_gpu
+from llmdeploy.planner.footprint import weights_bytes_per_gpu
+from llmdeploy.planner.kv_layout import kv_layout
 from llmdeploy.planner.memory_plan import GIB
 
 KEYS = {
@@ -241,3 +242,28 @@ def test_rotary_caches_as_vllm_builds_them() -> None:
     ]  # short+long
     # Gemma 3: the global rope's linear factor 8 over 131,072 positions, plus the local rope
     assert rotary_cache_positions(resolve_model("google/gemma-3-4b-pt")) == [131072 * 8, 131072]
+
+
+def test_fused_moe_workspace_per_release() -> None:
+    from llmdeploy.planner.footprint import MIB, activation_bytes, moe_workspace_bytes
+
+    h100 = resolve_gpu("H100")
+    qwen3 = PlanInputs(spec=resolve_model("Qwen/Qwen3-30B-A3B"), engine_version="0.19.0", gpu=h100)
+    # 8,192 tokens x top-8 x max(768, 2048) and x max(1536, 2048), bf16: two 256 MiB buffers
+    assert moe_workspace_bytes(qwen3, 8192) == 2 * 256 * MIB
+    # 0.14-0.18 size the buffers for 16,384-token chunks and keep the whole output beside them
+    chunked = replace(qwen3, engine_version="0.17.0")
+    assert moe_workspace_bytes(chunked, 32768) == (2 * 16384 * 8 * 2048 + 32768 * 2048) * 2
+    assert moe_workspace_bytes(chunked, 8192) == 2 * 256 * MIB
+    # per-call caches before 0.14, other kernels for quantized and MXFP4 experts, nothing for dense
+    assert moe_workspace_bytes(replace(qwen3, engine_version="0.12.0"), 8192) == 0
+    assert moe_workspace_bytes(replace(qwen3, quantization="fp8"), 8192) == 0
+    assert moe_workspace_bytes(replace(qwen3, spec=resolve_model("openai/gpt-oss-20b")), 8192) == 0
+    assert (
+        moe_workspace_bytes(replace(qwen3, spec=resolve_model("meta-llama/Llama-3.1-8B-Instruct")), 8192) == 0
+    )
+    # the workspace stays allocated through the sampler warm-up, which sets the peak here
+    from llmdeploy.planner.sampler_peak import sampler_peak_bytes
+
+    sampler = sampler_peak_bytes((0, 19, 0), 1024, qwen3.spec.vocab_size) + 8192 * 2048 * 2
+    assert activation_bytes(qwen3, 8192, 1024) == sampler + 2 * 256 * MIB
