@@ -26,6 +26,7 @@ shared machine move a lot between runs: repeat and compare the ratios of one run
 
     python benchmarks/cpu_serving.py                       # all three servers
     python benchmarks/cpu_serving.py --systems engine,llamacpp --requests 4
+    python benchmarks/cpu_serving.py --systems engine,vllm --workloads long   # 512-token prompts only
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ async def run_load(
 def measure(server: Server, args: argparse.Namespace) -> dict[str, float]:
     url, out_len, row = server.url, args.output_len, {"start_s": server.start_s}
     asyncio.run(run_load(url, [prompt(10_000, 8)], 1, 8))  # warm-up
-    if server.system != "vllm":
+    if server.system != "vllm" and "short" in args.workloads:
         streams, wall, _ = asyncio.run(
             run_load(url, [prompt(i, 8) for i in range(args.requests)], 1, out_len)
         )
@@ -273,6 +274,8 @@ def measure(server: Server, args: argparse.Namespace) -> dict[str, float]:
         row["conc8_tok_s"] = sum(s.tokens for s in streams) / wall
         row["conc8_failed"] = failed
         print(f"    8 streams: {row['conc8_tok_s']:.1f} tok/s ({failed} failed)", flush=True)
+    if "long" not in args.workloads:
+        return row
     long = [prompt(1000 + i, args.long_words) for i in range(16)]
     streams, wall, failed = asyncio.run(run_load(url, long, 8, out_len))
     row["long8_tok_s"] = sum(s.tokens for s in streams) / wall
@@ -326,7 +329,16 @@ def main() -> None:
     p.add_argument(
         "--vllm-venv", type=Path, default=Path(os.environ.get("LLMDEPLOY_VLLM_VENV") or REPO / ".venv-vllm")
     )
+    p.add_argument(
+        "--workloads",
+        default="short,long",
+        help="comma-separated: short (single stream and 8 streams of short prompts; not for vLLM), "
+        "long (512-token prompts x 8)",
+    )
     args = p.parse_args()
+    args.workloads = {w.strip() for w in args.workloads.split(",") if w.strip()}
+    if not args.workloads or args.workloads - {"short", "long"}:
+        p.error(f"--workloads {','.join(sorted(args.workloads))}: choose from short, long")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:

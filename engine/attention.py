@@ -336,20 +336,22 @@ def _paged_attention(
 
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.query_len)
-        qp = q[rows].transpose(0, 1)  # [num_heads, qlen, head_dim]
+        # 4-D [1, heads, len, head_dim]: SDPA's fused kernels (the CPU flash kernel among them) take
+        # only 4-D inputs; 3-D ones fall back to the math path, which materializes the scores
+        qp = q[rows].transpose(0, 1)[None]
         if chunk.context_blocks is None:
-            kp, vp = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+            kp, vp = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
         else:
             assert kv_cache is not None
             ctx = chunk.context_len
-            kp = read_blocks(kv_cache[0], chunk.context_blocks, 1, k_scale, q.dtype)[0, :, :ctx]
-            vp = read_blocks(kv_cache[1], chunk.context_blocks, 1, v_scale, q.dtype)[0, :, :ctx]
+            kp = read_blocks(kv_cache[0], chunk.context_blocks, 1, k_scale, q.dtype)[:, :, :ctx]
+            vp = read_blocks(kv_cache[1], chunk.context_blocks, 1, v_scale, q.dtype)[:, :, :ctx]
             offset = chunk.context_len - chunk.query_len
             token_pos = torch.arange(chunk.query_len, device=q.device) + offset
             mask = torch.arange(chunk.context_len, device=q.device)[None, :] <= token_pos[:, None]
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[rows] = op.transpose(0, 1)
+        out[rows] = op[0].transpose(0, 1)
     return out
 
 

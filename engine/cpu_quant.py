@@ -60,6 +60,19 @@ def _int4pack_order(n: int, k: int) -> torch.Tensor:
     return torch.argsort(source).to(torch.int32)  # natural position -> nibble position
 
 
+@functools.lru_cache(maxsize=16)
+def _int4pack_blocked(n: int, k: int) -> bool:
+    """Whether the packed [n, k] weight is in blocks of 64 output features, each column of a block
+    32 bytes whose low nibbles hold the block's rows 0-31 and high nibbles rows 32-63 (the AVX2
+    layout), so that dequantization unpacks it with strided copies instead of a gather."""
+    if n % 64:
+        return False
+    b, c, r = torch.meshgrid(torch.arange(n // 64), torch.arange(k), torch.arange(64), indexing="ij")
+    nibble = b * (k * 64) + c * 64 + 2 * (r % 32) + r // 32  # [block, column, row in block]
+    natural = nibble.permute(0, 2, 1).reshape(-1)  # natural (row, column) order
+    return torch.equal(_int4pack_order(n, k).long(), natural)
+
+
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [m] -> uint8 [2m]: low nibble, then high nibble of each byte."""
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(-1)
@@ -104,7 +117,15 @@ class Int4PackWeight(QuantWeight):
         n, k, g = self.out_features, self.in_features, self.group_size
         sz = self.scale_zeros.float()  # [G, N, 2]
         scales, zeros = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]  # [N, G, 1]
-        w = (self.codes().reshape(n, k // g, g).float() - 8) * scales + zeros
+        if _int4pack_blocked(n, k):
+            # the prefill path runs this once per layer and step: strided copies, in place, no gather
+            packed = self.packed.view(n // 64, k, 32).transpose(1, 2)  # [block, byte, column]
+            w = torch.empty(n // 64, 64, k)
+            w[:, :32].copy_(packed & 0xF)
+            w[:, 32:].copy_(packed >> 4)
+            w = w.view(n, k // g, g).sub_(8).mul_(scales).add_(zeros)
+        else:
+            w = (self.codes().reshape(n, k // g, g).float() - 8) * scales + zeros
         return w.reshape(n, k).to(dtype)
 
     def linear(

@@ -65,6 +65,18 @@ def test_int4pack_linear_matches_float64_within_bfloat16(rows: int) -> None:
     assert float((got - ref).abs().max() / ref.abs().max()) < 1e-2
 
 
+@pytest.mark.parametrize("n", [96, 128])  # 128: whole blocks of 64 features, unpacked without a gather
+def test_int4pack_dequantize_is_the_weight_in_natural_order(n: int) -> None:
+    torch.manual_seed(0)
+    k = 320
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    scales, offsets = torch.rand(n, k // 32) * 0.05 + 0.01, -torch.rand(n, k // 32) * 0.4
+    weight = cpu_quant.Int4PackWeight(codes, scales, offsets, torch.float32)
+    sz = weight.scale_zeros.float()  # the stored (bfloat16) scales and zeros: w = (q - 8) * s + z
+    s, z = sz[..., 0].t().repeat_interleave(32, 1), sz[..., 1].t().repeat_interleave(32, 1)
+    assert torch.equal(weight.dequantize(torch.float32), (codes.float() - 8) * s + z)
+
+
 def test_quantized_mode_refuses_what_it_cannot_do() -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size 2"):
         use_compact("quantized", torch.device("cpu"), "m.gguf", 2)
