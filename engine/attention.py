@@ -251,6 +251,9 @@ def paged_attention(
             return triton_path.paged_attention_triton(
                 q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written=kv_written
             )
+    if not q.is_cuda:
+        # no cuDNN backend to leave out; entering the context costs ~20 us a layer on a CPU decode step
+        return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written)
     with sdpa_kernel(_SDPA_BACKENDS):
         return _paged_attention(q, k, v, kv_cache, meta, scale, k_scale, v_scale, kv_written)
 

@@ -7,8 +7,8 @@ calibration pass sees, from which `calibrated_scale` derives a scale that maps a
 to the fp8 maximum: the full fp8 range is then in use, and values above it saturate instead of
 becoming inf/NaN.
 
-Writes and block reads go through uint8 views of the cache: index_copy_ has no fp8 kernel on CPU, and
-a byte copy is the same copy on every device.
+Writes and block reads of an fp8 cache go through uint8 views of it: index_copy_ has no fp8 kernel on
+CPU, and a byte copy is the same copy on every device; 16/32-bit caches are indexed as they are.
 """
 
 from __future__ import annotations
@@ -71,12 +71,13 @@ def write_kv(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: t
     """Store x [num_tokens, kv_heads, head_dim] into cache [num_blocks, block_size, kv_heads, head_dim]
     at flat slots [num_tokens]; fp8 caches quantize with scale, others cast (scale unused)."""
     num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
-    if is_fp8(cache.dtype):
-        if scale is None:
-            raise ValueError("an fp8 KV cache needs its per-tensor scale (k_scale / v_scale)")
-        stored = quantize(x, scale, cache.dtype)
-    else:
-        stored = x.to(cache.dtype)
+    if not is_fp8(cache.dtype):
+        stored = x.to(cache.dtype).reshape(-1, num_kv_heads, head_dim)
+        cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, stored)
+        return
+    if scale is None:
+        raise ValueError("an fp8 KV cache needs its per-tensor scale (k_scale / v_scale)")
+    stored = quantize(x, scale, cache.dtype)
     flat = cache.view(torch.uint8).view(-1, num_kv_heads, head_dim * cache.element_size())
     flat.index_copy_(0, slots, stored.reshape(-1, num_kv_heads, head_dim).contiguous().view(torch.uint8))
 
@@ -88,13 +89,15 @@ def read_blocks(
     flat, num_seqs equal runs). index_select on blocks copies contiguous rows: several times faster
     on CPU than gathering single slots. fp8 blocks are dequantized with scale after the gather."""
     num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
+    if not is_fp8(cache.dtype):
+        # typed rows: torch's uint8 index_select opens a parallel region even for a few blocks, which
+        # stalls a decode step's layer for a scheduler slice when another process holds a core
+        rows = cache.index_select(0, blocks).to(dtype)
+        return rows.view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     rows = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
-    if is_fp8(cache.dtype):
-        if scale is None:
-            raise ValueError("an fp8 KV cache needs its per-tensor scale (k_scale / v_scale)")
-        rows = dequantize(rows, scale, dtype)
-    else:
-        rows = rows.to(dtype)
+    if scale is None:
+        raise ValueError("an fp8 KV cache needs its per-tensor scale (k_scale / v_scale)")
+    rows = dequantize(rows, scale, dtype)
     return rows.view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
 
 
