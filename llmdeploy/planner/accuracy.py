@@ -1,4 +1,4 @@
-"""Planner accuracy against public vLLM start-up logs (`python -m llmdeploy.planner.accuracy [FILE]`).
+"""Planner accuracy against public vLLM start-up logs (`python -m llmdeploy.planner.accuracy [--markdown] [FILE]`).
 
 Checks per log (tests/planner/fixtures/vllm_logs.json, each with its source and the quoted lines):
 - bytes/token: the log's own "Available KV cache memory" divided as the planner divides it (whole
@@ -293,8 +293,15 @@ def report(checks: list[LogCheck]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    path = Path(args[0]) if args else DEFAULT_FIXTURES
-    print(report(check_all(path)))
+    as_markdown = "--markdown" in args
+    files = [a for a in args if a != "--markdown"]
+    checks = check_all(Path(files[0]) if files else DEFAULT_FIXTURES)
+    if as_markdown:
+        from llmdeploy.planner.accuracy_table import markdown
+
+        print(markdown(checks))
+    else:
+        print(report(checks))
 
 
 if __name__ == "__main__":

@@ -267,3 +267,29 @@ def test_fused_moe_workspace_per_release() -> None:
 
     sampler = sampler_peak_bytes((0, 19, 0), 1024, qwen3.spec.vocab_size) + 8192 * 2048 * 2
     assert activation_bytes(qwen3, 8192, 1024) == sampler + 2 * 256 * MIB
+
+
+def test_plan_names_the_allreduce_fusion_workspace_it_leaves_out() -> None:
+    from llmdeploy.catalog.gpus import resolve_gpu
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner.engine_rules import plan_for
+    from llmdeploy.planner.plan_inputs import PlanInputs
+
+    def notes(gpu: str, tp: int, version: str | None, eager: bool = False) -> str:
+        inputs = PlanInputs(
+            spec=resolve_model("meta-llama/Llama-3.1-8B-Instruct"),
+            engine="vllm",
+            engine_version=version,
+            gpu=resolve_gpu(gpu),
+            gpu_memory_gib=resolve_gpu(gpu).memory_gib,
+            tensor_parallel_size=tp,
+            enforce_eager=eager,
+        )
+        return " ".join(plan_for(inputs).notes)
+
+    assert "allreduce + RMSNorm fusion" in notes("H100-SXM", 2, "0.19.0")
+    assert "allreduce + RMSNorm fusion" in notes("H200", 4, None)
+    assert "allreduce + RMSNorm fusion" not in notes("H100-SXM", 1, "0.19.0")
+    assert "allreduce + RMSNorm fusion" not in notes("H100-SXM", 2, "0.14.0")
+    assert "allreduce + RMSNorm fusion" not in notes("A100-80GB", 2, "0.19.0")
+    assert "allreduce + RMSNorm fusion" not in notes("H100-SXM", 2, "0.19.0", eager=True)
