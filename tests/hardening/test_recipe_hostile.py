@@ -237,9 +237,10 @@ def test_arbitrary_bytes(tmp_path: Path, data: bytes) -> None:
         "!custom x",
     ],
 )
-def test_yaml_tags_never_build_objects(tmp_path: Path, tag: str) -> None:
+def test_yaml_tags_never_build_objects(tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "tag.yaml"
     path.write_text(f"model: {{id: x}}\nname: {tag}\n")
-    os.chdir(tmp_path)
+    # a "touch PWNED" that ran would land here; monkeypatch restores the directory for later tests
+    monkeypatch.chdir(tmp_path)
     _load(path)
     assert not (tmp_path / "PWNED").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmdeploy.catalog.gpus import resolve_gpu
@@ -9,6 +11,8 @@ from llmdeploy.catalog.models import resolve_model
 from llmdeploy.planner import sampler_peak
 from llmdeploy.planner.footprint import activation_bytes
 from llmdeploy.planner.plan_inputs import GIB, PlanInputs
+
+PRODUCTION_H100 = Path(__file__).resolve().parents[2] / "recipes" / "production-h100.yaml"
 
 
 def test_release_families_in_order() -> None:
@@ -79,13 +83,13 @@ def test_recipe_env_picks_the_sampler_backend() -> None:
     from llmdeploy.recipe import load_recipe
 
     base = ["engine.version=0.10.1"]
-    default = inputs_from_recipe(load_recipe("recipes/production-h100.yaml", base))
+    default = inputs_from_recipe(load_recipe(PRODUCTION_H100, base))
     assert default.flashinfer_sampler is None
     on = inputs_from_recipe(
-        load_recipe("recipes/production-h100.yaml", [*base, 'engine.env.VLLM_USE_FLASHINFER_SAMPLER="1"'])
+        load_recipe(PRODUCTION_H100, [*base, 'engine.env.VLLM_USE_FLASHINFER_SAMPLER="1"'])
     )
     off = inputs_from_recipe(
-        load_recipe("recipes/production-h100.yaml", [*base, 'engine.env.VLLM_USE_FLASHINFER_SAMPLER="0"'])
+        load_recipe(PRODUCTION_H100, [*base, 'engine.env.VLLM_USE_FLASHINFER_SAMPLER="0"'])
     )
     assert (on.flashinfer_sampler, off.flashinfer_sampler) == (True, False)
     # 0.10 samples from the logits with FlashInfer (14 B/entry) instead of the sort path's 38
@@ -97,5 +101,5 @@ def test_recipe_env_picks_the_sampler_backend() -> None:
     assert not plan_for(default).notes
     with pytest.raises(UserError, match="VLLM_USE_FLASHINFER_SAMPLER"):
         inputs_from_recipe(
-            load_recipe("recipes/production-h100.yaml", [*base, "engine.env.VLLM_USE_FLASHINFER_SAMPLER=yes"])
+            load_recipe(PRODUCTION_H100, [*base, "engine.env.VLLM_USE_FLASHINFER_SAMPLER=yes"])
         )
