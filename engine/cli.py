@@ -55,6 +55,18 @@ def _check_port_free(host: str, port: int, parser: argparse.ArgumentParser) -> N
             parser.error(f"--host {host} --port {port}: cannot listen there ({e.strerror})")
 
 
+def _set_cpu_threads(requested: int | None, device: str, logger: logging.Logger) -> None:
+    """`--cpu-threads`: the torch threads of the model's CPU steps (unset: torch's own choice)."""
+    if requested is None:
+        return
+    import torch
+
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return
+    torch.set_num_threads(requested)
+    logger.info("CPU steps run on %d torch thread(s) (--cpu-threads)", requested)
+
+
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     serve_cli = serve_parser()  # its usage line names the `serve` command
     config = config_from_args(args, serve_cli)
@@ -91,6 +103,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
     _check_port_free(args.host, args.port, serve_cli)
     logger = logging.getLogger("llmdeploy_engine")
+    _set_cpu_threads(args.cpu_threads, config.device, logger)
     logger.info("loading %s for http://%s:%d", config.model, args.host, args.port)
     try:
         engine = async_engine.AsyncLLMEngine.from_config(config)

@@ -268,6 +268,16 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="log level of the HTTP server",
     )
     server.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
+    server.add_argument(
+        "--cpu-threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="torch threads of the model's steps on --device cpu (default: torch's own, OMP_NUM_THREADS or "
+        "the cores). One fewer than the cores leaves the HTTP event loop that streams each token a core "
+        "of its own: on 2 cores, 1 thread decodes a single stream ~40%% faster but prefills 512-token "
+        "prompts ~25%% slower (docs/benchmarks-cpu.md)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

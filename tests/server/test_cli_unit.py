@@ -241,3 +241,24 @@ def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
     tgi.write_text(recipe.read_text().replace("type: builtin", "type: tgi"))
     refused = run_llmdeploy("serve", str(tgi), "--dry-run")
     assert refused.returncode == 2 and "runs the built-in engine" in refused.stderr
+
+
+def test_cpu_threads_sets_the_cpu_steps_threads_only_when_asked() -> None:
+    import logging
+
+    import torch
+    from llmdeploy_engine import cli
+
+    before = torch.get_num_threads()
+    log = logging.getLogger("test")
+    try:
+        torch.set_num_threads(2)
+        cli._set_cpu_threads(None, "cpu", log)
+        assert torch.get_num_threads() == 2  # unset: torch's own choice stays
+        cli._set_cpu_threads(1, "cpu", log)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        cli._set_cpu_threads(1, "cuda", log)
+        assert torch.get_num_threads() == 2  # CUDA runs are not touched
+    finally:
+        torch.set_num_threads(before)
