@@ -32,16 +32,6 @@ TGI_DEFAULT_PREFILL_TOKENS = 4096
 KV_TOKENS_FROM_CONCURRENCY_SINCE = (0, 21)
 
 
-def _version(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    parts = []
-    for piece in text.lstrip("v").split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
 def graphs_in_budget(inputs: PlanInputs) -> bool:
     """vLLM profiles CUDA graphs into the KV budget since 0.20; before, they took the headroom."""
     return cuda_graphs.graphs_in_budget(inputs.engine_version)
@@ -112,7 +102,7 @@ def reported_tokens(inputs: PlanInputs, layout: KVLayout, blocks: int, block: in
     counts a sliding-window or chunked group only for its window or chunk and a linear group for
     its state. One full-attention group: both are blocks x block size (up to the rounding of
     max_model_len to whole blocks). Other engines: blocks x block size."""
-    version = _version(inputs.engine_version)
+    version = release(inputs.engine_version)
     if inputs.engine != "vllm" or layout.is_plain:
         return blocks * block
     if version is not None and version < KV_TOKENS_FROM_CONCURRENCY_SINCE:
