@@ -40,7 +40,7 @@ from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  
 
 from llmdeploy.catalog.gpus import GPUSpec, resolve_gpu  # noqa: E402
 from llmdeploy.catalog.models import resolve_model  # noqa: E402
-from llmdeploy.planner.plan_inputs import PlanInputs  # noqa: E402
+from llmdeploy.memory.plan_inputs import PlanInputs  # noqa: E402
 from llmdeploy.planner.roofline import decode_step  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """The memory vLLM V1's dummy sampler run takes, measured with torch at the real shapes, next to
-the planner's formula (llmdeploy/planner/sampler_peak.py).
+the planner's formula (llmdeploy/memory/sampler_peak.py).
 
 For each vocabulary size, max_num_seqs and release family, the script builds [num_seqs, vocab]
 model-dtype logits and runs the torch ops that family's sampler warm-up runs on them (float32 copy,
@@ -31,7 +31,7 @@ if (Path(__file__).resolve().parent / "sampler_peak.py").exists():  # a copy car
     import sampler_peak as formula  # type: ignore[import-not-found,no-redef]
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from llmdeploy.planner import sampler_peak as formula
+    from llmdeploy.memory import sampler_peak as formula
 
 
 def _sampler_prelude(logits: torch.Tensor) -> torch.Tensor:

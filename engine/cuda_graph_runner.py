@@ -73,7 +73,7 @@ from llmdeploy_engine.multi_step import (
 from llmdeploy_engine.sampler import WindowSampler, fast_argmax_rows
 from llmdeploy_engine.sampling_params import SamplingParams
 
-from llmdeploy.planner.builtin_rule import (
+from llmdeploy.memory.builtin_rule import (
     CUDA_GRAPH_LOGITS_MAX_BATCH,
     cuda_graph_batch_sizes,
     cuda_graph_context_buckets,

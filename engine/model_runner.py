@@ -2,7 +2,7 @@
 
 Start-up, in order: load weights (measure their bytes), run one profiling forward pass of
 max_num_batched_tokens tokens without a KV cache (CUDA: the allocator's peak is the activation
-peak), size the KV pool with the planner's rule (`llmdeploy.planner.builtin_rule`), allocate one K and
+peak), size the KV pool with the planner's rule (`llmdeploy.memory.builtin_rule`), allocate one K and
 one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer. On CPU there is no memory to
 measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLLM's CPU KV space).
 """
@@ -210,7 +210,7 @@ class ModelRunner:
         if kv_cache.is_fp8(self.kv_dtype) and config.calculate_kv_scales:
             self._calibrate_kv_scales()
 
-        from llmdeploy.planner import builtin_rule
+        from llmdeploy.memory import builtin_rule
 
         mc = self.model_config
         self.num_local_kv_heads = local_kv_heads(mc.num_key_value_heads, tp)
@@ -300,7 +300,7 @@ class ModelRunner:
         )
 
     def _largest_graph(self) -> int:
-        from llmdeploy.planner.builtin_rule import cuda_graph_batch_sizes
+        from llmdeploy.memory.builtin_rule import cuda_graph_batch_sizes
 
         return max(cuda_graph_batch_sizes(self.config.max_num_seqs))
 
@@ -315,7 +315,7 @@ class ModelRunner:
     def _gather_bytes(self, tp: int) -> int:
         """One rank's logits (model dtype) for the decode graphs that compute them inside the graph:
         what the push path's all-gather region must take."""
-        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+        from llmdeploy.memory.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
 
         rows = min(CUDA_GRAPH_LOGITS_MAX_BATCH, self._largest_graph())
         return rows * self._local_vocab(tp) * self.dtype.itemsize
@@ -324,7 +324,7 @@ class ModelRunner:
         """Rows up to which decode CUDA graphs compute the logits inside the graph (CudaGraphRunner's
         logits_max_batch; the same on every rank). At tp > 1 only with an all-gather that runs inside
         a graph (the push path), as many rows as its region takes; else 0 (logits after the replay)."""
-        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+        from llmdeploy.memory.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
 
         if not self.parallel.is_parallel:
             return CUDA_GRAPH_LOGITS_MAX_BATCH
@@ -455,7 +455,7 @@ class ModelRunner:
         by the planner's builtin rule; 0 when none will be captured."""
         if self.device.type != "cuda" or self.config.enforce_eager:
             return 0
-        from llmdeploy.planner import builtin_rule
+        from llmdeploy.memory import builtin_rule
 
         mc = self.model_config
         # with Triton installed, 16-bit decode attention reads the cache in place (a cache of the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from llmdeploy.planner.memory_plan import MemoryPlan
+from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.recipe.schema import Recipe
 
 CAPACITY_ANNOTATION = "llmdeploy.io/capacity"

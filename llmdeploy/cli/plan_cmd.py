@@ -12,7 +12,7 @@ import click
 from llmdeploy.catalog.gpus import GPUSpec
 from llmdeploy.errors import UserError
 from llmdeploy.planner.envelope import EnvelopeBudget
-from llmdeploy.planner.memory_plan import MemoryPlan
+from llmdeploy.memory.memory_plan import MemoryPlan
 
 _QUANT = ["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
 _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -133,7 +133,7 @@ def plan_command(
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.cli.plan_fit import FitFlags, recipe_fit_inputs, run_fit, show_plan
     from llmdeploy.planner.plan import plan_from_inputs
-    from llmdeploy.planner.plan_inputs import PlanInputs, inputs_from_recipe
+    from llmdeploy.memory.plan_inputs import PlanInputs, inputs_from_recipe
 
     if len(gpu_names) > 1 and not fit:
         raise click.UsageError("--gpu names one GPU (repeat it only with --fit)")
@@ -251,7 +251,7 @@ def _shape_only(
 ) -> MemoryPlan:
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.planner.envelope import GB, GIB, envelope_budget, envelope_plan
-    from llmdeploy.planner.plan_inputs import KV_DTYPE_BYTES
+    from llmdeploy.memory.plan_inputs import KV_DTYPE_BYTES
 
     missing = [
         f

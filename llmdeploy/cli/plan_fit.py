@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from llmdeploy.errors import UserError
-from llmdeploy.planner.memory_plan import MemoryPlan
-from llmdeploy.planner.plan_inputs import PlanInputs
+from llmdeploy.memory.memory_plan import MemoryPlan
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan --model` needs none
     from llmdeploy.recipe.schema import Recipe
@@ -42,7 +42,7 @@ def _either(flag: T | None, recipe_value: T | None) -> T | None:
 
 def recipe_fit_inputs(recipe: Recipe) -> PlanInputs:
     """The recipe's model and engine settings; the GPU is left to --fit to choose."""
-    from llmdeploy.planner.plan_inputs import inputs_from_recipe
+    from llmdeploy.memory.plan_inputs import inputs_from_recipe
 
     if recipe.hardware.device != "cuda":
         raise UserError.one(

@@ -1,7 +1,7 @@
 """The memory planner: per-GPU budget of a deployment for vLLM, TGI and the built-in engine."""
 
-from llmdeploy.planner.memory_plan import MemoryPlan
+from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.planner.plan import make_plan, plan_from_inputs
-from llmdeploy.planner.plan_inputs import PlanInputs
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 __all__ = ["MemoryPlan", "PlanInputs", "make_plan", "plan_from_inputs"]

@@ -27,15 +27,16 @@ from typing import Any
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.errors import UserError
-from llmdeploy.planner.engine_rules import graphs_in_budget, kv_capacity, plan_for, vllm_defaults
-from llmdeploy.planner.footprint import (
+from llmdeploy.engines.vllm import graphs_in_budget, kv_capacity, vllm_defaults
+from llmdeploy.memory.footprint import (
     NON_TORCH_RULES,
     NonTorchRule,
     activation_bytes,
     non_torch_bytes,
     non_torch_rule,
 )
-from llmdeploy.planner.plan_inputs import GIB, PlanInputs
+from llmdeploy.memory.plan_inputs import GIB, PlanInputs
+from llmdeploy.planner.plan import plan_for
 
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "planner" / "fixtures" / "vllm_logs.json"
 TARGET, LEGACY, HYBRID = "vllm>=0.7", "vllm<0.7", "hybrid"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from llmdeploy.planner.accuracy import HYBRID, LEGACY, TARGET, LogCheck, _pct
-from llmdeploy.planner.footprint import release
+from llmdeploy.memory.footprint import release
 
 # release families as the planner's rules split them (sampler path, non-torch accounting, graphs)
 FAMILIES = (

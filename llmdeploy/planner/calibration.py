@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from llmdeploy.errors import UserError
-from llmdeploy.planner.memory_plan import MemoryPlan
-from llmdeploy.planner.plan_inputs import PlanInputs
+from llmdeploy.memory.memory_plan import MemoryPlan
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 _HEADER = (
     "# llmdeploy calibration: KV cache capacities measured by `llmdeploy smoke --calibration`.\n"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmdeploy.planner.builtin_rule import kv_bytes_per_token
-from llmdeploy.planner.memory_plan import MemoryPlan
+from llmdeploy.memory.builtin_rule import kv_bytes_per_token
+from llmdeploy.memory.memory_plan import MemoryPlan
 
 GB = 10**9
 GIB = 2**30

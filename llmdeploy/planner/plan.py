@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
 from llmdeploy.catalog.gpus import list_gpus
-from llmdeploy.planner.engine_rules import plan_for
-from llmdeploy.planner.memory_plan import MemoryPlan
-from llmdeploy.planner.plan_inputs import PlanInputs, inputs_from_recipe
+from llmdeploy.engines import get_engine
+from llmdeploy.memory.memory_plan import MemoryPlan
+from llmdeploy.memory.plan_inputs import PlanInputs, inputs_from_recipe
 
 if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan --model` needs none
     from llmdeploy.recipe.schema import Recipe
 
 _INT4_FROM = {"none", "fp8", "int8"}
 
+
+
+def plan_for(inputs: PlanInputs) -> MemoryPlan:
+    """The memory plan of `inputs` by its engine's own start-up accounting (no suggestions)."""
+    plan = get_engine(inputs.engine).memory_plan(inputs)
+    assert math.isfinite(plan.max_concurrency)
+    return plan
 
 def make_plan(recipe: Recipe) -> MemoryPlan:
     return plan_from_inputs(inputs_from_recipe(recipe))

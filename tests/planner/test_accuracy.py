@@ -20,7 +20,7 @@ from llmdeploy.planner.accuracy import (
     report,
     summaries,
 )
-from llmdeploy.planner.footprint import NON_TORCH_RULES, non_torch_rule, release
+from llmdeploy.memory.footprint import NON_TORCH_RULES, non_torch_rule, release
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs.json"
 

@@ -1,4 +1,4 @@
-"""vLLM's CUDA-graph rule (planner/cuda_graphs.py): capture sizes per release and the memory term."""
+"""vLLM's CUDA-graph rule (memory/cuda_graphs.py): capture sizes per release and the memory term."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.planner import PlanInputs, accuracy, cuda_graphs, plan_from_inputs
-from llmdeploy.planner.memory_plan import GIB
+from llmdeploy.memory.memory_plan import GIB
 
 MIB = 2**20
 

@@ -14,7 +14,7 @@ import pytest
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.model_spec import ModelSpec, build_spec
 from llmdeploy.planner import PlanInputs, plan_from_inputs
-from llmdeploy.planner.kv_layout import kv_layout
+from llmdeploy.memory.kv_layout import kv_layout
 
 GIB = 2**30
 

@@ -1,4 +1,4 @@
-"""vLLM V1's dummy sampler run per release family (llmdeploy/planner/sampler_peak.py)."""
+"""vLLM V1's dummy sampler run per release family (llmdeploy/memory/sampler_peak.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
-from llmdeploy.planner import sampler_peak
-from llmdeploy.planner.footprint import activation_bytes
-from llmdeploy.planner.plan_inputs import GIB, PlanInputs
+from llmdeploy.memory import sampler_peak
+from llmdeploy.memory.footprint import activation_bytes
+from llmdeploy.memory.plan_inputs import GIB, PlanInputs
 
 PRODUCTION_H100 = Path(__file__).resolve().parents[2] / "recipes" / "production-h100.yaml"
 
@@ -78,8 +78,8 @@ def test_v1_activation_peak_uses_the_release_formula() -> None:
 
 def test_recipe_env_picks_the_sampler_backend() -> None:
     from llmdeploy.errors import UserError
-    from llmdeploy.planner.engine_rules import plan_for
-    from llmdeploy.planner.plan_inputs import inputs_from_recipe
+    from llmdeploy.planner.plan import plan_for
+    from llmdeploy.memory.plan_inputs import inputs_from_recipe
     from llmdeploy.recipe import load_recipe
 
     base = ["engine.version=0.10.1"]

@@ -9,9 +9,9 @@ import pytest
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.planner import PlanInputs, plan_from_inputs
-from llmdeploy.planner.footprint import weights_bytes_per_gpu
-from llmdeploy.planner.kv_layout import kv_layout
-from llmdeploy.planner.memory_plan import GIB
+from llmdeploy.memory.footprint import weights_bytes_per_gpu
+from llmdeploy.memory.kv_layout import kv_layout
+from llmdeploy.memory.memory_plan import GIB
 
 KEYS = {
     "weights_gib",
@@ -166,7 +166,7 @@ def test_hybrid_that_does_not_fit_names_the_kv_needed() -> None:
 
 
 def test_allocator_rounding_of_one_request() -> None:
-    from llmdeploy.planner.footprint import MIB, allocated_bytes
+    from llmdeploy.memory.footprint import MIB, allocated_bytes
 
     assert allocated_bytes(5 * MIB) == 5 * MIB  # below 10 MiB: carved from a shared buffer
     assert allocated_bytes(35 * MIB) == 36 * MIB  # 1 MiB left in its 36 MiB segment: not split off
@@ -177,7 +177,7 @@ def test_allocator_rounding_of_one_request() -> None:
 
 
 def test_vllm_load_overhead_rope_cache_and_rounding() -> None:
-    from llmdeploy.planner.footprint import MIB, vllm_load_overhead_bytes
+    from llmdeploy.memory.footprint import MIB, vllm_load_overhead_bytes
 
     # Llama-3.1-8B: every matrix is a whole number of 2 MiB (qkv 48, o 32, gate_up 224, down 112
     # MiB), so only the cos/sin cache counts: 131,072 positions x 128 x 2 bytes = 32 MiB
@@ -206,8 +206,8 @@ def test_hybrid_kv_tokens_as_each_release_prints_them() -> None:
 def test_mxfp4_experts_take_the_marlin_layout_before_hopper() -> None:
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.catalog.models import resolve_model
-    from llmdeploy.planner.footprint import mxfp4_marlin, weights_bytes_per_gpu
-    from llmdeploy.planner.plan_inputs import PlanInputs
+    from llmdeploy.memory.footprint import mxfp4_marlin, weights_bytes_per_gpu
+    from llmdeploy.memory.plan_inputs import PlanInputs
 
     spec = resolve_model("openai/gpt-oss-120b")
 
@@ -229,7 +229,7 @@ def test_mxfp4_experts_take_the_marlin_layout_before_hopper() -> None:
 
 def test_rotary_caches_as_vllm_builds_them() -> None:
     from llmdeploy.catalog.models import resolve_model
-    from llmdeploy.planner.footprint import rotary_cache_positions
+    from llmdeploy.memory.footprint import rotary_cache_positions
 
     assert rotary_cache_positions(resolve_model("meta-llama/Llama-3.1-8B")) == [
         131072
@@ -245,7 +245,7 @@ def test_rotary_caches_as_vllm_builds_them() -> None:
 
 
 def test_fused_moe_workspace_per_release() -> None:
-    from llmdeploy.planner.footprint import MIB, activation_bytes, moe_workspace_bytes
+    from llmdeploy.memory.footprint import MIB, activation_bytes, moe_workspace_bytes
 
     h100 = resolve_gpu("H100")
     qwen3 = PlanInputs(spec=resolve_model("Qwen/Qwen3-30B-A3B"), engine_version="0.19.0", gpu=h100)
@@ -263,7 +263,7 @@ def test_fused_moe_workspace_per_release() -> None:
         moe_workspace_bytes(replace(qwen3, spec=resolve_model("meta-llama/Llama-3.1-8B-Instruct")), 8192) == 0
     )
     # the workspace stays allocated through the sampler warm-up, which sets the peak here
-    from llmdeploy.planner.sampler_peak import sampler_peak_bytes
+    from llmdeploy.memory.sampler_peak import sampler_peak_bytes
 
     sampler = sampler_peak_bytes((0, 19, 0), 1024, qwen3.spec.vocab_size) + 8192 * 2048 * 2
     assert activation_bytes(qwen3, 8192, 1024) == sampler + 2 * 256 * MIB
@@ -272,8 +272,8 @@ def test_fused_moe_workspace_per_release() -> None:
 def test_plan_names_the_allreduce_fusion_workspace_it_leaves_out() -> None:
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.catalog.models import resolve_model
-    from llmdeploy.planner.engine_rules import plan_for
-    from llmdeploy.planner.plan_inputs import PlanInputs
+    from llmdeploy.planner.plan import plan_for
+    from llmdeploy.memory.plan_inputs import PlanInputs
 
     def notes(gpu: str, tp: int, version: str | None, eager: bool = False) -> str:
         inputs = PlanInputs(

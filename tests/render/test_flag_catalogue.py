@@ -46,5 +46,5 @@ def test_builtin_catalogue_matches_the_engine_parser() -> None:
     """A renamed built-in engine flag must come with a regenerated catalogue."""
     committed = json.loads(catalogue_path("builtin", PINNED_VERSIONS["builtin"]).read_text())
     assert committed["flags"] == builtin_catalogue()["flags"], (
-        "regenerate: python llmdeploy/render/catalogue_gen.py builtin > llmdeploy/render/flags/builtin-0.1.0.json"
+        "regenerate: python llmdeploy/engines/catalogue_gen.py builtin > llmdeploy/engines/catalogues/builtin-0.1.0.json"
     )

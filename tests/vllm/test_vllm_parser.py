@@ -112,7 +112,7 @@ def test_rendered_argv_parses_with_vllms_parser() -> None:
 @needs_venv
 def test_committed_catalogue_matches_vllms_parser() -> None:
     assert VLLM_PYTHON is not None
-    generator = REPO_ROOT / "llmdeploy" / "render" / "catalogue_gen.py"
+    generator = REPO_ROOT / "llmdeploy" / "engines" / "catalogue_gen.py"
     done = subprocess.run(
         [str(VLLM_PYTHON), str(generator), "vllm"], capture_output=True, text=True, timeout=300, check=True
     )

@@ -3,11 +3,11 @@
 Run as a plain script so it works inside an engine's own virtual environment, where llmdeploy is
 not installed:
 
-    PYTHON-WITH-VLLM llmdeploy/render/catalogue_gen.py vllm    > llmdeploy/render/flags/vllm-0.32.0.json
-    .venv/bin/python llmdeploy/render/catalogue_gen.py builtin > llmdeploy/render/flags/builtin-0.1.0.json
+    PYTHON-WITH-VLLM llmdeploy/engines/catalogue_gen.py vllm    > llmdeploy/engines/catalogues/vllm-0.32.0.json
+    .venv/bin/python llmdeploy/engines/catalogue_gen.py builtin > llmdeploy/engines/catalogues/builtin-0.1.0.json
 
 TGI cannot be installed here; its catalogue is written from its documented launcher arguments
-(see the `source` field of flags/tgi-*.json).
+(see the `source` field of catalogues/tgi-*.json).
 """
 
 from __future__ import annotations

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from llmdeploy.engines.registry import ENGINES, get_engine
 from llmdeploy.errors import Problem
 
-FLAGS_DIR = Path(__file__).with_name("flags")
+FLAGS_DIR = Path(__file__).with_name("catalogues")
 # the engine releases llmdeploy renders for by default (a catalogue exists for each)
-PINNED_VERSIONS: dict[str, str] = {"vllm": "0.32.0", "tgi": "3.1.0", "builtin": "0.1.0"}
+PINNED_VERSIONS: dict[str, str] = {name: engine.pinned_version for name, engine in ENGINES.items()}
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class FlagCatalogue:
 
 
 def catalogue_path(engine: str, version: str) -> Path:
-    return FLAGS_DIR / f"{engine}-{version}.json"
+    return FLAGS_DIR / get_engine(engine).catalogue_file(version)
 
 
 def available_versions(engine: str) -> list[str]:
@@ -87,7 +88,7 @@ def _takes_values(spec: FlagSpec) -> int | None:
 
 def check_flags(engine: str, argv: list[str], version: str | None = None) -> list[Problem]:
     """Every option in `argv` (entry point included or not) checked against the engine's catalogue."""
-    version = version or PINNED_VERSIONS[engine]
+    version = version or get_engine(engine).pinned_version
     catalogue = load_catalogue(engine, version)
     if catalogue is None:
         known = ", ".join(available_versions(engine)) or "none"
@@ -98,7 +99,7 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
                 value=version,
                 has_value=True,
                 fix=f"use a version with a catalogue ({known}), or generate one with "
-                "llmdeploy/render/catalogue_gen.py",
+                "llmdeploy/engines/catalogue_gen.py",
             )
         ]
     args = list(argv)

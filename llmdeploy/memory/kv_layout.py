@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from llmdeploy.catalog.model_spec import LayerKind, ModelSpec
-from llmdeploy.planner.plan_inputs import PlanInputs
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 # vLLM's CUDA attention backends (FlashAttention, FlashInfer) take kernel blocks in multiples of 16
 # tokens: `_align_hybrid_block_size` rounds the attention block up to one of those

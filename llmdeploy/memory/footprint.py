@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 
 from llmdeploy.catalog.model_spec import ModelSpec
-from llmdeploy.planner import sampler_peak
-from llmdeploy.planner.plan_inputs import PlanInputs
+from llmdeploy.memory import sampler_peak
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 GIB = 2**30
 

@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import math
 
-from llmdeploy.planner.footprint import release
-from llmdeploy.planner.plan_inputs import PlanInputs
+from llmdeploy.memory.footprint import release
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 MIB = 2**20
 V1_SINCE = (0, 8, 0)

@@ -1,0 +1,227 @@
+"""The built-in engine (`llmdeploy-engine serve`, engine/): what it runs, its flags (vLLM's names),
+its memory rule (`memory.builtin_rule`, the code its allocator runs), image and metrics."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+from llmdeploy import __version__
+from llmdeploy.catalog.model_spec import ModelSpec
+from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
+from llmdeploy.engines.flags import (
+    Flags,
+    kv_dtype_flag,
+    model_flags,
+    speculative_config_json,
+    vllm_style_limits,
+    vllm_style_parallel,
+)
+from llmdeploy.engines.plan_assembly import assemble_plan
+from llmdeploy.errors import Problem
+from llmdeploy.memory import builtin_rule
+from llmdeploy.memory.footprint import activation_bytes
+from llmdeploy.memory.memory_plan import MemoryPlan
+from llmdeploy.memory.plan_inputs import CPU_DEFAULT_KV_GIB, GIB, PlanInputs
+from llmdeploy.recipe.schema import Recipe
+
+# What the built-in engine can run: engine/model.py SUPPORTED_ARCHITECTURES and engine/kv_cache.py's
+# KV dtypes (tests keep them equal). The toolkit never imports the engine (it imports torch).
+BUILTIN_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+# fp8 is e4m3 (vLLM's meaning), stored with per-layer scales; 1 byte per element in the plan
+BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
+# weight formats the built-in engine loads: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ
+# int4 and fp8 (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
+BUILTIN_QUANTIZATIONS = ("none", "gguf", "awq", "gptq", "fp8")
+_KV_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+_QUANTIZATION = {"gguf": "gguf", "awq": "awq", "gptq": "gptq", "fp8": "fp8"}
+# its images are the tags docs/docker.md's build commands give docker/engine*.Dockerfile
+ENGINE_IMAGE = "llmdeploy/engine"
+CPU_IMAGE_SUFFIX = "-cpu"
+ATTENTION_BYTES_PER_SCORE = 9.55  # calibrated: built-in engine, H200, Llama-3.1-8B and Qwen2.5-0.5B
+NON_TORCH_GIB = 0.67  # calibrated: built-in engine's measured non-torch (CUDA context, cuBLAS), H200
+KV_TOKENS_GAUGE = "llmdeploy:kv_cache_tokens"
+
+
+class BuiltinEngine(EngineDefaults):
+    name = "builtin"
+    display_name = "the built-in engine"
+    pinned_version = "0.1.0"
+    entrypoint = ("llmdeploy-engine", "serve")
+    api_key_env = "VLLM_API_KEY"
+    model_flag = "--model"
+    host_flag = "--host"
+    image = f"{ENGINE_IMAGE}:{__version__}"
+    queue_metric: str | None = "vllm:num_requests_waiting"
+    kv_usage_metric: str | None = "vllm:kv_cache_usage_perc"
+    reexports_metrics = True
+    kv_log_line: re.Pattern[str] | None = re.compile(r"(?:GPU|CPU) KV cache size:\s*([\d,]+)\s*tokens")
+    executable = "llmdeploy-engine"
+    install_hint = "pip install 'llmdeploy[engine]' so `llmdeploy-engine` is on PATH"
+    local_python: LocalPython | None = LocalPython("llmdeploy_engine", ("llmdeploy",))
+    local_flag_check: str | None = None
+    bundled = True
+    echoes_instance_id = True
+    downloads_from_hub = False
+    local_folder_env: tuple[tuple[str, str], ...] = ()
+    gguf_as_checkpoint = False
+    random_weights_prefix: str | None = "random:"
+    launch_python_var: str | None = None
+    tgi_api = False
+    accepts_ignore_eos = True
+
+    def catalogue_file(self, version: str) -> str:
+        return f"builtin-{version}.json"
+
+    def container_image(self, recipe: Recipe) -> str:
+        return self.image + (CPU_IMAGE_SUFFIX if recipe.hardware.device == "cpu" else "")
+
+    def local_argv(self, rendered: list[str], executable: str, python: str | None) -> list[str]:
+        assert tuple(rendered[: len(self.entrypoint)]) == self.entrypoint, rendered
+        if python is not None and executable == python:
+            # the engine found as this package's module: its script may not be on PATH
+            return [python, "-m", "llmdeploy_engine.cli", *rendered[1:]]
+        return [executable, *rendered[1:]]
+
+    def support_problems(self, recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
+        if model.architecture not in BUILTIN_ARCHITECTURES or model.is_moe or model.is_mla:
+            yield Problem(
+                f"the built-in engine cannot run {model.architecture}"
+                + (" with MoE/MLA layers" if model.is_moe or model.is_mla else ""),
+                path="engine.type",
+                value=self.name,
+                has_value=True,
+                fix=f"use engine vllm, or a {' / '.join(BUILTIN_ARCHITECTURES.values())} model",
+            )
+        if recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES:
+            yield Problem(
+                "the built-in engine has no such KV cache dtype",
+                path="kv_cache.dtype",
+                value=recipe.kv_cache.dtype,
+                has_value=True,
+                fix=f"use one of: {', '.join(BUILTIN_KV_DTYPES)}",
+            )
+        if recipe.model.quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights:
+            yield Problem(
+                "the built-in engine loads 16/32-bit, AWQ / GPTQ int4 and fp8 checkpoints and GGUF files only",
+                path="model.quantization",
+                value=recipe.model.quantization,
+                has_value=True,
+                fix=f"use one of: {', '.join(BUILTIN_QUANTIZATIONS)}, or engine vllm",
+            )
+        if recipe.parallelism.pipeline > 1:
+            yield Problem(
+                "the built-in engine has no pipeline parallelism",
+                path="parallelism.pipeline",
+                value=recipe.parallelism.pipeline,
+                has_value=True,
+                fix="use parallelism.tensor instead, or engine vllm",
+            )
+
+    def speculative_problems(self, recipe: Recipe) -> Iterator[Problem]:
+        spec = recipe.speculative
+        if spec is not None and spec.method == "draft" and not recipe.model.random_weights:
+            yield Problem(
+                "the built-in engine loads local files only, so it cannot fetch a draft model by hub id "
+                "(a draft runs here only as random weights, next to a random-weights target)",
+                path="speculative.draft_model",
+                value=spec.draft_model,
+                has_value=True,
+                fix="use speculative.method: ngram, set model.random_weights: true (benchmarks), or use engine vllm",
+            )
+
+    def map_flags(self, recipe: Recipe, plan: PlanFigures, flags: Flags) -> None:
+        model_flags(recipe, flags, ("float16", "bfloat16", "float32"), _QUANTIZATION, local_files_only=True)
+        if recipe.hardware.device == "cpu":
+            flags.add("--device", "cpu")
+        kv_dtype_flag(recipe, flags, "--kv-cache-dtype", _KV_DTYPES)
+        vllm_style_parallel(recipe, flags, single_node=True)
+        vllm_style_limits(recipe, flags)
+        spec = recipe.speculative
+        if spec is not None:
+            if spec.method == "draft" and not recipe.model.random_weights:
+                flags.unsupported(
+                    "speculative.draft_model",
+                    spec.draft_model,
+                    "it loads local files only and cannot fetch a draft model by hub id",
+                    "use speculative.method: ngram, model.random_weights: true, or engine.type: vllm",
+                )
+            else:
+                # a random-weights target gets a random-weights draft of the catalog model
+                flags.add("--speculative-config", speculative_config_json(recipe, f"random:{spec.draft_model}"))
+
+    def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
+        seqs = inputs.max_num_seqs or 256
+        batched = inputs.max_num_batched_tokens or min(max(inputs.context_len, 2048), 8192)
+        weights = _weights_bytes(inputs)
+        act = activation_bytes(inputs, batched, min(seqs, batched))
+        if inputs.device == "cpu":
+            budget = int((inputs.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB) * GIB)
+            kv = builtin_rule.kv_cache_bytes(0, 0.0, 0, 0, 0, 0, budget)
+            note = ("built-in engine on CPU: the KV cache is limits.kv_cache_memory_gib (default 4 GiB)",)
+            return assemble_plan(inputs, budget, weights, act, 0, 0, kv, batched, seqs, note)
+        total = int(inputs.total_memory_gib * GIB)
+        usable = int(total * inputs.gpu_memory_utilization)
+        # the engine profiles one prefill of `batched` tokens through its torch attention path, which
+        # materializes the scores: heads x tokens^2 x ~9.5 bytes (measured on an H200, see docs/planner.md)
+        heads = max(1, inputs.spec.num_attention_heads // inputs.tensor_parallel_size)
+        act = max(act, int(heads * batched * batched * ATTENTION_BYTES_PER_SCORE))
+        # it counts everything outside torch's pool, the CUDA context included (0.67 GiB measured)
+        non_torch = int(NON_TORCH_GIB * GIB)
+        explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
+        graphs = 0 if inputs.enforce_eager else graph_bytes(inputs, seqs)
+        kv = builtin_rule.kv_cache_bytes(
+            total, inputs.gpu_memory_utilization, weights, act, non_torch, graphs, explicit
+        )
+        return assemble_plan(inputs, usable, weights, act, non_torch, graphs, kv, batched, seqs)
+
+    def kv_capacity_from_metrics(self, samples: list[MetricSample]) -> KVCapacity | None:
+        for name, _, value in samples:
+            if name == KV_TOKENS_GAUGE and value > 0:
+                return KVCapacity(int(value), f"/metrics {KV_TOKENS_GAUGE}")
+        return None
+
+
+def _weights_bytes(inputs: PlanInputs) -> int:
+    """int4 / fp8 checkpoints stay quantized; GGUF files are dequantized to the compute dtype on CUDA
+    and kept compact on the CPU (one process: tensor_parallel_size 1)."""
+    if inputs.device == "cpu" and inputs.spec.gguf_tensors and inputs.tensor_parallel_size == 1:
+        return builtin_rule.compact_gguf_weights_bytes(list(inputs.spec.gguf_tensors), inputs.model_dtype_bytes)
+    return math.ceil(
+        builtin_rule.weights_bytes(
+            inputs.spec.num_params,
+            inputs.spec.params.linear,
+            inputs.model_dtype_bytes,
+            inputs.effective_quantization,
+        )
+        / inputs.tensor_parallel_size
+    )
+
+
+def graph_bytes(inputs: PlanInputs, seqs: int) -> int:
+    """What the built-in engine sets aside for its decode CUDA graphs (builtin_rule.cuda_graph_bytes);
+    assumes the Triton kernels are installed, which read 16-bit caches of the model's dtype and fp8
+    caches in place (a float32 model or another cache dtype takes the gathering torch path)."""
+    spec, tp = inputs.spec, inputs.tensor_parallel_size
+    return builtin_rule.cuda_graph_bytes(
+        max_num_seqs=seqs,
+        max_model_len=inputs.context_len,
+        block_size=inputs.block_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size // tp,
+        q_size=spec.num_attention_heads * spec.head_dim // tp,
+        kv_size=max(1, spec.num_kv_heads // tp) * spec.head_dim,
+        vocab_size=spec.vocab_size,
+        dtype_bytes=inputs.model_dtype_bytes,
+        gathered_kv=inputs.model_dtype_bytes == 4
+        or inputs.kv_dtype_bytes not in (inputs.model_dtype_bytes, 1),
+    )
+
+
+BUILTIN = BuiltinEngine()

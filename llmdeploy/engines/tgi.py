@@ -1,0 +1,253 @@
+"""Text Generation Inference (`text-generation-launcher`): its limits, launcher flags and environment,
+its memory rule (free memory after warm-up becomes blocks), image and metrics."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from llmdeploy.catalog.gpus import GPUSpec
+from llmdeploy.catalog.model_spec import ModelSpec
+from llmdeploy.engines.base import EngineDefaults, LocalPython, PlanFigures
+from llmdeploy.engines.flags import Flags, is_gguf, kv_dtype_flag, model_flags
+from llmdeploy.engines.plan_assembly import assemble_plan
+from llmdeploy.errors import Problem
+from llmdeploy.memory.footprint import (
+    CUDA_CONTEXT_GIB,
+    activation_bytes,
+    cuda_graph_bytes,
+    non_torch_bytes,
+    weights_bytes_per_gpu,
+)
+from llmdeploy.memory.memory_plan import MemoryPlan
+from llmdeploy.memory.plan_inputs import GIB, PlanInputs
+from llmdeploy.recipe.schema import Recipe
+
+WIGGLE_ROOM = 0.95
+DEFAULT_PREFILL_TOKENS = 4096
+DEFAULT_BLOCK_SIZE = 16
+# TGI's --quantize has no GGUF loader
+UNSUPPORTED_QUANTIZATIONS = ("gguf",)
+_KV_DTYPES = {"fp8": "fp8_e4m3fn", "fp8_e4m3": "fp8_e4m3fn", "fp8_e5m2": "fp8_e5m2"}
+_QUANTIZATION = {
+    "awq": "awq",
+    "gptq": "gptq",
+    "fp8": "fp8",
+    "bitsandbytes": "bitsandbytes",
+    "int8": "eetq",
+    "int4": "bitsandbytes-nf4",
+}
+
+
+class TGIEngine(EngineDefaults):
+    name = "tgi"
+    display_name = "TGI"
+    pinned_version = "3.1.0"
+    entrypoint = ("text-generation-launcher",)
+    api_key_env = "API_KEY"
+    model_flag = "--model-id"
+    host_flag = "--hostname"
+    image = "ghcr.io/huggingface/text-generation-inference:3.1.0"
+    queue_metric: str | None = "tgi_queue_size"
+    kv_usage_metric: str | None = None
+    reexports_metrics = False
+    kv_log_line: re.Pattern[str] | None = None
+    executable = "text-generation-launcher"
+    install_hint = "install Text Generation Inference so `text-generation-launcher` is on PATH"
+    local_python: LocalPython | None = None
+    local_flag_check: str | None = "help-text"
+    bundled = False
+    echoes_instance_id = False
+    downloads_from_hub = True
+    local_folder_env: tuple[tuple[str, str], ...] = ()
+    gguf_as_checkpoint = False
+    random_weights_prefix: str | None = None
+    launch_python_var: str | None = None
+    tgi_api = True
+    accepts_ignore_eos = False
+
+    def catalogue_file(self, version: str) -> str:
+        return f"tgi-{version}.json"
+
+    def container_image(self, recipe: Recipe) -> str:
+        return self.image
+
+    def health_command(self, url: str) -> list[str]:
+        # TGI's image has curl (and no python3 on PATH to rely on)
+        return ["CMD", "curl", "-fsS", url]
+
+    def support_problems(self, recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
+        if recipe.parallelism.pipeline > 1:
+            yield Problem(
+                "TGI has no pipeline parallelism",
+                path="parallelism.pipeline",
+                value=recipe.parallelism.pipeline,
+                has_value=True,
+                fix="use parallelism.tensor instead, or engine vllm",
+            )
+        if recipe.model.quantization in UNSUPPORTED_QUANTIZATIONS:
+            yield Problem(
+                "TGI cannot load GGUF files",
+                path="model.quantization",
+                value=recipe.model.quantization,
+                has_value=True,
+                fix="use an AWQ/GPTQ/fp8 checkpoint with TGI, or engine vllm / builtin for GGUF",
+            )
+
+    def gpu_problems(self, recipe: Recipe, model: ModelSpec, gpu: GPUSpec) -> Iterator[Problem]:
+        if recipe.model.quantization == "fp8" and not gpu.fp8_support:
+            # TGI's launcher docs: fp8 (e4m3) weights need fp8 hardware; it has no weight-only fallback like vLLM's
+            yield Problem(
+                f"TGI's fp8 weights need a GPU with fp8 support (compute capability 8.9+); {gpu.name} has none",
+                path="model.quantization",
+                value="fp8",
+                has_value=True,
+                fix="use awq/gptq weights with TGI on this GPU, or engine vllm (fp8 weight-only via Marlin)",
+            )
+
+    def length_problems(self, recipe: Recipe, max_model_len: int) -> Iterator[Problem]:
+        # TGI's launcher: max_input_tokens < max_total_tokens <= ..., max_batch_prefill_tokens >= max_input_tokens
+        max_input_tokens = max_model_len - 1
+        prefill = recipe.limits.max_num_batched_tokens
+        if prefill is not None and prefill < max_input_tokens:
+            yield Problem(
+                f"TGI needs --max-batch-prefill-tokens ({prefill:,}) >= --max-input-tokens "
+                f"({max_input_tokens:,} = max_model_len - 1); it refuses to start otherwise",
+                path="limits.max_num_batched_tokens",
+                value=prefill,
+                has_value=True,
+                fix=f"set limits.max_num_batched_tokens to at least {max_input_tokens}, or lower limits.max_model_len",
+            )
+
+    def speculative_problems(self, recipe: Recipe) -> Iterator[Problem]:
+        spec = recipe.speculative
+        if spec is not None and spec.method == "draft":
+            yield Problem(
+                "TGI cannot speculate with a separate draft model (only n-gram or Medusa heads, via --speculate)",
+                path="speculative.method",
+                value=spec.method,
+                has_value=True,
+                fix="use speculative.method: ngram, or engine vllm for a draft model",
+            )
+
+    def map_flags(self, recipe: Recipe, plan: PlanFigures, flags: Flags) -> None:
+        lim, kv, par = recipe.limits, recipe.kv_cache, recipe.parallelism
+        if recipe.hardware.device == "cpu":
+            flags.unsupported(
+                "hardware.device",
+                "cpu",
+                "the pinned TGI launcher image serves on CUDA only",
+                "use hardware.device: cuda, or engine.type: vllm / builtin",
+            )
+        if recipe.model.random_weights:
+            flags.unsupported(
+                "model.random_weights",
+                True,
+                "it has no dummy weight loader",
+                "use engine.type: vllm (--load-format dummy) or builtin",
+            )
+        if is_gguf(recipe.model):
+            flags.unsupported(
+                "model",
+                recipe.model.pypi.file if recipe.model.pypi else recipe.model.path,
+                "TGI's launcher loads safetensors checkpoints, not GGUF files",
+                "point model.id at a checkpoint, or use engine.type: builtin",
+            )
+        model_flags(recipe, flags, ("float16", "bfloat16"), _QUANTIZATION, "--quantize", quantize_gguf=True)
+        kv_dtype_flag(recipe, flags, "--kv-cache-dtype", _KV_DTYPES)
+        if par.tensor > 1:
+            flags.add("--num-shard", str(par.tensor))
+        if par.pipeline > 1:
+            flags.unsupported(
+                "parallelism.pipeline",
+                par.pipeline,
+                "TGI shards by tensor parallelism only",
+                "use parallelism.tensor (TGI --num-shard), or engine.type: vllm",
+            )
+        if recipe.hardware.nodes > 1:
+            flags.unsupported(
+                "hardware.nodes",
+                recipe.hardware.nodes,
+                "TGI serves from one node",
+                "use hardware.nodes: 1, or engine.type: vllm",
+            )
+        if lim.max_model_len is not None:
+            flags.add("--max-input-tokens", str(max(1, lim.max_model_len - 1)))
+            flags.add("--max-total-tokens", str(lim.max_model_len))
+        flags.add("--max-concurrent-requests", str(lim.max_num_seqs))
+        if lim.max_num_batched_tokens is not None:
+            flags.add("--max-batch-prefill-tokens", str(lim.max_num_batched_tokens))
+        flags.add("--cuda-memory-fraction", str(lim.gpu_memory_utilization))
+        if lim.kv_cache_memory_gib is not None:
+            if plan.kv_cache_tokens is None:
+                flags.unsupported(
+                    "limits.kv_cache_memory_gib",
+                    lim.kv_cache_memory_gib,
+                    "TGI takes a KV budget in tokens (--max-batch-total-tokens), computed from the plan",
+                    "render with a plan (llmdeploy render does), or drop kv_cache_memory_gib",
+                )
+            else:
+                flags.add("--max-batch-total-tokens", str(plan.kv_cache_tokens))
+        if kv.block_size != DEFAULT_BLOCK_SIZE:
+            flags.unsupported(
+                "kv_cache.block_size",
+                kv.block_size,
+                "TGI picks its block size from its attention kernel",
+                f"leave kv_cache.block_size at {DEFAULT_BLOCK_SIZE}",
+            )
+        flags.env["PREFIX_CACHING"] = "1" if kv.prefix_caching else "0"
+        if not lim.enable_chunked_prefill:
+            flags.unsupported(
+                "limits.enable_chunked_prefill",
+                False,
+                "TGI 3 always chunks long prefills",
+                "set limits.enable_chunked_prefill: true, or engine.type: vllm",
+            )
+        name = recipe.server.served_model_name
+        if name and name != recipe.model.id:
+            flags.unsupported(
+                "server.served_model_name",
+                name,
+                "the pinned TGI launcher reports the model id",
+                "remove server.served_model_name or set it to model.id",
+            )
+        _speculate(recipe, flags)
+
+    def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
+        seqs = inputs.max_num_seqs or 128
+        prefill = inputs.max_num_batched_tokens or max(DEFAULT_PREFILL_TOKENS, min(inputs.context_len, 8192))
+        total = int(inputs.total_memory_gib * GIB)
+        usable = int(total * inputs.gpu_memory_utilization)  # TGI's --cuda-memory-fraction
+        weights = weights_bytes_per_gpu(inputs)
+        act = activation_bytes(inputs, prefill, min(seqs, prefill))
+        non_torch = non_torch_bytes(inputs) + int(CUDA_CONTEXT_GIB * GIB)
+        graphs = cuda_graph_bytes(inputs, min(seqs, 128))
+        free = usable - weights - act - non_torch - graphs
+        kv = int(free * WIGGLE_ROOM) if free > 0 else free
+        note = (f"TGI: --max-batch-total-tokens from the KV cache; --max-batch-prefill-tokens {prefill:,}",)
+        return assemble_plan(inputs, usable, weights, act, non_torch, graphs, kv, prefill, seqs, note)
+
+
+def _speculate(recipe: Recipe, flags: Flags) -> None:
+    spec = recipe.speculative
+    if spec is None:
+        return
+    if spec.method != "ngram":
+        flags.unsupported(
+            "speculative.method",
+            spec.method,
+            "TGI speculates with n-grams (or Medusa heads) only",
+            "use speculative.method: ngram, or engine.type: vllm",
+        )
+    elif (spec.prompt_lookup_max, spec.prompt_lookup_min) != (4, 1):
+        flags.unsupported(
+            "speculative.prompt_lookup_max",
+            spec.prompt_lookup_max,
+            "TGI's n-gram lookup window is fixed",
+            "leave prompt_lookup_max/min at 4/1",
+        )
+    else:
+        flags.add("--speculate", str(spec.num_speculative_tokens))
+
+
+TGI = TGIEngine()
