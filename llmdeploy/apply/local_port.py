@@ -12,6 +12,7 @@ import socket
 import httpx
 
 from llmdeploy.apply.local_state import LocalState, live_states_on_port
+from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.smoke.identity import EngineIdentity
@@ -30,7 +31,7 @@ def port_free(host: str, port: int) -> bool:
 def engine_identity(recipe: Recipe, instance_id: str) -> EngineIdentity:
     """What the started engine must answer with; only the built-in engine echoes an instance id."""
     served = recipe.server.served_model_name or recipe.model.id
-    echoes_instance = recipe.engine.type == "builtin"
+    echoes_instance = get_engine(recipe.engine.type).echoes_instance_id
     return EngineIdentity(served, instance_id if echoes_instance and instance_id else None)
 
 

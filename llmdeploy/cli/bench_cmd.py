@@ -10,6 +10,7 @@ from typing import TypeVar
 import click
 
 from llmdeploy.cli.endpoint_args import endpoint_options, first_served_model, resolve_endpoint
+from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
 
@@ -58,7 +59,7 @@ def _slo_options(command: F) -> F:
 
 def _ignore_eos(flag: object, recipe: Recipe | None) -> bool | None:
     """TGI has no ignore_eos: a TGI recipe does not send it unless --ignore-eos says so."""
-    if flag is None and recipe is not None and recipe.engine.type == "tgi":
+    if flag is None and recipe is not None and not get_engine(recipe.engine.type).accepts_ignore_eos:
         return False
     return flag if isinstance(flag, bool) else None
 

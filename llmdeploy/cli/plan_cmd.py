@@ -10,9 +10,10 @@ from pathlib import Path
 import click
 
 from llmdeploy.catalog.gpus import GPUSpec
+from llmdeploy.engines import ENGINES
 from llmdeploy.errors import UserError
-from llmdeploy.planner.envelope import EnvelopeBudget
 from llmdeploy.memory.memory_plan import MemoryPlan
+from llmdeploy.planner.envelope import EnvelopeBudget
 
 _QUANT = ["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
 _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -43,7 +44,7 @@ _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 @click.option("--max-num-seqs", type=int)
 @click.option("--kv-cache-memory-gib", type=float, help="Explicit KV budget per GPU (or CPU).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda")
-@click.option("--engine", type=click.Choice(["vllm", "tgi", "builtin"]), default="vllm", show_default=True)
+@click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True)
 @click.option("--engine-version", help="Engine release (vLLM >= 0.21 counts CUDA graphs in the budget).")
 @click.option("--params-b", type=float, help="Shape-only mode: parameters in billions.")
 @click.option("--num-layers", type=int, help="Shape-only mode: decoder layers.")
@@ -132,8 +133,8 @@ def plan_command(
     """
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.cli.plan_fit import FitFlags, recipe_fit_inputs, run_fit, show_plan
-    from llmdeploy.planner.plan import plan_from_inputs
     from llmdeploy.memory.plan_inputs import PlanInputs, inputs_from_recipe
+    from llmdeploy.planner.plan import plan_from_inputs
 
     if len(gpu_names) > 1 and not fit:
         raise click.UsageError("--gpu names one GPU (repeat it only with --fit)")
@@ -250,8 +251,8 @@ def _shape_only(
     tensor_parallel_size: int,
 ) -> MemoryPlan:
     from llmdeploy.catalog.gpus import resolve_gpu
-    from llmdeploy.planner.envelope import GB, GIB, envelope_budget, envelope_plan
     from llmdeploy.memory.plan_inputs import KV_DTYPE_BYTES
+    from llmdeploy.planner.envelope import GB, GIB, envelope_budget, envelope_plan
 
     missing = [
         f

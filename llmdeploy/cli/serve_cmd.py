@@ -44,10 +44,11 @@ def _confirm(assume_yes: bool) -> Callable[[str], bool]:
 def recipe_command(recipe: Recipe, assume_yes: bool, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The built-in engine's argv and environment for `recipe` (model prepared, key taken from env)."""
     from llmdeploy.apply.model_source import prepare_model
+    from llmdeploy.engines import get_engine
     from llmdeploy.planner import make_plan
     from llmdeploy.render.engine_command import engine_command
 
-    if recipe.engine.type != "builtin":
+    if not get_engine(recipe.engine.type).bundled:
         raise UserError.one(
             "`llmdeploy serve` runs the built-in engine; this recipe asks for another engine",
             path="engine.type",

@@ -87,9 +87,9 @@ def smoke_command(
 
 
 def _record_calibration(recipe: Recipe, report: SmokeReport, path: Path) -> None:
+    from llmdeploy.memory.plan_inputs import inputs_from_recipe
     from llmdeploy.planner.calibration import new_record, record_measurement
     from llmdeploy.planner.plan import plan_from_inputs
-    from llmdeploy.memory.plan_inputs import inputs_from_recipe
 
     actual = report.kv.actual if report.kv is not None else None
     if actual is None:

@@ -4,10 +4,10 @@ Each engine owns its recipe rules, flag mapping and flag catalogue, memory rule,
 metric names and how smoke reads its actual KV capacity; the stages look it up with
 `get_engine(recipe.engine.type)` and never branch on an engine's name.
 
-Layer: errors < catalog < recipe (schema) < memory < engines < planner < render < apply < smoke,
-bench < cli. `engines` imports `errors`, `catalog`, `recipe.schema` and `memory` only; `memory`
-holds the engine-neutral building blocks of the memory rules, so `planner` can ask an engine for
-its plan without a cycle.
+Layer: errors < catalog < recipe (its schema) < memory < engines < planner < render, apply, smoke,
+bench, cli. `engines` imports `llmdeploy` (the version), `errors`, `catalog`, `recipe.schema` and
+`memory` only, never a stage above it; `memory` holds the engine-neutral building blocks of the
+memory rules, so `planner` asks an engine for its plan without a cycle.
 """
 
 from llmdeploy.engines.base import Engine, KVCapacity, PlanFigures

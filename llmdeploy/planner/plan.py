@@ -18,12 +18,12 @@ if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan -
 _INT4_FROM = {"none", "fp8", "int8"}
 
 
-
 def plan_for(inputs: PlanInputs) -> MemoryPlan:
     """The memory plan of `inputs` by its engine's own start-up accounting (no suggestions)."""
     plan = get_engine(inputs.engine).memory_plan(inputs)
     assert math.isfinite(plan.max_concurrency)
     return plan
+
 
 def make_plan(recipe: Recipe) -> MemoryPlan:
     return plan_from_inputs(inputs_from_recipe(recipe))

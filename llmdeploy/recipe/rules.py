@@ -10,9 +10,10 @@ import dataclasses
 from collections.abc import Iterator
 
 from llmdeploy.catalog import GPUSpec, ModelSpec, resolve_gpu, resolve_model
+from llmdeploy.engines import get_engine
+from llmdeploy.engines.recipe_rules import engine_support_problems, speculative_problems
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.planner import MemoryPlan
-from llmdeploy.recipe.engine_support import engine_support_problems, speculative_problems
 from llmdeploy.recipe.schema import LengthRange, Recipe
 
 # vLLM's fp8 KV cache and FP8 Marlin (weight-only fp8) need Ampere or newer
@@ -34,6 +35,7 @@ def check_recipe(recipe: Recipe, plan: MemoryPlan) -> list[Problem]:
     problems = [
         *_parallelism(recipe, model),
         *_fp8(recipe, model, gpu),
+        *(get_engine(recipe.engine.type).gpu_problems(recipe, model, gpu) if gpu is not None else ()),
         *_context(recipe, model, plan),
         *engine_support_problems(recipe, model),
         *speculative_problems(recipe, model),
@@ -48,19 +50,7 @@ def check_recipe(recipe: Recipe, plan: MemoryPlan) -> list[Problem]:
 
 def recipe_notes(recipe: Recipe) -> list[str]:
     """Things worth knowing that are not errors (shown by `validate`, never failing it)."""
-    notes = []
-    gpu = _gpu_or_none(recipe)
-    if gpu is not None and not gpu.fp8_support and recipe.engine.type == "vllm":
-        if recipe.kv_cache.dtype.startswith("fp8"):
-            notes.append(
-                f"{gpu.name} has no fp8 tensor cores: the fp8 KV cache halves its memory, "
-                "but attention still computes in 16-bit"
-            )
-        if recipe.model.quantization == "fp8":
-            notes.append(
-                f"{gpu.name} has no fp8 tensor cores: vLLM runs fp8 weights weight-only (W8A16, FP8 Marlin)"
-            )
-    return notes
+    return get_engine(recipe.engine.type).notes(recipe, _gpu_or_none(recipe))
 
 
 def _gpu_or_none(recipe: Recipe) -> GPUSpec | None:
@@ -140,15 +130,6 @@ def _fp8(recipe: Recipe, model: ModelSpec, gpu: GPUSpec | None) -> Iterator[Prob
             path="model.quantization",
             fix="use an H100/L40S/RTX-4090-class GPU, or awq/gptq int4 weights",
         )
-    if recipe.engine.type == "tgi" and weights_fp8 and not gpu.fp8_support:
-        # TGI's launcher docs: fp8 (e4m3) weights need fp8 hardware; it has no weight-only fallback like vLLM's
-        yield Problem(
-            f"TGI's fp8 weights need a GPU with fp8 support (compute capability 8.9+); {gpu.name} has none",
-            path="model.quantization",
-            value="fp8",
-            has_value=True,
-            fix="use awq/gptq weights with TGI on this GPU, or engine vllm (fp8 weight-only via Marlin)",
-        )
 
 
 def derived_max_model_len(model: ModelSpec) -> int:
@@ -196,51 +177,8 @@ def _context(recipe: Recipe, model: ModelSpec, plan: MemoryPlan) -> Iterator[Pro
                 has_value=True,
                 fix="use far fewer tokens for a smoke reply, e.g. 32",
             )
-    if recipe.engine.type == "tgi":
-        yield from _tgi_lengths(recipe, context)
-    if recipe.engine.type == "vllm":
-        yield from _vllm_batch(recipe, context)
-
-
-def _vllm_batch(recipe: Recipe, max_model_len: int) -> Iterator[Problem]:
-    # vLLM's scheduler config refuses both at start-up
-    lim = recipe.limits
-    batched = lim.max_num_batched_tokens
-    if batched is None:
-        return
-    if batched < lim.max_num_seqs:
-        yield Problem(
-            f"vLLM needs max_num_batched_tokens ({batched:,}) >= max_num_seqs ({lim.max_num_seqs})",
-            path="limits.max_num_batched_tokens",
-            value=batched,
-            has_value=True,
-            fix=f"raise limits.max_num_batched_tokens to at least {lim.max_num_seqs}, or lower max_num_seqs",
-        )
-    if not lim.enable_chunked_prefill and batched < max_model_len:
-        yield Problem(
-            f"without chunked prefill vLLM needs max_num_batched_tokens ({batched:,}) >= max_model_len "
-            f"({max_model_len:,}), or the longest prompts can never be scheduled",
-            path="limits.max_num_batched_tokens",
-            value=batched,
-            has_value=True,
-            fix=f"set limits.max_num_batched_tokens to at least {max_model_len}, or enable_chunked_prefill: true",
-        )
+    yield from get_engine(recipe.engine.type).length_problems(recipe, context)
 
 
 def _longest(length: int | LengthRange) -> int:
     return length.max if isinstance(length, LengthRange) else length
-
-
-def _tgi_lengths(recipe: Recipe, max_total_tokens: int) -> Iterator[Problem]:
-    # TGI's launcher: max_input_tokens < max_total_tokens <= ..., max_batch_prefill_tokens >= max_input_tokens
-    max_input_tokens = max_total_tokens - 1
-    prefill = recipe.limits.max_num_batched_tokens
-    if prefill is not None and prefill < max_input_tokens:
-        yield Problem(
-            f"TGI needs --max-batch-prefill-tokens ({prefill:,}) >= --max-input-tokens "
-            f"({max_input_tokens:,} = max_model_len - 1); it refuses to start otherwise",
-            path="limits.max_num_batched_tokens",
-            value=prefill,
-            has_value=True,
-            fix=f"set limits.max_num_batched_tokens to at least {max_input_tokens}, or lower limits.max_model_len",
-        )

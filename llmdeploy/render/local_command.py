@@ -47,8 +47,8 @@ def local_engine_command(
     argv = found.argv(list(command.argv))
     env = dict(command.env)
     if Path(model_ref).exists():
-        for name, value in engine.local_folder_env:
-            env.setdefault(name, value)  # a local folder needs no hub; never wait on one
+        for name, setting in engine.local_folder_env:
+            env.setdefault(name, setting)  # a local folder needs no hub; never wait on one
     for secret in command.secrets:
         knob = "server.hf_token" if secret.name == "HF_TOKEN" else "server.api_key"
         if secret.from_env is None:

@@ -63,7 +63,9 @@ def _secret_sources(recipe: Recipe) -> list[Problem]:
         ("server.api_key", recipe.server.api_key),
         ("server.hf_token", recipe.server.hf_token),
     ):
-        if source is None or (knob == "server.hf_token" and not get_engine(recipe.engine.type).downloads_from_hub):
+        if source is None or (
+            knob == "server.hf_token" and not get_engine(recipe.engine.type).downloads_from_hub
+        ):
             continue  # the engine's own rule refuses a hub token
         if target == "kubernetes" and isinstance(source, ApiKeyFromEnv):
             problems.append(

@@ -1,8 +1,8 @@
 """The KV cache size an engine actually allocated, from Prometheus metrics or its start-up log.
 
-- built-in engine: gauge `llmdeploy:kv_cache_tokens`
-- vLLM: `vllm:cache_config_info` label `kv_cache_size_tokens`, else `num_gpu_blocks` x `block_size`; its start-up
-  log says "GPU KV cache size: 123,456 tokens"
+Each engine says where it states the figure (`Engine.kv_capacity_from_metrics`, `Engine.kv_log_line`);
+smoke may not know which engine answers, so it asks each in turn: an engine that also speaks another
+engine's metric names (the built-in engine exports vLLM's) first, since its own gauge is the exact one.
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from llmdeploy.smoke.report import KVCapacity
+from llmdeploy.engines import ENGINES, Engine
+from llmdeploy.engines.base import MetricSample
+from llmdeploy.engines.base import KVCapacity
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_LOG_LINE = re.compile(r"(?:GPU|CPU) KV cache size:\s*([\d,]+)\s*tokens")
 
 
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+def parse_metrics(text: str) -> list[MetricSample]:
     """(name, labels, value) for every sample line of a Prometheus text exposition."""
     samples = []
     for line in text.splitlines():
@@ -35,36 +36,28 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
     return samples
 
 
-def _int_label(labels: dict[str, str], key: str) -> int | None:
-    value = labels.get(key, "")
-    return int(value) if value.isdigit() else None
+def _engines() -> list[Engine]:
+    return sorted(ENGINES.values(), key=lambda engine: not engine.reexports_metrics)
 
 
 def capacity_from_metrics(text: str) -> KVCapacity | None:
     samples = parse_metrics(text)
-    for name, _, value in samples:
-        if name == "llmdeploy:kv_cache_tokens" and value > 0:
-            return KVCapacity(int(value), "/metrics llmdeploy:kv_cache_tokens")
-    for name, labels, _ in samples:
-        if name == "vllm:cache_config_info":
-            tokens = _int_label(labels, "kv_cache_size_tokens")  # recent vLLM releases state it outright
-            if tokens:
-                return KVCapacity(tokens, "/metrics vllm:cache_config_info kv_cache_size_tokens")
-            blocks, block_size = _int_label(labels, "num_gpu_blocks"), _int_label(labels, "block_size")
-            if blocks and block_size:
-                return KVCapacity(
-                    blocks * block_size, "/metrics vllm:cache_config_info num_gpu_blocks x block_size"
-                )
+    for engine in _engines():
+        found = engine.kv_capacity_from_metrics(samples)
+        if found is not None:
+            return found
     return None
 
 
 def capacity_from_log(path: str | Path) -> KVCapacity | None:
-    """The last "GPU (or CPU) KV cache size: N tokens" line of a vLLM or built-in engine start-up log."""
+    """The KV cache size of the last start-up log line an engine states it in (vLLM and the
+    built-in engine: "GPU (or CPU) KV cache size: N tokens")."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    found = _LOG_LINE.findall(text)
-    if not found:
-        return None
-    return KVCapacity(int(found[-1].replace(",", "")), f"log {path}")
+    for engine in _engines():
+        found = engine.kv_log_line.findall(text) if engine.kv_log_line is not None else []
+        if found:
+            return KVCapacity(int(found[-1].replace(",", "")), f"log {path}")
+    return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmdeploy.engines.base import KVCapacity
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -16,14 +18,6 @@ class CheckResult:
         status = "ok  " if self.ok else "FAIL"
         detail = ": " + " ".join(self.detail.split()) if self.detail else ""  # one line per check
         return f"{status}  {self.name} ({self.duration_s:.2f} s){detail}"
-
-
-@dataclass(frozen=True)
-class KVCapacity:
-    """The engine's KV cache size in tokens, and where the number was read."""
-
-    tokens: int
-    source: str  # e.g. "/metrics llmdeploy:kv_cache_tokens"
 
 
 @dataclass(frozen=True)

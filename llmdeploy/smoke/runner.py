@@ -11,12 +11,14 @@ from typing import Protocol, TextIO, TypeVar
 
 import httpx
 
+from llmdeploy.engines import get_engine
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.smoke import openai_checks, tgi_checks
 from llmdeploy.smoke.health import wait_for_health
 from llmdeploy.smoke.identity import EngineIdentity
 from llmdeploy.smoke.kv_capacity import capacity_from_log, capacity_from_metrics
-from llmdeploy.smoke.report import CheckResult, KVCapacity, KVComparison, SmokeReport
+from llmdeploy.engines.base import KVCapacity
+from llmdeploy.smoke.report import CheckResult, KVComparison, SmokeReport
 
 T = TypeVar("T")
 _DEFAULT_STARTUP_S = 60.0
@@ -162,7 +164,9 @@ def smoke(
                     partial(openai_checks.recipe_prompt, client, base_url, name, prompt),
                 )[0]
             )
-        if tgi_checks.tgi_info(client, base_url) is not None or (recipe and recipe.engine.type == "tgi"):
+        if tgi_checks.tgi_info(client, base_url) is not None or (
+            recipe and get_engine(recipe.engine.type).tgi_api
+        ):
             checks.append(
                 _timed(
                     "TGI InferenceClient.chat_completion",

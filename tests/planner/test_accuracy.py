@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from llmdeploy.memory.footprint import NON_TORCH_RULES, non_torch_rule, release
 from llmdeploy.planner.accuracy import (
     DEFAULT_FIXTURES,
     LEGACY,
@@ -20,7 +21,6 @@ from llmdeploy.planner.accuracy import (
     report,
     summaries,
 )
-from llmdeploy.memory.footprint import NON_TORCH_RULES, non_torch_rule, release
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs.json"
 

@@ -9,8 +9,8 @@ import pytest
 from llmdeploy.catalog import resolve_model
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.memory import builtin_rule
-from llmdeploy.planner.plan import plan_for
 from llmdeploy.memory.plan_inputs import PlanInputs
+from llmdeploy.planner.plan import plan_for
 
 GIB = 2**30
 

@@ -72,8 +72,8 @@ def test_builtin_plan_sets_graph_memory_aside_like_the_engine() -> None:
     from dataclasses import replace
 
     from llmdeploy.catalog.models import resolve_model
-    from llmdeploy.planner import PlanInputs, plan_from_inputs
     from llmdeploy.memory.builtin_rule import cuda_graph_bytes
+    from llmdeploy.planner import PlanInputs, plan_from_inputs
 
     inputs = PlanInputs(
         spec=resolve_model("meta-llama/Llama-3.1-8B"),

@@ -8,8 +8,9 @@ import pytest
 
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
-from llmdeploy.planner import PlanInputs, accuracy, cuda_graphs, plan_from_inputs
+from llmdeploy.memory import cuda_graphs
 from llmdeploy.memory.memory_plan import GIB
+from llmdeploy.planner import PlanInputs, accuracy, plan_from_inputs
 
 MIB = 2**20
 

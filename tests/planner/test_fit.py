@@ -16,9 +16,9 @@ from llmdeploy.catalog.prices import load_prices, shipped_prices
 from llmdeploy.cli.main import main
 from llmdeploy.cli.plan_cmd import plan_command
 from llmdeploy.errors import UserError
-from llmdeploy.planner.plan import plan_for
-from llmdeploy.planner.fit import FitTarget, fit
 from llmdeploy.memory.plan_inputs import PlanInputs
+from llmdeploy.planner.fit import FitTarget, fit
+from llmdeploy.planner.plan import plan_for
 from llmdeploy.planner.roofline import (
     ACHIEVABLE_BANDWIDTH_FRACTION,
     decode_step,

@@ -13,8 +13,8 @@ import pytest
 
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.model_spec import ModelSpec, build_spec
-from llmdeploy.planner import PlanInputs, plan_from_inputs
 from llmdeploy.memory.kv_layout import kv_layout
+from llmdeploy.planner import PlanInputs, plan_from_inputs
 
 GIB = 2**30
 

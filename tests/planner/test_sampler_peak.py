@@ -78,8 +78,8 @@ def test_v1_activation_peak_uses_the_release_formula() -> None:
 
 def test_recipe_env_picks_the_sampler_backend() -> None:
     from llmdeploy.errors import UserError
-    from llmdeploy.planner.plan import plan_for
     from llmdeploy.memory.plan_inputs import inputs_from_recipe
+    from llmdeploy.planner.plan import plan_for
     from llmdeploy.recipe import load_recipe
 
     base = ["engine.version=0.10.1"]

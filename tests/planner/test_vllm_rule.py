@@ -8,10 +8,10 @@ import pytest
 
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
-from llmdeploy.planner import PlanInputs, plan_from_inputs
 from llmdeploy.memory.footprint import weights_bytes_per_gpu
 from llmdeploy.memory.kv_layout import kv_layout
 from llmdeploy.memory.memory_plan import GIB
+from llmdeploy.planner import PlanInputs, plan_from_inputs
 
 KEYS = {
     "weights_gib",
@@ -272,8 +272,8 @@ def test_fused_moe_workspace_per_release() -> None:
 def test_plan_names_the_allreduce_fusion_workspace_it_leaves_out() -> None:
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.catalog.models import resolve_model
-    from llmdeploy.planner.plan import plan_for
     from llmdeploy.memory.plan_inputs import PlanInputs
+    from llmdeploy.planner.plan import plan_for
 
     def notes(gpu: str, tp: int, version: str | None, eager: bool = False) -> str:
         inputs = PlanInputs(

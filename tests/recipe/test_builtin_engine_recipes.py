@@ -34,7 +34,7 @@ ENGINE_SUPPORT_PATHS = ("engine.type", "model.quantization", "kv_cache.dtype")
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_builtin_engine_supports_every_recipes_model_format_and_kv_dtype(path: Path) -> None:
     from llmdeploy.catalog import resolve_model
-    from llmdeploy.recipe.engine_support import engine_support_problems
+    from llmdeploy.engines.recipe_rules import engine_support_problems
 
     recipe = load_recipe(path, overrides=["engine.type=builtin"], env=ENV)
     problems = [

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from llmdeploy.engines.builtin import BUILTIN_ARCHITECTURES, BUILTIN_KV_DTYPES
 from llmdeploy.errors import Problem
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe
-from llmdeploy.recipe.engine_support import BUILTIN_ARCHITECTURES, BUILTIN_KV_DTYPES
 from llmdeploy.recipe.rules import check_recipe, recipe_notes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from vllm_install import REPO_ROOT, SETUP_SCRIPT, vllm_python
 
+from llmdeploy.engines.catalogue import PINNED_VERSIONS, catalogue_path
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import Recipe, load_recipe
 from llmdeploy.render import engine_command
-from llmdeploy.render.flag_catalogue import PINNED_VERSIONS, catalogue_path
 from llmdeploy.render.model_location import container_model_ref
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

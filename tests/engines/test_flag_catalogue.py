@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from llmdeploy.engines.catalogue import PINNED_VERSIONS, catalogue_path
+from llmdeploy.engines.catalogue_gen import builtin_catalogue
 from llmdeploy.render import check_flags
-from llmdeploy.render.catalogue_gen import builtin_catalogue
-from llmdeploy.render.flag_catalogue import PINNED_VERSIONS, catalogue_path
 
 
 def test_renamed_flag_is_a_problem_with_a_suggestion() -> None:
