@@ -37,13 +37,15 @@ BUILTIN_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-# fp8 is e4m3 (vLLM's meaning), stored with per-layer scales; 1 byte per element in the plan
-BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
-# weight formats the built-in engine loads: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ
-# int4 and fp8 (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
-BUILTIN_QUANTIZATIONS = ("none", "gguf", "awq", "gptq", "fp8")
+# --kv-cache-dtype spellings; fp8 is e4m3 (vLLM's meaning), stored with per-layer scales, 1 byte per
+# element in the plan
 _KV_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+# --quantization methods: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ int4 and fp8
+# (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
 _QUANTIZATION = {"gguf": "gguf", "awq": "awq", "gptq": "gptq", "fp8": "fp8"}
+# what validate accepts is what the flags can say, so the two lists cannot drift apart
+BUILTIN_KV_DTYPES = ("auto", *_KV_DTYPES)
+BUILTIN_QUANTIZATIONS = ("none", *_QUANTIZATION)
 # its images are the tags docs/docker.md's build commands give docker/engine*.Dockerfile
 ENGINE_IMAGE = "llmdeploy/engine"
 CPU_IMAGE_SUFFIX = "-cpu"
@@ -129,7 +131,7 @@ class BuiltinEngine(EngineDefaults):
 
     def speculative_problems(self, recipe: Recipe) -> Iterator[Problem]:
         spec = recipe.speculative
-        if spec is not None and spec.method == "draft" and not recipe.model.random_weights:
+        if spec is not None and _draft_by_hub_id(recipe):
             yield Problem(
                 "the built-in engine loads local files only, so it cannot fetch a draft model by hub id "
                 "(a draft runs here only as random weights, next to a random-weights target)",
@@ -148,7 +150,7 @@ class BuiltinEngine(EngineDefaults):
         vllm_style_limits(recipe, flags)
         spec = recipe.speculative
         if spec is not None:
-            if spec.method == "draft" and not recipe.model.random_weights:
+            if _draft_by_hub_id(recipe):
                 flags.unsupported(
                     "speculative.draft_model",
                     spec.draft_model,
@@ -191,6 +193,12 @@ class BuiltinEngine(EngineDefaults):
             if name == KV_TOKENS_GAUGE and value > 0:
                 return KVCapacity(int(value), f"/metrics {KV_TOKENS_GAUGE}")
         return None
+
+
+def _draft_by_hub_id(recipe: Recipe) -> bool:
+    """A draft model it would have to download: it runs a draft only as random weights."""
+    spec = recipe.speculative
+    return spec is not None and spec.method == "draft" and not recipe.model.random_weights
 
 
 def _weights_bytes(inputs: PlanInputs) -> int:
