@@ -10,14 +10,7 @@ from typing import TYPE_CHECKING
 
 from llmdeploy import __version__
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
-from llmdeploy.engines.flags import (
-    Flags,
-    kv_dtype_flag,
-    model_flags,
-    speculative_config_json,
-    vllm_style_limits,
-    vllm_style_parallel,
-)
+from llmdeploy.engines.flags import Flags, speculative_config_json, vllm_style_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
 from llmdeploy.errors import Problem
 from llmdeploy.memory import builtin_rule
@@ -39,10 +32,10 @@ BUILTIN_ARCHITECTURES = {
 }
 # --kv-cache-dtype spellings; fp8 is e4m3 (vLLM's meaning), stored with per-layer scales, 1 byte per
 # element in the plan
-_KV_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+_KV_DTYPES = {dtype: dtype for dtype in ("fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")}
 # --quantization methods: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ int4 and fp8
 # (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
-_QUANTIZATION = {"gguf": "gguf", "awq": "awq", "gptq": "gptq", "fp8": "fp8"}
+_QUANTIZATION = {method: method for method in ("gguf", "awq", "gptq", "fp8")}
 # what validate accepts is what the flags can say, so the two lists cannot drift apart
 BUILTIN_KV_DTYPES = ("auto", *_KV_DTYPES)
 BUILTIN_QUANTIZATIONS = ("none", *_QUANTIZATION)
@@ -60,8 +53,6 @@ class BuiltinEngine(EngineDefaults):
     pinned_version = "0.1.0"
     entrypoint: tuple[str, ...] = ("llmdeploy-engine", "serve")
     api_key_env = "VLLM_API_KEY"
-    model_flag = "--model"
-    host_flag = "--host"
     image = f"{ENGINE_IMAGE}:{__version__}"
     queue_metric: str | None = "vllm:num_requests_waiting"
     kv_usage_metric: str | None = "vllm:kv_cache_usage_perc"
@@ -70,19 +61,10 @@ class BuiltinEngine(EngineDefaults):
     executable = "llmdeploy-engine"
     install_hint = "pip install 'llmdeploy[engine]' so `llmdeploy-engine` is on PATH"
     local_python: LocalPython | None = LocalPython("llmdeploy_engine", ("llmdeploy",))
-    local_flag_check: str | None = None
     bundled = True
     echoes_instance_id = True
     downloads_from_hub = False
-    local_folder_env: tuple[tuple[str, str], ...] = ()
-    gguf_as_checkpoint = False
     random_weights_prefix: str | None = "random:"
-    launch_python_var: str | None = None
-    tgi_api = False
-    accepts_ignore_eos = True
-
-    def catalogue_file(self, version: str) -> str:
-        return f"builtin-{version}.json"
 
     def container_image(self, recipe: Recipe) -> str:
         return self.image + (CPU_IMAGE_SUFFIX if recipe.hardware.device == "cpu" else "")
@@ -142,12 +124,10 @@ class BuiltinEngine(EngineDefaults):
             )
 
     def map_flags(self, recipe: Recipe, plan: PlanFigures, flags: Flags) -> None:
-        model_flags(recipe, flags, ("float16", "bfloat16", "float32"), _QUANTIZATION, local_files_only=True)
-        if recipe.hardware.device == "cpu":
-            flags.add("--device", "cpu")
-        kv_dtype_flag(recipe, flags, "--kv-cache-dtype", _KV_DTYPES)
-        vllm_style_parallel(recipe, flags, single_node=True)
-        vllm_style_limits(recipe, flags)
+        device = (("--device", "cpu"),) if recipe.hardware.device == "cpu" else ()
+        vllm_style_flags(
+            recipe, flags, _KV_DTYPES, _QUANTIZATION, device, single_node=True, local_files_only=True
+        )
         spec = recipe.speculative
         if spec is not None:
             if _draft_by_hub_id(recipe):
