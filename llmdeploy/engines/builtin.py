@@ -12,6 +12,7 @@ from llmdeploy import __version__
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
 from llmdeploy.engines.flags import Flags, speculative_config_json, vllm_style_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
+from llmdeploy.engines.problems import knob_problems
 from llmdeploy.errors import Problem
 from llmdeploy.memory import builtin_rule
 from llmdeploy.memory.footprint import activation_bytes
@@ -77,39 +78,38 @@ class BuiltinEngine(EngineDefaults):
         return [executable, *rendered[1:]]
 
     def support_problems(self, recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
-        if model.architecture not in BUILTIN_ARCHITECTURES or model.is_moe or model.is_mla:
-            yield Problem(
-                f"the built-in engine cannot run {model.architecture}"
-                + (" with MoE/MLA layers" if model.is_moe or model.is_mla else ""),
-                path="engine.type",
-                value=self.name,
-                has_value=True,
-                fix=f"use engine vllm, or a {' / '.join(BUILTIN_ARCHITECTURES.values())} model",
-            )
-        if recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES:
-            yield Problem(
+        other_layers = " with MoE/MLA layers" if model.is_moe or model.is_mla else ""
+        quantization = recipe.model.quantization
+        yield from knob_problems(
+            (
+                model.architecture not in BUILTIN_ARCHITECTURES or model.is_moe or model.is_mla,
+                "engine.type",
+                self.name,
+                f"the built-in engine cannot run {model.architecture}{other_layers}",
+                f"use engine vllm, or a {' / '.join(BUILTIN_ARCHITECTURES.values())} model",
+            ),
+            (
+                recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES,
+                "kv_cache.dtype",
+                recipe.kv_cache.dtype,
                 "the built-in engine has no such KV cache dtype",
-                path="kv_cache.dtype",
-                value=recipe.kv_cache.dtype,
-                has_value=True,
-                fix=f"use one of: {', '.join(BUILTIN_KV_DTYPES)}",
-            )
-        if recipe.model.quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights:
-            yield Problem(
+                f"use one of: {', '.join(BUILTIN_KV_DTYPES)}",
+            ),
+            (
+                quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights,
+                "model.quantization",
+                quantization,
                 "the built-in engine loads 16/32-bit, AWQ / GPTQ int4 and fp8 checkpoints and GGUF files only",
-                path="model.quantization",
-                value=recipe.model.quantization,
-                has_value=True,
-                fix=f"use one of: {', '.join(BUILTIN_QUANTIZATIONS)}, or engine vllm",
-            )
-        if recipe.parallelism.pipeline > 1:
-            yield Problem(
+                f"use one of: {', '.join(BUILTIN_QUANTIZATIONS)}, or engine vllm",
+            ),
+            (
+                recipe.parallelism.pipeline > 1,
+                "parallelism.pipeline",
+                recipe.parallelism.pipeline,
                 "the built-in engine has no pipeline parallelism",
-                path="parallelism.pipeline",
-                value=recipe.parallelism.pipeline,
-                has_value=True,
-                fix="use parallelism.tensor instead, or engine vllm",
-            )
+                "use parallelism.tensor instead, or engine vllm",
+            ),
+        )
 
     def speculative_problems(self, recipe: Recipe) -> Iterator[Problem]:
         spec = recipe.speculative

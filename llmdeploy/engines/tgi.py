@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from llmdeploy.engines.base import EngineDefaults, PlanFigures
 from llmdeploy.engines.flags import Flags, is_gguf, kv_dtype_flag, model_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
+from llmdeploy.engines.problems import knob_problems
 from llmdeploy.errors import Problem
 from llmdeploy.memory import footprint
 from llmdeploy.memory.memory_plan import MemoryPlan
@@ -56,22 +57,22 @@ class TGIEngine(EngineDefaults):
         return ["CMD", "curl", "-fsS", url]
 
     def support_problems(self, recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
-        if recipe.parallelism.pipeline > 1:
-            yield Problem(
+        yield from knob_problems(
+            (
+                recipe.parallelism.pipeline > 1,
+                "parallelism.pipeline",
+                recipe.parallelism.pipeline,
                 "TGI has no pipeline parallelism",
-                path="parallelism.pipeline",
-                value=recipe.parallelism.pipeline,
-                has_value=True,
-                fix="use parallelism.tensor instead, or engine vllm",
-            )
-        if recipe.model.quantization in UNSUPPORTED_QUANTIZATIONS:
-            yield Problem(
+                "use parallelism.tensor instead, or engine vllm",
+            ),
+            (
+                recipe.model.quantization in UNSUPPORTED_QUANTIZATIONS,
+                "model.quantization",
+                recipe.model.quantization,
                 "TGI cannot load GGUF files",
-                path="model.quantization",
-                value=recipe.model.quantization,
-                has_value=True,
-                fix="use an AWQ/GPTQ/fp8 checkpoint with TGI, or engine vllm / builtin for GGUF",
-            )
+                "use an AWQ/GPTQ/fp8 checkpoint with TGI, or engine vllm / builtin for GGUF",
+            ),
+        )
 
     def gpu_problems(self, recipe: Recipe, model: ModelSpec, gpu: GPUSpec) -> Iterator[Problem]:
         if recipe.model.quantization == "fp8" and not gpu.fp8_support:
@@ -218,21 +219,25 @@ def _speculate(recipe: Recipe, flags: Flags) -> None:
     spec = recipe.speculative
     if spec is None:
         return
-    if spec.method != "ngram":
-        flags.unsupported(
+    ngram = spec.method == "ngram"
+    default_window = (spec.prompt_lookup_max, spec.prompt_lookup_min) == (4, 1)
+    flags.refuse_where(
+        (
+            not ngram,
             "speculative.method",
             spec.method,
             "TGI speculates with n-grams (or Medusa heads) only",
             "use speculative.method: ngram, or engine.type: vllm",
-        )
-    elif (spec.prompt_lookup_max, spec.prompt_lookup_min) != (4, 1):
-        flags.unsupported(
+        ),
+        (
+            ngram and not default_window,
             "speculative.prompt_lookup_max",
             spec.prompt_lookup_max,
             "TGI's n-gram lookup window is fixed",
             "leave prompt_lookup_max/min at 4/1",
-        )
-    else:
+        ),
+    )
+    if ngram and default_window:
         flags.add("--speculate", str(spec.num_speculative_tokens))
 
 
