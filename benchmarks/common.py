@@ -169,7 +169,6 @@ def copy_bandwidth(device: str, size_bytes: int) -> float:
     src = torch.randint(0, 255, (size_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     seconds = median_time(lambda: dst.copy_(src), device)
-    del src, dst
     return 2 * size_bytes / seconds
 
 
