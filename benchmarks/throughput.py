@@ -121,6 +121,9 @@ def measure(hf_id: str, args: Any) -> dict[str, Any]:
         k = min(args.peer_requests or n, n)
         common.log(f"  transformers peer on {k} requests, batches of {args.peer_batch} ...")
         peer = run_peer(hf_id, prompts[:k], out_lens[:k], args.peer_batch, device)
+        gc.collect()
+        if device == "cuda":  # the next model's engine sizes its KV cache from the free memory
+            torch.cuda.empty_cache()
         row.update(
             peer_requests=k, peer_batch=args.peer_batch, peer_useful_tok_s=peer, x_peer=row["tok_s"] / peer
         )
