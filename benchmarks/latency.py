@@ -17,6 +17,7 @@ through transformers, converted by the engine's own `python -m llmdeploy_engine.
 
     python benchmarks/latency.py                                   # both reference models, bf16
     python benchmarks/latency.py --models llama-3.1-8b --quantization none,awq,fp8
+    python benchmarks/latency.py --models llama-3.1-8b --tensor-parallel-size 2   # a 2-GPU machine
     python benchmarks/latency.py --quick                           # CPU, tiny, seconds
 """
 
@@ -34,6 +35,7 @@ import common
 COLUMNS: list[common.Column] = [
     ("model", "model", ""),
     ("quantization", "weights", ""),
+    ("gpus", "parallel", ""),
     ("e2e_tok_s", "end to end tok/s", ",.0f"),
     ("decode_tok_s", "decode tok/s", ",.0f"),
     ("decode_spread", "decode min-max", ""),
@@ -94,7 +96,10 @@ def single_stream(
 
 
 def bytes_per_token(spec: Any, report: Any, context: float) -> float:
-    embedding = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden_size * 2
+    import torch
+
+    element = torch.finfo(getattr(torch, str(report.dtype).removeprefix("torch."))).bits // 8
+    embedding = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden_size * element
     return report.weights_bytes - embedding + report.kv_bytes_per_token * context
 
 
@@ -102,7 +107,9 @@ def measure(hf_id: str, model: str, quantization: str, args: Any, bandwidth: flo
     import torch
 
     spec = common.model_spec(hf_id)
-    engine = common.make_engine(model, args.device, enforce_eager=args.eager or None)
+    engine = common.make_engine(
+        model, args.device, enforce_eager=args.eager or None, tensor_parallel_size=args.tensor_parallel_size
+    )
     prompt_len, out_len = args.prompt_len, args.output_len
     prompts = common.random_prompts([prompt_len] * (args.repeats + 1), seed=1)
     single_stream(engine, "warm-up", prompts[0], out_len, args.device)  # compiles, allocator, graphs
@@ -121,6 +128,7 @@ def measure(hf_id: str, model: str, quantization: str, args: Any, bandwidth: flo
     return {
         "model": hf_id,
         "quantization": quantization,
+        "gpus": f"tp {args.tensor_parallel_size}",
         "prompt_len": prompt_len,
         "output_len": out_len,
         "e2e_tok_s": e2e[len(e2e) // 2],
@@ -146,6 +154,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (enforce_eager)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over")
     args = p.parse_args()
     device = common.resolve_device(args)
     if args.quick:
