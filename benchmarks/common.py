@@ -39,7 +39,62 @@ MODEL_TYPES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-Column = tuple[str, str, str]  # (row key, heading, format spec)
+
+# transformers config field -> the catalog ModelSpec's
+HF_FIELDS = dict(
+    vocab_size="vocab_size",
+    hidden_size="hidden_size",
+    intermediate_size="intermediate_size",
+    num_hidden_layers="num_layers",
+    num_attention_heads="num_attention_heads",
+    num_key_value_heads="num_kv_heads",
+    head_dim="head_dim",
+    max_position_embeddings="max_position_embeddings",
+    tie_word_embeddings="tie_word_embeddings",
+)
+# row key -> (table heading, format spec), for every suite script
+HEADINGS = {
+    "model": ("model", ""),
+    "quantization": ("weights", ""),
+    "gpus": ("parallel", ""),
+    "e2e_tok_s": ("end to end tok/s", ",.0f"),
+    "decode_tok_s": ("decode tok/s", ",.0f"),
+    "decode_spread": ("decode min-max", ""),
+    "first_step_ms": ("first step ms", ".1f"),
+    "gb_per_token": ("GB/token", ".3f"),
+    "roofline_tok_s": ("roofline tok/s", ",.0f"),
+    "roofline_pct": ("% roofline", ".1f"),
+    "achieved_gb_s": ("achieved GB/s", ",.0f"),
+    "requests": ("requests", "d"),
+    "kv_cache_dtype": ("KV cache", ""),
+    "seconds": ("engine s", ".2f"),
+    "tok_s": ("output tok/s", ",.1f"),
+    "peer_requests": ("peer requests", "d"),
+    "peer_useful_tok_s": ("transformers tok/s", ",.0f"),
+    "x_peer": ("x peer", ".1f"),
+    "kernel": ("kernel", ""),
+    "shape": ("shape", ""),
+    "us": ("us", ".2f"),
+    "gb_s": ("GB/s", ",.0f"),
+    "copy_pct": ("% copy bandwidth", ".1f"),
+    "tflop_s": ("TFLOP/s", ".1f"),
+    "system": ("server", ""),
+    "phase": ("workload", ""),
+    "start_s": ("start s", ".1f"),
+    "ttft_ms": ("TTFT p50 ms", ".0f"),
+    "tpot_ms": ("TPOT p50 ms", ".1f"),
+    "out_tokens": ("out tokens", ".0f"),
+    "failed": ("failed", "d"),
+}
+
+
+def columns(keys: str) -> list[str]:
+    """A table's row keys, space-separated; each needs its heading in HEADINGS."""
+    out = keys.split()
+    missing = [k for k in out if k not in HEADINGS]
+    if missing:
+        raise KeyError(f"no heading for {missing}: add them to common.HEADINGS")
+    return out
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -121,14 +176,14 @@ def _cell(value: Any, spec: str) -> str:
     return format(value, spec) if spec and isinstance(value, int | float) else str(value)
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(k), s) for k, _, s in columns) + " |" for r in rows]
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(HEADINGS[k][0] for k in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(k), HEADINGS[k][1]) for k in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def report(
-    script: str, head: dict[str, Any], rows: list[dict[str, Any]], columns: Sequence[Column], args: Any
+    script: str, head: dict[str, Any], rows: list[dict[str, Any]], columns: Sequence[str], args: Any
 ) -> None:
     print("\n" + "  ".join(f"{k}: {v}" for k, v in head.items()))
     print(table(rows, columns), flush=True)
@@ -227,20 +282,14 @@ def hf_config(spec: Any) -> Any:
         raise ValueError(f"{spec.hf_id}: {spec.architecture} is not one of {sorted(MODEL_TYPES)}")
     rope: dict[str, Any] = {"rope_type": "default", **dict(spec.rope_scaling or {})}
     rope["rope_theta"] = spec.rope_theta or 10000.0
+    shape = {hf: getattr(spec, ours) for hf, ours in HF_FIELDS.items()}
+    scaling = None if rope["rope_type"] == "default" else rope
     config = AutoConfig.for_model(
         model_type,
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
+        **shape,
         rms_norm_eps=spec.rms_norm_eps or 1e-6,
-        tie_word_embeddings=spec.tie_word_embeddings,
         rope_theta=rope["rope_theta"],
-        rope_scaling=None if rope["rope_type"] == "default" else rope,
+        rope_scaling=scaling,
     )
     config.rope_parameters = rope
     return config

@@ -23,15 +23,7 @@ from typing import Any
 
 import common
 
-COLUMNS: list[common.Column] = [
-    ("model", "model", ""),
-    ("kernel", "kernel", ""),
-    ("shape", "shape", ""),
-    ("us", "us", ".2f"),
-    ("gb_s", "GB/s", ",.0f"),
-    ("copy_pct", "% copy bandwidth", ".1f"),
-    ("tflop_s", "TFLOP/s", ".1f"),
-]
+COLUMNS = common.columns("model kernel shape us gb_s copy_pct tflop_s")
 L2_BYTES = 256 * 2**20  # rotate over at least this much, several times an H200's 50 MiB L2
 
 

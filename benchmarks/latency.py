@@ -32,19 +32,9 @@ from typing import Any
 
 import common
 
-COLUMNS: list[common.Column] = [
-    ("model", "model", ""),
-    ("quantization", "weights", ""),
-    ("gpus", "parallel", ""),
-    ("e2e_tok_s", "end to end tok/s", ",.0f"),
-    ("decode_tok_s", "decode tok/s", ",.0f"),
-    ("decode_spread", "decode min-max", ""),
-    ("first_step_ms", "first step ms", ".1f"),
-    ("gb_per_token", "GB/token", ".3f"),
-    ("roofline_tok_s", "roofline tok/s", ",.0f"),
-    ("roofline_pct", "% roofline", ".1f"),
-    ("achieved_gb_s", "achieved GB/s", ",.0f"),
-]
+COLUMNS = common.columns(
+    "model quantization gpus e2e_tok_s decode_tok_s decode_spread first_step_ms gb_per_token roofline_tok_s roofline_pct achieved_gb_s"
+)
 
 
 def quantized_checkpoint(hf_id: str, method: str, workdir: Path, device: str) -> str:

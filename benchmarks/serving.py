@@ -54,16 +54,7 @@ LLAMACPP_INSTALL = (
     "-DGGML_AMX_INT8=OFF\" {venv}/bin/pip install 'llama-cpp-python[server]==0.3.36'  "
     "(add -DGGML_AVX512=ON where /proc/cpuinfo lists avx512f)"
 )
-COLUMNS: list[common.Column] = [
-    ("system", "server", ""),
-    ("phase", "workload", ""),
-    ("start_s", "start s", ".1f"),
-    ("tok_s", "output tok/s", ".1f"),
-    ("ttft_ms", "TTFT p50 ms", ".0f"),
-    ("tpot_ms", "TPOT p50 ms", ".1f"),
-    ("out_tokens", "out tokens", ".0f"),
-    ("failed", "failed", "d"),
-]
+COLUMNS = common.columns("system phase start_s tok_s ttft_ms tpot_ms out_tokens failed")
 
 
 @dataclass(frozen=True)

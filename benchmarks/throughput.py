@@ -23,16 +23,7 @@ from typing import Any
 
 import common
 
-COLUMNS: list[common.Column] = [
-    ("model", "model", ""),
-    ("requests", "requests", "d"),
-    ("kv_cache_dtype", "KV cache", ""),
-    ("seconds", "engine s", ".2f"),
-    ("tok_s", "engine tok/s", ",.0f"),
-    ("peer_requests", "peer requests", "d"),
-    ("peer_useful_tok_s", "transformers tok/s", ",.0f"),
-    ("x_peer", "x peer", ".1f"),
-]
+COLUMNS = common.columns("model requests kv_cache_dtype seconds tok_s peer_requests peer_useful_tok_s x_peer")
 
 
 def run_engine(engine: Any, prompts: list[list[int]], out_lens: list[int], device: str) -> float:
