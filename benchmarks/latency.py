@@ -37,13 +37,13 @@ COLUMNS = common.columns(
 )
 
 
-def quantized_checkpoint(hf_id: str, method: str, workdir: Path, device: str) -> str:
+def quantized_checkpoint(hf_id: str, method: str, workdir: Path, device: str, group_size: int) -> str:
     """A `method` checkpoint of random weights of hf_id, built once under workdir."""
     import torch
     from transformers import AutoModelForCausalLM
 
     name = hf_id.replace("/", "--")
-    dense, dest = workdir / f"{name}-bf16", workdir / f"{name}-{method}"
+    dense, dest = workdir / f"{name}-dense", workdir / f"{name}-{method}-g{group_size}"
     if not (dense / "config.json").is_file():
         common.log(f"  writing a dense random checkpoint of {hf_id} to {dense}")
         with torch.device(device):
@@ -62,6 +62,8 @@ def quantized_checkpoint(hf_id: str, method: str, workdir: Path, device: str) ->
             str(dest),
             "--method",
             method,
+            "--group-size",
+            str(group_size),
         ]
         subprocess.run(cmd, check=True)
     return str(dest)
@@ -140,6 +142,7 @@ def main() -> None:
     )
     p.add_argument("--quantization", default="none", help="comma-separated: none, awq, gptq, fp8")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/llmdeploy-bench-checkpoints"))
+    p.add_argument("--group-size", type=int, default=128, help="AWQ / GPTQ quantization group")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
@@ -148,7 +151,7 @@ def main() -> None:
     args = p.parse_args()
     device = common.resolve_device(args)
     if args.quick:
-        args.prompt_len, args.output_len, args.repeats = 16, 8, 1
+        args.prompt_len, args.output_len, args.repeats, args.group_size = 16, 8, 1, 32
     formats = [q.strip() for q in args.quantization.split(",") if q.strip()]
     unknown = sorted(set(formats) - {"none", "awq", "gptq", "fp8"})
     if unknown:
@@ -159,7 +162,11 @@ def main() -> None:
     rows = []
     for hf_id in common.model_ids(args.models, args.quick):
         for q in formats:
-            model = f"random:{hf_id}" if q == "none" else quantized_checkpoint(hf_id, q, args.workdir, device)
+            model = (
+                f"random:{hf_id}"
+                if q == "none"
+                else quantized_checkpoint(hf_id, q, args.workdir, device, args.group_size)
+            )
             common.log(f"{hf_id} ({q}) ...")
             rows.append(measure(hf_id, model, q, args, bandwidth))
             common.log(

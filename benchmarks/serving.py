@@ -99,8 +99,13 @@ def free_port() -> int:
 
 def llamacpp_python(venv: Path) -> Path:
     python = venv / "bin" / "python"
-    probe = subprocess.run([str(python), "-c", "import llama_cpp.server"], capture_output=True, check=False)
-    if not python.is_file() or probe.returncode != 0:
+    installed = python.is_file() and (
+        subprocess.run(
+            [str(python), "-c", "import llama_cpp.server"], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
+    if not installed:
         sys.exit(
             f"llama.cpp's server is not installed in {venv} (set --llamacpp-venv or LLMDEPLOY_LLAMACPP_VENV, "
             f"or leave it out with --systems engine,vllm). Install it with:\n  "
