@@ -100,7 +100,12 @@ def measure(hf_id: str, model: str, quantization: str, args: Any, bandwidth: flo
 
     spec = common.model_spec(hf_id)
     engine = common.make_engine(
-        model, args.device, enforce_eager=args.eager or None, tensor_parallel_size=args.tensor_parallel_size
+        model,
+        args.device,
+        enforce_eager=args.eager or None,
+        tensor_parallel_size=args.tensor_parallel_size,
+        # a written checkpoint has no tokenizer files: the random model's byte-level one (token ids only)
+        tokenizer=None if quantization == "none" else f"random:{hf_id}",
     )
     prompt_len, out_len = args.prompt_len, args.output_len
     prompts = common.random_prompts([prompt_len] * (args.repeats + 1), seed=1)
