@@ -34,9 +34,7 @@ from engine_path import import_engine  # noqa: E402
 import_engine()
 
 import torch  # noqa: E402
-from llmdeploy_engine.config import EngineConfig  # noqa: E402
-from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
-from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from llmdeploy_engine import EngineConfig, LLMEngine, RequestOutputKind, SamplingParams  # noqa: E402
 
 from llmdeploy.catalog.gpus import GPUSpec, resolve_gpu  # noqa: E402
 from llmdeploy.catalog.models import resolve_model  # noqa: E402

@@ -160,8 +160,8 @@ def test_short_prefill_replays_its_graph_and_matches_eager(dtype: str, tol: floa
 def test_start_up_compiles_every_prefill_attention_variant() -> None:
     """After CudaGraphRunner's start-up, eager steps mixing a prefill whose length falls in any of
     varlen_attention's BLOCK_M classes with decode rows (paged_decode) compile no attention kernel
-    (before the warm-up, the first step of a new class compiled for ~0.5 s in the middle of serving:
-    gpu-notes v15); the warm-up writes only the padding block."""
+    (before the warm-up, the first step of a new class compiled for ~0.5 s in the middle of
+    serving); the warm-up writes only the padding block."""
     from llmdeploy_engine import attention
     from triton import knobs
 

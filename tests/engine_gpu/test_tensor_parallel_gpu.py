@@ -6,7 +6,7 @@ tokens must be identical, the graphs must actually be replayed, and the worker m
 Every all-reduce path (NCCL, torch's symmetric-memory one-shot, this project's p2p and push kernels),
 and this project's kernels on their own between two spawned ranks. A process sets up symmetric memory once (a
 second set-up hung), so the tests that need it skip after the first: run them one per process
-(benchmarks/gpu_all.sh does).
+(`pytest tests/engine_gpu/test_tensor_parallel_gpu.py::NAME`, one call each).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ MODEL = "random:Qwen/Qwen2.5-0.5B"
 
 def needs_fresh_symm_mem(allreduce: str = "auto") -> None:
     """Skip a test that sets up a symmetric-memory all-reduce when this process already has one: a
-    second set-up hung (gpu-notes v8), so init_parallel then gives NCCL only. gpu_all.sh runs each of
-    these tests in its own pytest process."""
+    second set-up hung, so init_parallel then gives NCCL only. Run each of these tests in its own
+    pytest process."""
     from llmdeploy_engine.distributed import symm_mem_set_up
 
     if allreduce != "nccl" and symm_mem_set_up():

@@ -4,7 +4,7 @@ triton_gemv against float64 references and against the unfused ops they replace
 residual, into strided output views, in float32 for the LM head, and their errors on bad input.
 
 In the interpreter the K loops take their bounds from 1-element numpy arrays, which numpy >= 2.4
-refuses to convert: run it with an older numpy first on the path (see the report / gpu_gemv.py)."""
+refuses to convert: run it with an older numpy first on the path."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`plan --fit --model ID` for a catalog model imports neither the recipe models (pydantic) nor the
 hub client nor transformers: the answer is meant to come back in well under a second, and those
-imports alone cost most of one (benchmarks/cli_wall_time.py measures the wall time)."""
+imports alone cost most of one."""
 
 from __future__ import annotations
 

@@ -1,0 +1,122 @@
+"""Micro-benchmarks of the engine's decode-step kernels at the reference models' shapes.
+
+Each case is timed with `triton.testing.do_bench` (CUDA events, median; on the CPU, `--quick`, a
+host timer) and reported as time, bandwidth (the fewest bytes the op must move: inputs read once,
+outputs written once) against the measured copy bandwidth, and TFLOP/s for the matrix products.
+Weights are rotated over copies larger than the L2 cache together, so a single-row product reads
+its weight from HBM as in a decode step.
+
+Cases per model: RMSNorm, residual add + RMSNorm, SiLU(gate) * up at one row and at 256 rows; the
+QKV, gate_up and down projections at one row (the engine's fused GEMV for 16-bit CUDA rows) and at
+256 rows (cuBLAS), all through the engine's `ops` module.
+
+    python benchmarks/kernels.py                     # both reference models on the GPU
+    python benchmarks/kernels.py --models llama-3.1-8b --rows 1,64,256
+    python benchmarks/kernels.py --quick             # CPU, tiny, seconds
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import common
+
+COLUMNS = common.columns("model kernel shape us gb_s copy_pct tflop_s")
+L2_BYTES = 256 * 2**20  # rotate over at least this much, several times an H200's 50 MiB L2
+
+
+def timer(device: str) -> Callable[[Callable[[], Any]], float]:
+    """Seconds per call: triton's do_bench on CUDA, a host median on the CPU."""
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return lambda fn: float(do_bench(fn, warmup=25, rep=100, return_mode="median")) / 1e3
+    return lambda fn: common.median_time(fn, device, reps=5, warmup=1)
+
+
+def rotating(make: Callable[[], Any], nbytes: int, quick: bool) -> Callable[[], Any]:
+    """Next of enough copies of make()'s tensors to overflow the L2 cache, on each call."""
+    copies = 1 if quick else max(1, -(-L2_BYTES // max(1, nbytes)))
+    pool = [make() for _ in range(copies)]
+    return itertools.cycle(pool).__next__
+
+
+def cases(
+    spec: Any, rows: list[int], device: str, quick: bool
+) -> list[tuple[str, str, Callable[[], Any], int, int]]:
+    """(kernel, shape, fn, bytes, flops) of each case."""
+    import torch
+    from llmdeploy_engine import ops  # the engine's kernel entry points (see benchmarks/README.md)
+
+    dtype = common.torch_dtype(device)
+    size = dtype.itemsize
+    h, inter = spec.hidden_size, spec.intermediate_size
+    qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    eps = 1e-6
+    out: list[tuple[str, str, Callable[[], Any], int, int]] = []
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    for m in rows:
+        x, res, w = randn(m, h), randn(m, h), randn(h)
+        gu = randn(m, 2 * inter)
+        out.append(("rms_norm", f"{m}x{h}", lambda x=x, w=w: ops.rms_norm(x, w, eps), 2 * m * h * size, 0))
+        out.append(
+            (
+                "add_rms_norm",
+                f"{m}x{h}",
+                lambda x=x, r=res, w=w: ops.add_rms_norm(x, r, w, eps),
+                4 * m * h * size,
+                0,
+            )
+        )
+        gate, up = gu[:, :inter], gu[:, inter:]
+        out.append(
+            ("silu_mul", f"{m}x{inter}", lambda g=gate, u=up: ops.silu_mul(g, u), 3 * m * inter * size, 0)
+        )
+        for name, n, k in (("qkv_proj", qkv, h), ("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)):
+            weights = rotating(lambda n=n, k=k: randn(n, k), n * k * size, quick)
+            a = randn(m, k)
+            nbytes = (n * k + m * k + m * n) * size
+            fn = lambda a=a, weights=weights: ops.linear(a, weights())  # noqa: E731
+            out.append((f"linear {name}", f"{m}x{k} @ {k}x{n}", fn, nbytes, 2 * m * n * k))
+    return out
+
+
+def main() -> None:
+    p = common.parser(__doc__.split("\n")[0])
+    p.add_argument(
+        "--models", default=common.DEFAULT_MODELS, help="comma-separated short names or catalog ids"
+    )
+    p.add_argument("--rows", default="1,256", help="comma-separated batch rows (tokens of a step)")
+    args = p.parse_args()
+    device = common.resolve_device(args)
+    rows_of = [int(r) for r in ("1,4" if args.quick else args.rows).split(",")]
+    head = common.header(device)
+    bandwidth = common.copy_bandwidth(device, 2**22 if args.quick else 2**32)
+    head["copy_bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
+    time_of = timer(device)
+    rows = []
+    for hf_id in common.model_ids(args.models, args.quick):
+        spec = common.model_spec(hf_id)
+        for kernel, shape, fn, nbytes, flops in cases(spec, rows_of, device, args.quick):
+            seconds = time_of(fn)
+            rows.append(
+                {
+                    "model": hf_id,
+                    "kernel": kernel,
+                    "shape": shape,
+                    "us": seconds * 1e6,
+                    "gb_s": nbytes / seconds / 1e9,
+                    "copy_pct": 100 * nbytes / seconds / bandwidth,
+                    "tflop_s": flops / seconds / 1e12 if flops else None,
+                }
+            )
+    common.report("kernels", head, rows, COLUMNS, args)
+
+
+if __name__ == "__main__":
+    main()
