@@ -158,12 +158,14 @@ class SGLangEngine(EngineDefaults):
             kv = min(kv, int(inputs.kv_cache_memory_gib * GIB))
         chunked, decode_bs = self.defaults(inputs)
         seqs = inputs.max_num_seqs or decode_bs
-        notes = (
+        notes: tuple[str, ...] = (
             f"SGLang: --mem-fraction-static {fraction} (weights + KV pool / GPU memory); it reserves "
             f"{reserved.total_mib / 1024:.2f} GiB for activations (chunked prefill {chunked:,}) and CUDA graphs",
         )
         if not kv_layout(inputs).is_plain:
-            notes += ("sized as one full-attention pool; SGLang splits hybrid models' pools by its own ratio",)
+            notes += (
+                "sized as one full-attention pool; SGLang splits hybrid models' pools by its own ratio",
+            )
         return assemble_plan(
             inputs,
             static,
@@ -180,7 +182,9 @@ class SGLangEngine(EngineDefaults):
 
     def defaults(self, inputs: PlanInputs) -> tuple[int, int]:
         """(chunked_prefill_size, decode CUDA-graph max batch size) as SGLang resolves them."""
-        chunked, decode_bs = sglang_memory.tier_defaults(inputs.total_memory_gib * 1024, inputs.tensor_parallel_size)
+        chunked, decode_bs = sglang_memory.tier_defaults(
+            inputs.total_memory_gib * 1024, inputs.tensor_parallel_size
+        )
         return inputs.max_num_batched_tokens or chunked, decode_bs
 
     def kv_capacity_from_metrics(self, samples: list[MetricSample]) -> KVCapacity | None:

@@ -78,7 +78,9 @@ def _type_shape(node: ast.expr) -> tuple[str, list[str] | None]:
     return "scalar", None
 
 
-def _row(names: list[str], dest: str, kind: str, nargs: int | str | None, choices: list[str] | None) -> dict[str, Any]:
+def _row(
+    names: list[str], dest: str, kind: str, nargs: int | str | None, choices: list[str] | None
+) -> dict[str, Any]:
     return {
         "flag": sorted(n for n in names if n.startswith("--"))[0],
         "option_strings": sorted(names),
@@ -133,9 +135,9 @@ def catalogue(source: str, version: str, origin: str) -> dict[str, Any]:
     constants = _constants(module)
     server_args = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
     rows: dict[str, dict[str, Any]] = {}
-    for node in server_args.body:
-        if isinstance(node, ast.AnnAssign):
-            row = _field_row(node, constants)
+    for field in server_args.body:
+        if isinstance(field, ast.AnnAssign):
+            row = _field_row(field, constants)
             if row is not None:
                 rows[row["flag"]] = row
     add_cli_args = next(
