@@ -169,9 +169,36 @@ class Engine(Protocol):
 
 
 class EngineDefaults:
-    """What an engine has when it adds no rule of that kind: inherit it and override the rest."""
+    """What an engine has when it lacks a feature or adds no rule of that kind: inherit it, set the
+    facts without a default (name, display_name, pinned_version, entrypoint, api_key_env, image,
+    executable, install_hint) and override the rest where the engine differs."""
 
+    name: str
+    image: str
     entrypoint: tuple[str, ...]
+    model_flag = "--model"
+    host_flag = "--host"
+    queue_metric: str | None = None
+    kv_usage_metric: str | None = None
+    reexports_metrics = False
+    kv_log_line: re.Pattern[str] | None = None
+    local_python: LocalPython | None = None
+    local_flag_check: str | None = None
+    bundled = False
+    echoes_instance_id = False
+    downloads_from_hub = True
+    local_folder_env: tuple[tuple[str, str], ...] = ()
+    gguf_as_checkpoint = False
+    random_weights_prefix: str | None = None
+    launch_python_var: str | None = None
+    tgi_api = False
+    accepts_ignore_eos = True
+
+    def catalogue_file(self, version: str) -> str:
+        return f"{self.name}-{version}.json"
+
+    def container_image(self, recipe: Recipe) -> str:
+        return self.image
 
     def support_problems(self, recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
         return iter(())

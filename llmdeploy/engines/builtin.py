@@ -10,15 +10,9 @@ from typing import TYPE_CHECKING
 
 from llmdeploy import __version__
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
-from llmdeploy.engines.flags import (
-    Flags,
-    kv_dtype_flag,
-    model_flags,
-    speculative_config_json,
-    vllm_style_limits,
-    vllm_style_parallel,
-)
+from llmdeploy.engines.flags import Flags, speculative_config_json, vllm_style_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
+from llmdeploy.engines.problems import knob_problems
 from llmdeploy.errors import Problem
 from llmdeploy.memory import builtin_rule
 from llmdeploy.memory.footprint import activation_bytes
@@ -37,13 +31,15 @@ BUILTIN_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-# fp8 is e4m3 (vLLM's meaning), stored with per-layer scales; 1 byte per element in the plan
-BUILTIN_KV_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
-# weight formats the built-in engine loads: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ
-# int4 and fp8 (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
-BUILTIN_QUANTIZATIONS = ("none", "gguf", "awq", "gptq", "fp8")
-_KV_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-_QUANTIZATION = {"gguf": "gguf", "awq": "awq", "gptq": "gptq", "fp8": "fp8"}
+# --kv-cache-dtype spellings; fp8 is e4m3 (vLLM's meaning), stored with per-layer scales, 1 byte per
+# element in the plan
+_KV_DTYPES = {dtype: dtype for dtype in ("fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")}
+# --quantization methods: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ int4 and fp8
+# (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
+_QUANTIZATION = {method: method for method in ("gguf", "awq", "gptq", "fp8")}
+# what validate accepts is what the flags can say, so the two lists cannot drift apart
+BUILTIN_KV_DTYPES = ("auto", *_KV_DTYPES)
+BUILTIN_QUANTIZATIONS = ("none", *_QUANTIZATION)
 # its images are the tags docs/docker.md's build commands give docker/engine*.Dockerfile
 ENGINE_IMAGE = "llmdeploy/engine"
 CPU_IMAGE_SUFFIX = "-cpu"
@@ -58,8 +54,6 @@ class BuiltinEngine(EngineDefaults):
     pinned_version = "0.1.0"
     entrypoint: tuple[str, ...] = ("llmdeploy-engine", "serve")
     api_key_env = "VLLM_API_KEY"
-    model_flag = "--model"
-    host_flag = "--host"
     image = f"{ENGINE_IMAGE}:{__version__}"
     queue_metric: str | None = "vllm:num_requests_waiting"
     kv_usage_metric: str | None = "vllm:kv_cache_usage_perc"
@@ -68,19 +62,10 @@ class BuiltinEngine(EngineDefaults):
     executable = "llmdeploy-engine"
     install_hint = "pip install 'llmdeploy[engine]' so `llmdeploy-engine` is on PATH"
     local_python: LocalPython | None = LocalPython("llmdeploy_engine", ("llmdeploy",))
-    local_flag_check: str | None = None
     bundled = True
     echoes_instance_id = True
     downloads_from_hub = False
-    local_folder_env: tuple[tuple[str, str], ...] = ()
-    gguf_as_checkpoint = False
     random_weights_prefix: str | None = "random:"
-    launch_python_var: str | None = None
-    tgi_api = False
-    accepts_ignore_eos = True
-
-    def catalogue_file(self, version: str) -> str:
-        return f"builtin-{version}.json"
 
     def container_image(self, recipe: Recipe) -> str:
         return self.image + (CPU_IMAGE_SUFFIX if recipe.hardware.device == "cpu" else "")
@@ -93,43 +78,42 @@ class BuiltinEngine(EngineDefaults):
         return [executable, *rendered[1:]]
 
     def support_problems(self, recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
-        if model.architecture not in BUILTIN_ARCHITECTURES or model.is_moe or model.is_mla:
-            yield Problem(
-                f"the built-in engine cannot run {model.architecture}"
-                + (" with MoE/MLA layers" if model.is_moe or model.is_mla else ""),
-                path="engine.type",
-                value=self.name,
-                has_value=True,
-                fix=f"use engine vllm, or a {' / '.join(BUILTIN_ARCHITECTURES.values())} model",
-            )
-        if recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES:
-            yield Problem(
+        other_layers = " with MoE/MLA layers" if model.is_moe or model.is_mla else ""
+        quantization = recipe.model.quantization
+        yield from knob_problems(
+            (
+                model.architecture not in BUILTIN_ARCHITECTURES or model.is_moe or model.is_mla,
+                "engine.type",
+                self.name,
+                f"the built-in engine cannot run {model.architecture}{other_layers}",
+                f"use engine vllm, or a {' / '.join(BUILTIN_ARCHITECTURES.values())} model",
+            ),
+            (
+                recipe.kv_cache.dtype not in BUILTIN_KV_DTYPES,
+                "kv_cache.dtype",
+                recipe.kv_cache.dtype,
                 "the built-in engine has no such KV cache dtype",
-                path="kv_cache.dtype",
-                value=recipe.kv_cache.dtype,
-                has_value=True,
-                fix=f"use one of: {', '.join(BUILTIN_KV_DTYPES)}",
-            )
-        if recipe.model.quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights:
-            yield Problem(
+                f"use one of: {', '.join(BUILTIN_KV_DTYPES)}",
+            ),
+            (
+                quantization not in BUILTIN_QUANTIZATIONS and not recipe.model.random_weights,
+                "model.quantization",
+                quantization,
                 "the built-in engine loads 16/32-bit, AWQ / GPTQ int4 and fp8 checkpoints and GGUF files only",
-                path="model.quantization",
-                value=recipe.model.quantization,
-                has_value=True,
-                fix=f"use one of: {', '.join(BUILTIN_QUANTIZATIONS)}, or engine vllm",
-            )
-        if recipe.parallelism.pipeline > 1:
-            yield Problem(
+                f"use one of: {', '.join(BUILTIN_QUANTIZATIONS)}, or engine vllm",
+            ),
+            (
+                recipe.parallelism.pipeline > 1,
+                "parallelism.pipeline",
+                recipe.parallelism.pipeline,
                 "the built-in engine has no pipeline parallelism",
-                path="parallelism.pipeline",
-                value=recipe.parallelism.pipeline,
-                has_value=True,
-                fix="use parallelism.tensor instead, or engine vllm",
-            )
+                "use parallelism.tensor instead, or engine vllm",
+            ),
+        )
 
     def speculative_problems(self, recipe: Recipe) -> Iterator[Problem]:
         spec = recipe.speculative
-        if spec is not None and spec.method == "draft" and not recipe.model.random_weights:
+        if spec is not None and _draft_by_hub_id(recipe):
             yield Problem(
                 "the built-in engine loads local files only, so it cannot fetch a draft model by hub id "
                 "(a draft runs here only as random weights, next to a random-weights target)",
@@ -140,15 +124,13 @@ class BuiltinEngine(EngineDefaults):
             )
 
     def map_flags(self, recipe: Recipe, plan: PlanFigures, flags: Flags) -> None:
-        model_flags(recipe, flags, ("float16", "bfloat16", "float32"), _QUANTIZATION, local_files_only=True)
-        if recipe.hardware.device == "cpu":
-            flags.add("--device", "cpu")
-        kv_dtype_flag(recipe, flags, "--kv-cache-dtype", _KV_DTYPES)
-        vllm_style_parallel(recipe, flags, single_node=True)
-        vllm_style_limits(recipe, flags)
+        device = (("--device", "cpu"),) if recipe.hardware.device == "cpu" else ()
+        vllm_style_flags(
+            recipe, flags, _KV_DTYPES, _QUANTIZATION, device, single_node=True, local_files_only=True
+        )
         spec = recipe.speculative
         if spec is not None:
-            if spec.method == "draft" and not recipe.model.random_weights:
+            if _draft_by_hub_id(recipe):
                 flags.unsupported(
                     "speculative.draft_model",
                     spec.draft_model,
@@ -191,6 +173,12 @@ class BuiltinEngine(EngineDefaults):
             if name == KV_TOKENS_GAUGE and value > 0:
                 return KVCapacity(int(value), f"/metrics {KV_TOKENS_GAUGE}")
         return None
+
+
+def _draft_by_hub_id(recipe: Recipe) -> bool:
+    """A draft model it would have to download: it runs a draft only as random weights."""
+    spec = recipe.speculative
+    return spec is not None and spec.method == "draft" and not recipe.model.random_weights
 
 
 def _weights_bytes(inputs: PlanInputs) -> int:

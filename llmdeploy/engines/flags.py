@@ -14,6 +14,7 @@ from llmdeploy.errors import Problem
 if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model` needs none
     from llmdeploy.recipe.schema import ModelSection, Recipe
 
+_TO_TP = "use parallelism.tensor, or engine.type: vllm"
 # the recipe field behind each flag whose value is free text
 _FLAG_FIELDS = {
     "--host": "server.host",
@@ -58,6 +59,12 @@ class Flags:
                     )
                 )
             self.argv.append(text)
+
+    def refuse_where(self, *rows: tuple[bool, str, object, str, str]) -> None:
+        """`unsupported(path, value, why, fix)` for each (refused, path, value, why, fix) row refused."""
+        for refused, path, value, why, fix in rows:
+            if refused:
+                self.unsupported(path, value, why, fix)
 
     def unsupported(self, path: str, value: object, why: str, fix: str) -> None:
         self.problems.append(
@@ -144,29 +151,53 @@ def kv_dtype_flag(recipe: Recipe, flags: Flags, flag: str, spellings: dict[str, 
 def vllm_style_parallel(recipe: Recipe, flags: Flags, single_node: bool) -> None:
     """--tensor-parallel-size, --pipeline-parallel-size and Ray across nodes (vLLM's names);
     `single_node`: the engine has neither pipeline parallelism nor more than one node."""
-    par = recipe.parallelism
+    par, nodes = recipe.parallelism, recipe.hardware.nodes
     if par.tensor > 1:
         flags.add("--tensor-parallel-size", str(par.tensor))
-    if par.pipeline > 1:
-        if single_node:
-            flags.unsupported(
+    if single_node:
+        flags.refuse_where(
+            (
+                par.pipeline > 1,
                 "parallelism.pipeline",
                 par.pipeline,
                 "it has no pipeline parallelism",
-                "use parallelism.tensor, or engine.type: vllm",
-            )
-        else:
-            flags.add("--pipeline-parallel-size", str(par.pipeline))
-    if recipe.hardware.nodes > 1:
-        if single_node:
-            flags.unsupported(
+                _TO_TP,
+            ),
+            (
+                nodes > 1,
                 "hardware.nodes",
-                recipe.hardware.nodes,
+                nodes,
                 "it runs on one node",
                 "use hardware.nodes: 1, or engine.type: vllm",
-            )
-        else:
-            flags.add("--distributed-executor-backend", "ray")
+            ),
+        )
+        return
+    if par.pipeline > 1:
+        flags.add("--pipeline-parallel-size", str(par.pipeline))
+    if nodes > 1:
+        flags.add("--distributed-executor-backend", "ray")
+
+
+def vllm_style_flags(
+    recipe: Recipe,
+    flags: Flags,
+    kv_dtypes: dict[str, str],
+    quantization: dict[str, str],
+    load_flags: tuple[tuple[str, str], ...] = (),
+    single_node: bool = False,
+    local_files_only: bool = False,
+) -> None:
+    """Everything after host, port and model under vLLM's flag names (vLLM and the built-in engine):
+    model, `load_flags` (how the weights load), KV dtype, parallelism and limits; `single_node` as
+    for `vllm_style_parallel`, `local_files_only` as for `model_flags`."""
+    model_flags(
+        recipe, flags, ("float16", "bfloat16", "float32"), quantization, local_files_only=local_files_only
+    )
+    for flag, value in load_flags:
+        flags.add(flag, value)
+    kv_dtype_flag(recipe, flags, "--kv-cache-dtype", kv_dtypes)
+    vllm_style_parallel(recipe, flags, single_node)
+    vllm_style_limits(recipe, flags)
 
 
 def vllm_style_limits(recipe: Recipe, flags: Flags) -> None:

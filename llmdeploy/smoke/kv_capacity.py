@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 
 from llmdeploy.engines import ENGINES, Engine
-from llmdeploy.engines.base import MetricSample
-from llmdeploy.engines.base import KVCapacity
+from llmdeploy.engines.base import KVCapacity, MetricSample
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -12,12 +12,12 @@ from typing import Protocol, TextIO, TypeVar
 import httpx
 
 from llmdeploy.engines import get_engine
+from llmdeploy.engines.base import KVCapacity
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.smoke import openai_checks, tgi_checks
 from llmdeploy.smoke.health import wait_for_health
 from llmdeploy.smoke.identity import EngineIdentity
 from llmdeploy.smoke.kv_capacity import capacity_from_log, capacity_from_metrics
-from llmdeploy.engines.base import KVCapacity
 from llmdeploy.smoke.report import CheckResult, KVComparison, SmokeReport
 
 T = TypeVar("T")
