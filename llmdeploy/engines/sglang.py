@@ -33,35 +33,20 @@ class SGLangEngine(EngineDefaults):
     display_name = "SGLang"
     pinned_version = "0.5.15"
     entrypoint: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
-    # SGLang reads its key from --api-key only; map_flags refuses server.api_key (see there)
+    # SGLang reads its key from --api-key only, so map_flags refuses server.api_key
     api_key_env = "SGLANG_API_KEY"
     model_flag = "--model-path"
-    host_flag = "--host"
     image = "lmsysorg/sglang:v0.5.15"
     queue_metric: str | None = "sglang:num_queue_reqs"
     kv_usage_metric: str | None = "sglang:token_usage"
-    reexports_metrics = False
     # mem_cache/memory_pool.py `_finalize_allocation_log`
     kv_log_line: re.Pattern[str] | None = re.compile(r"KV Cache is allocated\..*?#tokens:\s*([\d,]+)")
     executable = "sglang"
     install_hint = "pip install sglang (CUDA builds only) so `sglang` is on PATH"
     local_python: LocalPython | None = LocalPython("sglang", ("sglang",))
     local_flag_check: str | None = "help-text"
-    bundled = False
-    echoes_instance_id = False
-    downloads_from_hub = True
     local_folder_env: tuple[tuple[str, str], ...] = (("HF_HUB_OFFLINE", "1"),)
-    gguf_as_checkpoint = False
-    random_weights_prefix: str | None = None
     launch_python_var: str | None = "LLMDEPLOY_SGLANG_PYTHON"
-    tgi_api = False
-    accepts_ignore_eos = True
-
-    def catalogue_file(self, version: str) -> str:
-        return f"sglang-{version}.json"
-
-    def container_image(self, recipe: Recipe) -> str:
-        return self.image
 
     def local_argv(self, rendered: list[str], executable: str, python: str | None) -> list[str]:
         assert tuple(rendered[: len(self.entrypoint)]) == self.entrypoint, rendered
@@ -78,13 +63,38 @@ class SGLangEngine(EngineDefaults):
                 "use hardware.device: cuda, or engine.type: vllm / builtin",
             )
             return
-        if is_gguf(recipe.model):
-            flags.unsupported(
+        flags.refuse_where(
+            (
+                is_gguf(recipe.model),
                 "model.quantization",
                 recipe.model.quantization,
                 "llmdeploy renders SGLang for safetensors checkpoints, not GGUF files",
                 "point model.id at a checkpoint, or use engine.type: vllm / builtin for GGUF",
-            )
+            ),
+            (
+                recipe.hardware.nodes > 1,
+                "hardware.nodes",
+                recipe.hardware.nodes,
+                "a multi-node SGLang needs --nnodes / --node-rank / --dist-init-addr per pod, which llmdeploy "
+                "does not render",
+                "use hardware.nodes: 1, or engine.type: vllm (Ray across nodes)",
+            ),
+            (
+                recipe.server.api_key is not None,
+                "server.api_key",
+                "set",
+                "SGLang takes its API key only as the --api-key flag, and llmdeploy never renders a secret "
+                "into a command line",
+                "remove server.api_key and put an authenticating proxy in front, or use engine.type: vllm",
+            ),
+            (
+                recipe.speculative is not None,
+                "speculative",
+                recipe.speculative.method if recipe.speculative else None,
+                "llmdeploy does not map speculative decoding to SGLang's --speculative-algorithm yet",
+                "remove the speculative section and pass SGLang's --speculative-* flags in engine.extra_args",
+            ),
+        )
         model_flags(recipe, flags, ("float16", "bfloat16", "float32"), _QUANTIZATION)
         if recipe.model.random_weights:
             flags.add("--load-format", "dummy")
@@ -93,14 +103,6 @@ class SGLangEngine(EngineDefaults):
             flags.add("--tp-size", str(par.tensor))
         if par.pipeline > 1:
             flags.add("--pp-size", str(par.pipeline))
-        if recipe.hardware.nodes > 1:
-            flags.unsupported(
-                "hardware.nodes",
-                recipe.hardware.nodes,
-                "a multi-node SGLang needs --nnodes / --node-rank / --dist-init-addr per pod, which llmdeploy "
-                "does not render",
-                "use hardware.nodes: 1, or engine.type: vllm (Ray across nodes)",
-            )
         if lim.max_model_len is not None:
             flags.add("--context-length", str(lim.max_model_len))
         flags.add("--max-running-requests", str(lim.max_num_seqs))
@@ -128,21 +130,6 @@ class SGLangEngine(EngineDefaults):
         if recipe.server.served_model_name:
             flags.add("--served-model-name", recipe.server.served_model_name)
         flags.add("--enable-metrics")  # smoke, bench and the autoscaler read /metrics
-        if recipe.server.api_key is not None:
-            flags.unsupported(
-                "server.api_key",
-                "set",
-                "SGLang takes its API key only as the --api-key flag, and llmdeploy never renders a secret "
-                "into a command line",
-                "remove server.api_key and put an authenticating proxy in front, or use engine.type: vllm",
-            )
-        if recipe.speculative is not None:
-            flags.unsupported(
-                "speculative",
-                recipe.speculative.method,
-                "llmdeploy does not map speculative decoding to SGLang's --speculative-algorithm yet",
-                "remove the speculative section and pass SGLang's --speculative-* flags in engine.extra_args",
-            )
 
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
         total = int(inputs.total_memory_gib * GIB)
