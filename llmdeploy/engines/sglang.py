@@ -88,6 +88,13 @@ class SGLangEngine(EngineDefaults):
                 "remove server.api_key and put an authenticating proxy in front, or use engine.type: vllm",
             ),
             (
+                lim.kv_cache_memory_gib is not None and plan.kv_cache_tokens is None,
+                "limits.kv_cache_memory_gib",
+                lim.kv_cache_memory_gib,
+                "SGLang caps its KV pool in tokens (--max-total-tokens), computed from the plan",
+                "render with a plan (llmdeploy render does), or drop kv_cache_memory_gib",
+            ),
+            (
                 recipe.speculative is not None,
                 "speculative",
                 recipe.speculative.method if recipe.speculative else None,
@@ -114,16 +121,8 @@ class SGLangEngine(EngineDefaults):
             flags.add("--chunked-prefill-size", str(lim.max_num_batched_tokens))
         inputs = inputs_from_recipe(recipe)
         flags.add("--mem-fraction-static", str(static_fraction(inputs, lim.enable_chunked_prefill)))
-        if lim.kv_cache_memory_gib is not None:
-            if plan.kv_cache_tokens is None:
-                flags.unsupported(
-                    "limits.kv_cache_memory_gib",
-                    lim.kv_cache_memory_gib,
-                    "SGLang caps its KV pool in tokens (--max-total-tokens), computed from the plan",
-                    "render with a plan (llmdeploy render does), or drop kv_cache_memory_gib",
-                )
-            else:
-                flags.add("--max-total-tokens", str(plan.kv_cache_tokens))
+        if lim.kv_cache_memory_gib is not None and plan.kv_cache_tokens is not None:
+            flags.add("--max-total-tokens", str(plan.kv_cache_tokens))  # SGLang caps its pool in tokens
         flags.add("--page-size", str(kv.block_size))
         if not kv.prefix_caching:
             flags.add("--disable-radix-cache")
