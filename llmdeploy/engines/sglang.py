@@ -94,13 +94,6 @@ class SGLangEngine(EngineDefaults):
                 "SGLang caps its KV pool in tokens (--max-total-tokens), computed from the plan",
                 "render with a plan (llmdeploy render does), or drop kv_cache_memory_gib",
             ),
-            (
-                recipe.speculative is not None,
-                "speculative",
-                recipe.speculative.method if recipe.speculative else None,
-                "llmdeploy does not map speculative decoding to SGLang's --speculative-algorithm yet",
-                "remove the speculative section and pass SGLang's --speculative-* flags in engine.extra_args",
-            ),
         )
         model_flags(recipe, flags, ("float16", "bfloat16", "float32"), _QUANTIZATION)
         if recipe.model.random_weights:
@@ -129,6 +122,7 @@ class SGLangEngine(EngineDefaults):
         if recipe.server.served_model_name:
             flags.add("--served-model-name", recipe.server.served_model_name)
         flags.add("--enable-metrics")  # smoke, bench and the autoscaler read /metrics
+        _speculate(recipe, flags)
 
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
         total = int(inputs.total_memory_gib * GIB)
@@ -178,6 +172,33 @@ class SGLangEngine(EngineDefaults):
             if name == MAX_TOTAL_TOKENS_METRIC and value > 0:
                 return KVCapacity(int(value), f"/metrics {MAX_TOTAL_TOKENS_METRIC}")
         return None
+
+
+def _speculate(recipe: Recipe, flags: Flags) -> None:
+    """n-gram lookup as SGLang's NGRAM, a draft model as STANDALONE (speculative_hook.py: with top-k 1
+    it verifies num_steps + 1 tokens)."""
+    spec = recipe.speculative
+    if spec is None:
+        return
+    if spec.method == "ngram":
+        flags.refuse_where(
+            (
+                (spec.prompt_lookup_max, spec.prompt_lookup_min) != (4, 1),
+                "speculative.prompt_lookup_max",
+                spec.prompt_lookup_max,
+                "SGLang's n-gram speculation matches a trie of earlier tokens, not a prompt-lookup window",
+                "leave prompt_lookup_max/min at 4/1 (tune --speculative-ngram-* in engine.extra_args)",
+            )
+        )
+        flags.add("--speculative-algorithm", "NGRAM")
+        flags.add("--speculative-num-draft-tokens", str(spec.num_speculative_tokens))
+        return
+    assert spec.draft_model is not None
+    flags.add("--speculative-algorithm", "STANDALONE")
+    flags.add("--speculative-draft-model-path", spec.draft_model)
+    flags.add("--speculative-num-steps", str(spec.num_speculative_tokens))
+    flags.add("--speculative-eagle-topk", "1")
+    flags.add("--speculative-num-draft-tokens", str(spec.num_speculative_tokens + 1))
 
 
 def reservation(inputs: PlanInputs, chunked_prefill: bool) -> sglang_memory.Reservation:

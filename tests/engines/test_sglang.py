@@ -75,7 +75,10 @@ def test_kv_budget_becomes_max_total_tokens_from_the_plan() -> None:
     [
         ({"server": {"api_key": {"env": "KEY"}}}, "server.api_key"),
         ({"hardware": {"gpu": "H100", "nodes": 2}}, "hardware.nodes"),
-        ({"speculative": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative"),
+        (
+            {"speculative": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 8}},
+            "speculative.prompt_lookup_max",
+        ),
         ({"kv_cache": {"dtype": "fp16"}}, "kv_cache.dtype"),
     ],
 )
@@ -83,6 +86,24 @@ def test_knobs_it_cannot_honour_are_named(sections: dict[str, object], path: str
     with pytest.raises(UserError) as caught:
         engine_command(make_recipe("sglang", **{"hardware": {"gpu": "H100"}, **sections}))
     assert path in [p.path for p in caught.value.problems]
+
+
+def test_speculation_maps_to_ngram_and_standalone_draft() -> None:
+    ngram = _argv(speculative={"method": "ngram", "num_speculative_tokens": 3})
+    assert _value(ngram, "--speculative-algorithm") == "NGRAM"
+    assert _value(ngram, "--speculative-num-draft-tokens") == "3"
+    draft = _argv(
+        speculative={
+            "method": "draft",
+            "draft_model": "meta-llama/Llama-3.2-1B-Instruct",
+            "num_speculative_tokens": 4,
+        }
+    )
+    assert _value(draft, "--speculative-algorithm") == "STANDALONE"
+    assert _value(draft, "--speculative-draft-model-path") == "meta-llama/Llama-3.2-1B-Instruct"
+    assert _value(draft, "--speculative-num-steps") == "4"
+    assert _value(draft, "--speculative-eagle-topk") == "1"
+    assert _value(draft, "--speculative-num-draft-tokens") == "5"
 
 
 def test_extra_args_are_checked_against_the_catalogue() -> None:
