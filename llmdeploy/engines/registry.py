@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from llmdeploy.engines.base import Engine
 from llmdeploy.engines.builtin import BUILTIN
+from llmdeploy.engines.sglang import SGLANG
 from llmdeploy.engines.tgi import TGI
 from llmdeploy.engines.vllm import VLLM
 from llmdeploy.errors import UserError
 
 # the order `--engine` choices and messages list them in
-ENGINES: dict[str, Engine] = {engine.name: engine for engine in (VLLM, TGI, BUILTIN)}
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in (VLLM, TGI, BUILTIN, SGLANG)}
 
 
 def get_engine(name: str) -> Engine:

@@ -42,7 +42,7 @@ from llmdeploy.recipe.kubernetes_values import Annotations, QualifiedKey
 Quantization = Literal["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
 KVCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 ModelDtype = Literal["auto", "float16", "bfloat16", "float32"]
-EngineType = Literal["vllm", "tgi", "builtin"]
+EngineType = Literal["vllm", "tgi", "builtin", "sglang"]
 
 
 class Section(BaseModel):

@@ -1,0 +1,104 @@
+"""SGLang 0.5.15's memory accounting (llmdeploy/engines/sglang_memory.py) against figures worked out
+by hand from its server_args.py `_handle_gpu_memory_settings` and pool_configurator.py."""
+
+from __future__ import annotations
+
+import pytest
+from render.recipe_factory import make_recipe
+
+from llmdeploy.engines import sglang_memory
+from llmdeploy.engines.sglang import SGLANG, static_fraction
+from llmdeploy.memory.plan_inputs import GIB, inputs_from_recipe
+
+H100_MIB = 79.22 * 1024  # the catalog's H100 figure, as CUDA reports it
+
+
+def test_tiers_pick_chunk_and_decode_graph_batch_by_gpu_memory_and_tp() -> None:
+    assert sglang_memory.tier_defaults(16 * 1024, 1) == (2048, 8)
+    assert sglang_memory.tier_defaults(24 * 1024, 1) == (2048, 24)
+    assert sglang_memory.tier_defaults(24 * 1024, 4) == (2048, 80)
+    assert sglang_memory.tier_defaults(48 * 1024, 2) == (4096, 32)
+    assert sglang_memory.tier_defaults(H100_MIB, 1) == (8192, 256)
+    assert sglang_memory.tier_defaults(H100_MIB, 8) == (8192, 512)
+    assert sglang_memory.tier_defaults(141 * 1024, 1) == (8192, 256)
+    assert sglang_memory.tier_defaults(180 * 1024, 1) == (16384, 512)
+
+
+def test_prefill_graph_sizes_up_to_8192_tokens_are_58() -> None:
+    # 8 (4..32) + 14 (48..256) + 8 (288..512) + 8 (576..1024) + 12 (1280..4096) + 8 (4608..8192)
+    sizes = sglang_memory.prefill_graph_sizes(8192)
+    assert len(sizes) == 58
+    assert sizes[0] == 4 and sizes[-1] == 8192
+    assert len(sglang_memory.prefill_graph_sizes(2048)) == 42
+
+
+def test_h100_reservation_and_fraction_by_hand() -> None:
+    reserved = sglang_memory.reservation(H100_MIB, 1, 1, 8192, 256, None, is_mla=False)
+    # 512 + 8192 * 1.5 + 256 * 2 + 1 * 1 / 8 * 1024 + 58 * 8 = 13,904 MiB (above the 10 GiB floor)
+    assert reserved.activation_mib == 12288
+    assert reserved.decode_graphs_mib == 512
+    assert reserved.prefill_graphs_mib == 464
+    assert reserved.total_mib == 13904
+    # SGLang's own default: round((81,121.3 - 13,904) / 81,121.3, 3)
+    assert sglang_memory.mem_fraction_static(H100_MIB, 1.0, reserved) == 0.829
+    # on 90 % of the GPU: round((73,009.2 - 13,904) / 81,121.3, 3)
+    assert sglang_memory.mem_fraction_static(H100_MIB, 0.9, reserved) == 0.729
+
+
+def test_small_gpu_has_no_floor_and_large_gpu_is_raised_to_ten_gib() -> None:
+    # 24 GiB: 512 + 2048 * 1.5 + 24 * 2 + 128 + 42 * 8 = 4,096 MiB
+    small = sglang_memory.reservation(24 * 1024, 1, 1, 2048, 24, None, is_mla=False)
+    assert small.total_mib == 4096
+    assert sglang_memory.mem_fraction_static(24 * 1024, 1.0, small) == 0.833
+    # 80 GiB with a 2,048-token chunk: 512 + 3,072 + 512 + 128 + 336 = 4,560, raised to 10,240
+    large = sglang_memory.reservation(80 * 1024, 1, 1, 2048, 256, None, is_mla=False)
+    assert large.total_mib == 10240
+
+
+def test_chunking_off_reserves_max_prefill_tokens_and_captures_no_prefill_graph() -> None:
+    reserved = sglang_memory.reservation(48 * 1024, 1, 1, -1, 32, None, is_mla=False)
+    assert reserved.activation_mib == 16384 * 1.5
+    assert reserved.prefill_graphs_mib == 0
+
+
+def test_mla_reserves_one_and_a_half_gib_for_prefill_graphs_and_context_caps_them() -> None:
+    assert sglang_memory.reservation(H100_MIB, 1, 1, 8192, 256, None, is_mla=True).prefill_graphs_mib == 1536
+    capped = sglang_memory.reservation(48 * 1024, 1, 1, 4096, 32, 1024, is_mla=False)
+    assert capped.prefill_graphs_mib == len(sglang_memory.prefill_graph_sizes(1024)) * 8
+
+
+def test_pool_tokens_are_whole_cells_in_whole_pages_capped_by_max_total_tokens() -> None:
+    # Qwen2.5-7B, fp8 KV: 4 KV heads x (128 + 128) x 28 layers x 1 byte = 28,672 bytes a token
+    assert sglang_memory.pool_tokens(GIB, 28672, 16, None) == 37440  # 37,449 cells -> 2,340 pages
+    assert sglang_memory.pool_tokens(GIB, 28672, 1, None) == 37449
+    assert sglang_memory.pool_tokens(GIB, 28672, 16, 9990) == 9984
+    assert sglang_memory.pool_tokens(-1, 28672, 16, None) == 0
+
+
+def test_plan_charges_weights_against_the_static_pool() -> None:
+    recipe = make_recipe(
+        "sglang",
+        model={"id": "Qwen/Qwen2.5-7B-Instruct", "dtype": "bfloat16"},
+        hardware={"gpu": "H100"},
+        kv_cache={"dtype": "fp8"},
+        limits={"max_model_len": 32768, "max_num_batched_tokens": 8192},
+    )
+    inputs = inputs_from_recipe(recipe)
+    plan = SGLANG.memory_plan(inputs)
+    fraction = static_fraction(inputs, chunked_prefill=True)
+    assert fraction == 0.729
+    pre_model_load = int(inputs.total_memory_gib * GIB) - GIB // 2
+    assert plan.usable_gib * GIB == pytest.approx(int(pre_model_load * fraction), abs=1)
+    assert plan.kv_cache_gib == pytest.approx(plan.usable_gib - plan.weights_gib)
+    assert plan.kv_bytes_per_token == 28672
+    assert plan.kv_cache_tokens == int(plan.kv_cache_gib * GIB) // 28672 // 16 * 16
+    assert plan.max_concurrency == pytest.approx(plan.kv_cache_tokens / 32768)
+    assert plan.fits
+
+
+def test_explicit_kv_budget_caps_the_pool() -> None:
+    recipe = make_recipe(
+        "sglang", hardware={"gpu": "H100"}, limits={"kv_cache_memory_gib": 4.0, "max_model_len": 8192}
+    )
+    plan = SGLANG.memory_plan(inputs_from_recipe(recipe))
+    assert plan.kv_cache_gib == 4.0
