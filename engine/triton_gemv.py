@@ -58,7 +58,7 @@ class GemvConfig:
 
 # (N, K, row bucket) -> config; row bucket: 1 for M == 1, 4 for M <= 4, 8 for M <= 8.
 # Paste the "best config" lines that benchmarks/gpu_gemv.py prints here.
-# H200, benchmarks/gpu_gemv.py (run 11, benchmarks/results/v5/run11_gemv/gpu_gemv.log): the fastest correct
+# H200, benchmarks/gpu_gemv.py: the fastest correct
 # configuration per shape at one row, us a launch inside a CUDA graph, weights cycled out of L2
 TUNED: dict[tuple[int, int, int], GemvConfig] = {
     # Qwen2.5-0.5B: qkv 2.98, o_proj 2.42, gate_up 7.40, down 5.77, lm_head 65.95
@@ -93,7 +93,7 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
     (128256, 4096, 1): GemvConfig(
         block_n=32, block_k=128, num_warps=4, num_stages=2, mode="defer", prefetch=False
     ),
-    # Llama-3.1-8B at tensor_parallel_size 2, each rank's half (gpu_gemv.py, v8 run 29; us a launch,
+    # Llama-3.1-8B at tensor_parallel_size 2, each rank's half (gpu_gemv.py; us a launch,
     # heuristic -> tuned): qkv 10.12 -> 8.39, o_proj 5.51 -> 5.24, gate_up 34.67 -> 32.98,
     # down 17.69 -> 15.42
     (3072, 4096, 1): GemvConfig(

@@ -479,7 +479,7 @@ ARGMAX_MAX_PARTS = 128
 
 # `parts` varies with the row count and `out` may be any row of a window's [steps, rows] tensor (8-byte
 # aligned for odd row counts): neither may pick a compiled variant, or a batch size or step seen first
-# mid-run compiles one there (v7 run 23: five compilations, ~0.6 s, inside the 0.5B's throughput run)
+# mid-run compiles one there (five compilations, ~0.6 s, once stalled a 0.5B model's throughput run)
 @triton.jit(do_not_specialize=["parts"])
 def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, chunk, parts, BLOCK: tl.constexpr,
                         USE_PDL: tl.constexpr):  # fmt: skip

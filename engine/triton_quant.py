@@ -16,17 +16,14 @@ scale per output feature.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from llmdeploy_engine import triton_pdl
 
 MAX_GEMV_ROWS = 8
-# (weight format, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred reduction); the
-# environment's LLMDEPLOY_QGEMV ("fmt,bucket,bn,bk,warps,defer;...", fmt 0 int4 / 1 fp8) overrides
-# entries (benchmarks/gpu_quant.py --sweep times the candidates)
+# (weight format 0 int4 | 1 fp8, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred
+# reduction), read at each launch (benchmarks/gpu_quant.py --sweep replaces entries to time candidates)
 # single-row entries: the fastest over Llama-3.1-8B's gate_up and down shapes on an H200 (int4
 # ~480-530 GB/s of weight bytes: bound by the nibble unpacking, not by HBM; fp8 ~2.0-2.7 TB/s)
 GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, bool]] = {
@@ -35,9 +32,6 @@ GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, bool]] = {
     (1, 1): (8, 1024, 4, False),
     (1, 8): (8, 256, 4, True),
 }
-for _item in filter(None, os.environ.get("LLMDEPLOY_QGEMV", "").split(";")):
-    _f, _b, _bn, _bk, _w, _d = (int(v) for v in _item.split(","))
-    GEMV_CONFIGS[(_f, _b)] = (_bn, _bk, _w, bool(_d))
 _PLAIN, _NORM, _SILU = 0, 1, 2
 _INT4, _FP8 = 0, 1
 
