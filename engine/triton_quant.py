@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 from llmdeploy_engine import triton_pdl
+from llmdeploy_engine.triton_gemv import add_residual, norm_times_weight, rows_rstd, silu_times_up
 
 MAX_GEMV_ROWS = 8
 # (weight format 0 int4 | 1 fp8, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred
@@ -52,17 +53,11 @@ def _prologue_row(
     if PROLOGUE == 1:
         h = tl.load(x_ptr + kk, mask=kmask, other=0.0)
         if HAS_RES:
-            r = tl.load(r_ptr + kk, mask=kmask, other=0.0)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-        normed = (h.to(tl.float32) * rstd).to(h.dtype)
-        nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0)
-        x = (normed.to(tl.float32) * nw.to(tl.float32)).to(h.dtype)
+            h = add_residual(h, tl.load(r_ptr + kk, mask=kmask, other=0.0))
+        x = norm_times_weight(h, rstd, tl.load(nw_ptr + kk, mask=kmask, other=0.0))
     elif PROLOGUE == 2:
         g = tl.load(x_ptr + kk, mask=kmask, other=0.0)
-        u = tl.load(x_ptr + up_off + kk, mask=kmask, other=0.0)
-        g32 = g.to(tl.float32)
-        act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
-        x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+        x = silu_times_up(g, tl.load(x_ptr + up_off + kk, mask=kmask, other=0.0))
     else:
         x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
     return x.to(tl.float32)
@@ -95,19 +90,10 @@ def _qgemv_kernel(
     rmask = rows < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1:
-        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, NORM_BLOCK):
-            kk = k0 + tl.arange(0, NORM_BLOCK)
-            xm = rmask[:, None] & (kk[None, :] < K)
-            h = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :], mask=xm, other=0.0)
-            if HAS_RES:
-                r = tl.load(r_ptr + rows[:, None] * stride_rm + kk[None, :], mask=xm, other=0.0)
-                h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-                if pid == 0:
-                    tl.store(sum_ptr + rows[:, None] * stride_summ + kk[None, :], h, mask=xm)
-            h32 = h.to(tl.float32)
-            sq += tl.sum(h32 * h32, 1)
-        rstd = tl.rsqrt(sq / K + eps)
+        x_rows = x_ptr + rows[:, None] * stride_xm
+        r_rows = r_ptr + rows[:, None] * stride_rm
+        s_rows = sum_ptr + rows[:, None] * stride_summ
+        rstd = rows_rstd(x_rows, r_rows, s_rows, rmask, pid, K, eps, BLOCK_M, NORM_BLOCK, HAS_RES)
 
     if WFMT == 0:
         BLOCK_W: tl.constexpr = BLOCK_K // 8
