@@ -70,10 +70,7 @@ class Sampler:
         if all(plain_greedy(p, len(out)) for p, out in zip(params, output_token_ids, strict=True)):
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * num_rows)
         raw = logits.float()
-        x = raw.clone()
-        self._mask_min_tokens(x, params, output_token_ids)
-        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
-
+        x = self._penalized(raw, params, prompt_token_ids, output_token_ids)
         chosen = x.argmax(dim=-1)
         if not all(p.greedy for p in params):
             greedy = torch.tensor([p.greedy for p in params], device=x.device)
@@ -104,9 +101,7 @@ class Sampler:
     ) -> torch.Tensor:
         """Per row, the distribution `sample` draws from (speculative decoding verifies against it):
         min_tokens, penalties, temperature, top-k/top-p/min-p. Greedy rows are one-hot at `sample`'s argmax."""
-        x = logits.float().clone()
-        self._mask_min_tokens(x, params, output_token_ids)
-        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+        x = self._penalized(logits.float(), params, prompt_token_ids, output_token_ids)
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=x.device)
         probs = torch.softmax(_filter(x / temps[:, None], params), dim=-1)
         greedy = [i for i, p in enumerate(params) if p.greedy]
@@ -120,6 +115,19 @@ class Sampler:
     ) -> list[dict[int, Logprob] | None]:
         """The logprobs `sample` reports for already chosen tokens (speculative decoding)."""
         return self._logprobs(logits.float(), params, token_ids)
+
+    def _penalized(
+        self,
+        raw: torch.Tensor,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> torch.Tensor:
+        """A copy of the float32 logits with min_tokens' masks and the penalties applied."""
+        x = raw.clone()
+        self._mask_min_tokens(x, params, output_token_ids)
+        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+        return x
 
     def _mask_min_tokens(
         self, x: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
