@@ -32,6 +32,8 @@ import torch
 from llmdeploy_engine.outputs import Logprob
 from llmdeploy_engine.sampling_params import SamplingParams
 
+_TokenRows = list[list[int]]  # token ids per batch row
+
 
 @dataclass(frozen=True)
 class SamplerOutput:
@@ -117,16 +119,12 @@ class Sampler:
         return self._logprobs(logits.float(), params, token_ids)
 
     def _penalized(
-        self,
-        raw: torch.Tensor,
-        params: list[SamplingParams],
-        prompt_token_ids: list[list[int]],
-        output_token_ids: list[list[int]],
+        self, raw: torch.Tensor, params: list[SamplingParams], prompts: _TokenRows, outputs: _TokenRows
     ) -> torch.Tensor:
         """A copy of the float32 logits with min_tokens' masks and the penalties applied."""
         x = raw.clone()
-        self._mask_min_tokens(x, params, output_token_ids)
-        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+        self._mask_min_tokens(x, params, outputs)
+        self._apply_penalties(x, params, prompts, outputs)
         return x
 
     def _mask_min_tokens(
