@@ -64,10 +64,10 @@ def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
 
 
 def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
+    from llmdeploy.apply.local_command import local_engine_command
     from llmdeploy.apply.local_engine import check_flags, find_local_engine
     from llmdeploy.planner import make_plan
     from llmdeploy.recipe import recipe_digest
-    from llmdeploy.render.local_command import local_engine_command
 
     digest = recipe_digest(recipe)
     confirm = _confirm(assume_yes)

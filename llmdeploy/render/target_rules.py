@@ -8,13 +8,14 @@ the same function, so a recipe `validate` passes is one `render` and `apply` acc
 from __future__ import annotations
 
 from llmdeploy.errors import Problem, UserError
+from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import engine_command
 from llmdeploy.render.kubernetes_objects import scaling_metric
 from llmdeploy.render.model_location import container_model_ref
 
 
-def render_problems(recipe: Recipe, plan: object) -> list[Problem]:
+def render_problems(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
     """The problems that stop `render(recipe, plan)` for the recipe's target; empty when it renders."""
     problems = [*_secret_sources(recipe), *_engine(recipe, plan), *_local_only(recipe)]
     if isinstance(recipe.target, KubernetesTarget):
@@ -22,7 +23,7 @@ def render_problems(recipe: Recipe, plan: object) -> list[Problem]:
     return problems
 
 
-def _engine(recipe: Recipe, plan: object) -> list[Problem]:
+def _engine(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
     problems: list[Problem] = []
     model_ref, host = recipe.model.id, None
     if recipe.target.type != "local":
