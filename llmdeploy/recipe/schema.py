@@ -1,30 +1,25 @@
 """The recipe schema: `Recipe`, one frozen pydantic model per section, unknown keys rejected.
 
 Parsing happens once at the border (`llmdeploy.recipe.load_recipe`); everything downstream takes a
-`Recipe`, never a dict. The sections live by concept in `serving_schema` (model, hardware, engine,
-server), `target_schema` (local, docker, kubernetes) and `check_schema` (smoke, bench); this module
-names them all, so `from llmdeploy.recipe.schema import ...` reaches every section.
+`Recipe`, never a dict. The sections live in `serving_schema` (model, hardware, engine, server,
+smoke, bench) and `target_schema` (local, docker, kubernetes); this module names them all, so
+`from llmdeploy.recipe.schema import ...` reaches every section.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from llmdeploy.recipe.check_schema import (
-    BenchSection,
-    LengthRange,
-    SLOs,
-    SmokePrompt,
-    SmokeSection,
-)
 from llmdeploy.recipe.serving_schema import (
     ApiKeyFromEnv,
     ApiKeyFromSecret,
+    BenchSection,
     EngineSection,
     EngineType,
     HardwareSection,
     KVCacheDtype,
     KVCacheSection,
+    LengthRange,
     LimitsSection,
     ModelDtype,
     ModelSection,
@@ -34,6 +29,9 @@ from llmdeploy.recipe.serving_schema import (
     SecretRef,
     Section,
     ServerSection,
+    SLOs,
+    SmokePrompt,
+    SmokeSection,
     SpeculativeSection,
 )
 from llmdeploy.recipe.target_schema import (
