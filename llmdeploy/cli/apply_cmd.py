@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
+from llmdeploy.apply.prompt import terminal_confirm
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 
@@ -26,18 +27,6 @@ def _echo(msg: str) -> None:
 
 def _out(msg: str) -> None:
     click.echo(msg)
-
-
-def _confirm(assume_yes: bool) -> Callable[[str], bool]:
-    def ask(question: str) -> bool:
-        if assume_yes:
-            return True
-        if not sys.stdin.isatty():
-            _echo(f"{question} no: standard input is not a terminal (pass --yes to agree)")
-            return False
-        return click.confirm(question, default=False, err=True)
-
-    return ask
 
 
 def _load(recipe_path: Path, overrides: tuple[str, ...], namespace: str | None = None) -> Recipe:
@@ -113,7 +102,7 @@ def _stop(
         lambda local: local.down_local(recipe),
         lambda docker: docker.down_docker(recipe, _out),
         lambda kube, client, instance: kube.delete_kubernetes(
-            client, instance, _confirm(assume_yes), _echo, dry_run=dry_run
+            client, instance, terminal_confirm(assume_yes, default=False), _echo, dry_run=dry_run
         ),
     )
 
@@ -214,7 +203,17 @@ def apply_command(
         dry_run=dry_run, force_conflicts=force_conflicts, prune=prune, wait=wait, timeout_s=timeout_s
     )
     with connect(kubeconfig, context) as client:
-        sys.exit(apply_kubernetes(client, instance, objects, capacity, options, _confirm(assume_yes), _echo))
+        sys.exit(
+            apply_kubernetes(
+                client,
+                instance,
+                objects,
+                capacity,
+                options,
+                terminal_confirm(assume_yes, default=False),
+                _echo,
+            )
+        )
 
 
 @click.command()
