@@ -150,32 +150,15 @@ class KubeClient:
 
     # -- objects -------------------------------------------------------------------------------
     def get(self, rt: ResourceType, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-        try:
-            with self.errors(f"get {rt.kind} {name}"):
-                obj: dict[str, Any] = self.dynamic.get(
-                    rt.resource(),
-                    name=name,
-                    namespace=namespace,
-                    serializer=_as_dict,
-                    _request_timeout=self.timeout_s,
-                )
-        except KubeApiError as e:
-            if e.status_code == 404:
-                return None
-            raise
-        return obj
+        found, obj = self._unless_missing(f"get {rt.kind} {name}", "get", rt, name=name, namespace=namespace)
+        return obj if found else None
 
     def list(
         self, rt: ResourceType, namespace: str | None = None, label_selector: str | None = None
     ) -> list[dict[str, Any]]:
-        with self.errors(f"list {rt.plural}"):
-            result = self.dynamic.get(
-                rt.resource(),
-                namespace=namespace,
-                label_selector=label_selector,
-                serializer=_as_dict,
-                _request_timeout=self.timeout_s,
-            )
+        result = self._call(
+            f"list {rt.plural}", "get", rt, namespace=namespace, label_selector=label_selector
+        )
         items: list[dict[str, Any]] = result.get("items") or []
         for item in items:  # list responses omit these; callers want whole objects
             item.setdefault("apiVersion", rt.api_version)
@@ -193,39 +176,48 @@ class KubeClient:
     ) -> dict[str, Any]:
         """Server-side apply of the whole object (`force` takes over fields other managers own)."""
         meta = obj["metadata"]
-        with self.errors(f"apply {rt.kind} {meta['name']}"):
-            result: dict[str, Any] = self.dynamic.server_side_apply(
-                rt.resource(),
-                body=obj,
-                namespace=meta.get("namespace"),
-                field_manager=field_manager,
-                force_conflicts=True if force else None,
-                dry_run="All" if dry_run else None,
-                serializer=_as_dict,
-                _request_timeout=self.timeout_s,
-            )
+        result: dict[str, Any] = self._call(
+            f"apply {rt.kind} {meta['name']}",
+            "server_side_apply",
+            rt,
+            body=obj,
+            namespace=meta.get("namespace"),
+            field_manager=field_manager,
+            force_conflicts=True if force else None,
+            dry_run="All" if dry_run else None,
+        )
         return result
 
     def delete(
         self, rt: ResourceType, name: str, namespace: str | None = None, *, dry_run: bool = False
     ) -> bool:
         """Delete one object (dependents in the background); False when it was already gone."""
+        found, _ = self._unless_missing(
+            f"delete {rt.kind} {name}",
+            "delete",
+            rt,
+            name=name,
+            namespace=namespace,
+            propagation_policy="Background",
+            dry_run="All" if dry_run else None,
+        )
+        return found
+
+    def _call(self, action: str, method: str, rt: ResourceType, **kwargs: Any) -> Any:
+        """The dynamic client's `method` on `rt`, as plain dicts and within the timeout, its failures
+        (discovery's included, which the first call runs) reported as `action`."""
+        with self.errors(action):
+            call = getattr(self.dynamic, method)
+            return call(rt.resource(), serializer=_as_dict, _request_timeout=self.timeout_s, **kwargs)
+
+    def _unless_missing(self, action: str, method: str, rt: ResourceType, **kwargs: Any) -> tuple[bool, Any]:
+        """`_call`, answering (False, None) when the object does not exist (404)."""
         try:
-            with self.errors(f"delete {rt.kind} {name}"):
-                self.dynamic.delete(
-                    rt.resource(),
-                    name=name,
-                    namespace=namespace,
-                    propagation_policy="Background",
-                    dry_run="All" if dry_run else None,
-                    serializer=_as_dict,
-                    _request_timeout=self.timeout_s,
-                )
+            return True, self._call(action, method, rt, **kwargs)
         except KubeApiError as e:
             if e.status_code == 404:
-                return False
+                return False, None
             raise
-        return True
 
     def request(
         self,

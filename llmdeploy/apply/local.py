@@ -16,9 +16,8 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import click
@@ -34,6 +33,7 @@ from llmdeploy.apply.local_state import (
     write_state,
 )
 from llmdeploy.apply.model_source import prepare_model
+from llmdeploy.apply.prompt import terminal_confirm
 from llmdeploy.apply.startup_watch import wait_for_health
 from llmdeploy.engines import get_engine
 from llmdeploy.recipe.schema import Recipe
@@ -46,32 +46,19 @@ def _echo(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def _confirm(assume_yes: bool) -> Callable[[str], bool]:
-    def ask(question: str) -> bool:
-        if assume_yes:
-            _echo(f"{question} yes (--yes)")
-            return True
-        if not sys.stdin.isatty():
-            _echo(f"{question} no: standard input is not a terminal (pass --yes to agree)")
-            return False
-        return click.confirm(question, default=True, err=True)
-
-    return ask
-
-
 def apply_local(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     with recipe_lock(recipe, "apply"):
         return _apply_locked(recipe, recipe_path, assume_yes)
 
 
 def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
+    from llmdeploy.apply.local_command import local_engine_command
     from llmdeploy.apply.local_engine import check_flags, find_local_engine
     from llmdeploy.planner import make_plan
     from llmdeploy.recipe import recipe_digest
-    from llmdeploy.render.local_command import local_engine_command
 
     digest = recipe_digest(recipe)
-    confirm = _confirm(assume_yes)
+    confirm = terminal_confirm(assume_yes, default=True, announce_yes=True)
     state = read_state(recipe)
     if state is not None and state.process_alive():
         if state.recipe_digest == digest and is_ours(state, recipe):

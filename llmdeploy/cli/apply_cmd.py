@@ -7,13 +7,16 @@ cluster in the kubeconfig).
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, NoReturn
 
 import click
 
+from llmdeploy.apply.prompt import terminal_confirm
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 
@@ -24,18 +27,6 @@ def _echo(msg: str) -> None:
 
 def _out(msg: str) -> None:
     click.echo(msg)
-
-
-def _confirm(assume_yes: bool) -> Callable[[str], bool]:
-    def ask(question: str) -> bool:
-        if assume_yes:
-            return True
-        if not sys.stdin.isatty():
-            _echo(f"{question} no: standard input is not a terminal (pass --yes to agree)")
-            return False
-        return click.confirm(question, default=False, err=True)
-
-    return ask
 
 
 def _load(recipe_path: Path, overrides: tuple[str, ...], namespace: str | None = None) -> Recipe:
@@ -76,6 +67,44 @@ def _instance(recipe: Recipe, verb: str) -> Any:
     from llmdeploy.apply.kubernetes import Instance
 
     return Instance(recipe.name, _kube_target(recipe, verb).namespace)
+
+
+def _on_target(
+    recipe: Recipe,
+    verb: str,
+    cluster: tuple[Path | None, str | None],
+    local: Callable[[ModuleType], int],
+    docker: Callable[[ModuleType], int],
+    kubernetes: Callable[[ModuleType, Any, Any], int],
+) -> NoReturn:
+    """Run `verb` on the recipe's target and exit with its code. Each branch gets its apply module,
+    imported only for that target (the Kubernetes client alone takes most of a second to import);
+    the Kubernetes branch also a client connected through `cluster` (kubeconfig, context) and the
+    recipe's instance."""
+    if recipe.target.type == "local":
+        sys.exit(local(importlib.import_module("llmdeploy.apply.local")))
+    if recipe.target.type == "docker":
+        sys.exit(docker(importlib.import_module("llmdeploy.apply.docker")))
+    kube = importlib.import_module("llmdeploy.apply.kube_target")
+    instance = _instance(recipe, verb)
+    with kube.connect(*cluster) as client:
+        sys.exit(kubernetes(kube, client, instance))
+
+
+def _stop(
+    recipe: Recipe, verb: str, cluster: tuple[Path | None, str | None], assume_yes: bool, dry_run: bool
+) -> NoReturn:
+    """`down` and `delete`: stop the local process or the Compose project, or delete the Kubernetes objects."""
+    _on_target(
+        recipe,
+        verb,
+        cluster,
+        lambda local: local.down_local(recipe),
+        lambda docker: docker.down_docker(recipe, _out),
+        lambda kube, client, instance: kube.delete_kubernetes(
+            client, instance, terminal_confirm(assume_yes, default=False), _echo, dry_run=dry_run
+        ),
+    )
 
 
 recipe_arg = click.argument(
@@ -174,7 +203,17 @@ def apply_command(
         dry_run=dry_run, force_conflicts=force_conflicts, prune=prune, wait=wait, timeout_s=timeout_s
     )
     with connect(kubeconfig, context) as client:
-        sys.exit(apply_kubernetes(client, instance, objects, capacity, options, _confirm(assume_yes), _echo))
+        sys.exit(
+            apply_kubernetes(
+                client,
+                instance,
+                objects,
+                capacity,
+                options,
+                terminal_confirm(assume_yes, default=False),
+                _echo,
+            )
+        )
 
 
 @click.command()
@@ -223,20 +262,7 @@ def delete_command(
     namespace: str | None,
 ) -> None:
     """Delete every object of this recipe (labelled with its instance and managed by llmdeploy)."""
-    recipe = _load(recipe_path, overrides, namespace)
-    if recipe.target.type == "local":
-        from llmdeploy.apply.local import down_local
-
-        sys.exit(down_local(recipe))
-    if recipe.target.type == "docker":
-        from llmdeploy.apply.docker import down_docker
-
-        sys.exit(down_docker(recipe, _out))
-    from llmdeploy.apply.kube_target import connect, delete_kubernetes
-
-    instance = _instance(recipe, "delete")
-    with connect(kubeconfig, context) as client:
-        sys.exit(delete_kubernetes(client, instance, _confirm(assume_yes), _echo, dry_run=dry_run))
+    _stop(_load(recipe_path, overrides, namespace), "delete", (kubeconfig, context), assume_yes, dry_run)
 
 
 @click.command()
@@ -254,19 +280,14 @@ def status_command(
 ) -> None:
     """Show whether the recipe's deployment is up (exit 0) or not (exit 1)."""
     recipe = _load(recipe_path, overrides, namespace)
-    if recipe.target.type == "local":
-        from llmdeploy.apply.local import status_local
-
-        sys.exit(status_local(recipe))
-    if recipe.target.type == "docker":
-        from llmdeploy.apply.docker import status_docker
-
-        sys.exit(status_docker(recipe, _out))
-    from llmdeploy.apply.kube_target import connect, status_kubernetes
-
-    instance = _instance(recipe, "status")
-    with connect(kubeconfig, context) as client:
-        sys.exit(status_kubernetes(client, instance, _out))
+    _on_target(
+        recipe,
+        "status",
+        (kubeconfig, context),
+        lambda local: local.status_local(recipe),
+        lambda docker: docker.status_docker(recipe, _out),
+        lambda kube, client, instance: kube.status_kubernetes(client, instance, _out),
+    )
 
 
 @click.command()
@@ -288,19 +309,14 @@ def logs_command(
 ) -> None:
     """Print the engine's log (local process, the Compose service, or the deployment's pods)."""
     recipe = _load(recipe_path, overrides, namespace)
-    if recipe.target.type == "local":
-        from llmdeploy.apply.local import logs_local
-
-        sys.exit(logs_local(recipe, follow, lines))
-    if recipe.target.type == "docker":
-        from llmdeploy.apply.docker import logs_docker
-
-        sys.exit(logs_docker(recipe, follow, lines, _out))
-    from llmdeploy.apply.kube_target import connect, logs_kubernetes
-
-    instance = _instance(recipe, "logs")
-    with connect(kubeconfig, context) as client:
-        sys.exit(logs_kubernetes(client, instance, follow, lines, _out))
+    _on_target(
+        recipe,
+        "logs",
+        (kubeconfig, context),
+        lambda local: local.logs_local(recipe, follow, lines),
+        lambda docker: docker.logs_docker(recipe, follow, lines, _out),
+        lambda kube, client, instance: kube.logs_kubernetes(client, instance, follow, lines, _out),
+    )
 
 
 @click.command()
@@ -319,17 +335,4 @@ def down_command(
     namespace: str | None,
 ) -> None:
     """Stop the recipe's deployment: the local process, `docker compose down`, or delete its Kubernetes objects."""
-    recipe = _load(recipe_path, overrides, namespace)
-    if recipe.target.type == "local":
-        from llmdeploy.apply.local import down_local
-
-        sys.exit(down_local(recipe))
-    if recipe.target.type == "docker":
-        from llmdeploy.apply.docker import down_docker
-
-        sys.exit(down_docker(recipe, _out))
-    from llmdeploy.apply.kube_target import connect, delete_kubernetes
-
-    instance = _instance(recipe, "down")
-    with connect(kubeconfig, context) as client:
-        sys.exit(delete_kubernetes(client, instance, _confirm(assume_yes), _echo))
+    _stop(_load(recipe_path, overrides, namespace), "down", (kubeconfig, context), assume_yes, dry_run=False)

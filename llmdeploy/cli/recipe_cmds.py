@@ -111,7 +111,7 @@ def _validate_one(path: Path, overrides: tuple[str, ...], schema_only: bool) -> 
 def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
     # imported here: `schema` and `validate --schema-only` need neither the catalog nor the planner
     from llmdeploy.planner import make_plan
-    from llmdeploy.recipe.rules import check_recipe, recipe_notes
+    from llmdeploy.planner.recipe_checks import check_recipe, recipe_notes
 
     recipe = loaded.recipe
     plan = make_plan(recipe)

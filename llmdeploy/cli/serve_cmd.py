@@ -11,11 +11,11 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from llmdeploy.apply.prompt import terminal_confirm
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import Recipe
 
@@ -27,18 +27,6 @@ def engine_launcher(argv: list[str]) -> list[str]:
     if argv and argv[0] == "llmdeploy-engine" and shutil.which("llmdeploy-engine") is None:
         return [sys.executable, "-m", ENGINE_MODULE, *argv[1:]]
     return argv
-
-
-def _confirm(assume_yes: bool) -> Callable[[str], bool]:
-    def ask(question: str) -> bool:
-        if assume_yes:
-            return True
-        if not sys.stdin.isatty():
-            click.echo(f"{question} no: standard input is not a terminal (pass --yes to agree)", err=True)
-            return False
-        return click.confirm(question, default=True, err=True)
-
-    return ask
 
 
 def recipe_command(recipe: Recipe, assume_yes: bool, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -56,7 +44,9 @@ def recipe_command(recipe: Recipe, assume_yes: bool, env: dict[str, str]) -> tup
             fix="use `llmdeploy apply RECIPE` for vllm and tgi recipes, or set engine.type: builtin",
         )
     plan = make_plan(recipe)
-    prepared = prepare_model(recipe.model, _confirm(assume_yes), lambda msg: click.echo(msg, err=True))
+    prepared = prepare_model(
+        recipe.model, terminal_confirm(assume_yes, default=True), lambda msg: click.echo(msg, err=True)
+    )
     command = engine_command(recipe, plan, model_ref=prepared.ref)
     out_env = {**env, **command.env}
     for secret in command.secrets:

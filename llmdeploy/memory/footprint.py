@@ -2,7 +2,7 @@
 non-torch memory and TGI's CUDA graphs (vLLM's: `cuda_graphs`; the KV layout is `kv_layout`).
 
 The constants marked "calibrated" were fitted on the public vLLM start-up logs in
-tests/planner/fixtures/vllm_logs.json (see docs/planner.md); everything else is arithmetic on the
+llmdeploy/planner/vllm_logs.json (see docs/planner.md); everything else is arithmetic on the
 architecture.
 """
 
@@ -55,7 +55,7 @@ class NonTorchRule:
     """vLLM's "non-torch" memory (GPU memory in use that torch's allocator does not hold: cuBLAS
     workspaces, NCCL and custom all-reduce buffers) for one family of releases that measure it the
     same way. Each figure is the median of the non-torch lines logged by the releases of the family
-    (tests/planner/fixtures/vllm_logs.json, "non_torch_observations"; tests check the medians)."""
+    (llmdeploy/planner/vllm_logs.json, "non_torch_observations"; tests check the medians)."""
 
     since: tuple[int, int, int]  # first vLLM release of the family
     single_gpu_gib: float

@@ -1,6 +1,6 @@
 """Planner accuracy against public vLLM start-up logs (`python -m llmdeploy.planner.accuracy [--markdown] [FILE]`).
 
-Checks per log (tests/planner/fixtures/vllm_logs.json, each with its source and the quoted lines):
+Checks per log (`vllm_logs.json`, package data beside this module, each with its source and the quoted lines):
 - bytes/token: the log's own "Available KV cache memory" divided as the planner divides it (whole
   blocks of the KV layout) must give the log's "GPU KV cache size";
 - weights: the planner's per-GPU weights vs "Model loading took";
@@ -36,35 +36,12 @@ from llmdeploy.memory.footprint import (
     non_torch_rule,
 )
 from llmdeploy.memory.plan_inputs import GIB, PlanInputs
+from llmdeploy.planner.accuracy_result import HYBRID, LEGACY, TARGET, LogCheck, percent
+from llmdeploy.planner.accuracy_table import markdown
 from llmdeploy.planner.plan import plan_for
 
-DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "planner" / "fixtures" / "vllm_logs.json"
-TARGET, LEGACY, HYBRID = "vllm>=0.7", "vllm<0.7", "hybrid"
-
-
-@dataclass(frozen=True)
-class LogCheck:
-    log_id: str
-    source: str
-    hybrid: bool
-    logged_tokens: int | None
-    bpt_tokens: int | None  # from the logged KV memory and our bytes/token
-    bpt_error: float | None
-    full_tokens: int | None  # from our whole estimate
-    full_reference: int | None
-    full_reference_derived: bool
-    full_error: float | None
-    weights_error_gib: float | None
-    activation_error_gib: float | None
-    kv_error_gib: float | None = None  # predicted minus logged KV memory (before clamping at 0)
-    group: str = TARGET
-    model: str = ""
-    gpu: str = ""
-    version: str = ""
-    weights_gib: float | None = None  # logged
-    heldout_tokens: int | None = None  # full prediction with non-torch re-fitted without this thread
-    heldout_error: float | None = None
-    in_sample: str = ""  # which planner figure this log was used to set ("" = none)
+# package data, so the check runs from an installed wheel as from a checkout
+DEFAULT_FIXTURES = Path(__file__).resolve().with_name("vllm_logs.json")
 
 
 @dataclass(frozen=True)
@@ -223,10 +200,6 @@ def check_all(path: Path = DEFAULT_FIXTURES) -> list[LogCheck]:
     return [check_log(e, obs) for e in data["logs"]]
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.2f}%"
-
-
 def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
@@ -273,7 +246,7 @@ def report(checks: list[LogCheck]) -> str:
         pred = "-" if c.full_tokens is None else f"{c.full_tokens:,}"
         lines.append(
             f"{c.log_id:<48}{c.model[-27:]:<28}{c.gpu:<10}{c.version[:9]:<10}{c.group:<10}{ref:>11}{pred:>10}"
-            f"{_pct(c.full_error):>9}{_pct(c.heldout_error):>9}{_pct(c.bpt_error):>9}{_gib(c.weights_error_gib):>8}"
+            f"{percent(c.full_error):>9}{percent(c.heldout_error):>9}{percent(c.bpt_error):>9}{_gib(c.weights_error_gib):>8}"
             f"{_gib(c.activation_error_gib):>7}{_gib(c.kv_error_gib):>7}  {'yes' if c.in_sample else '-'}"
         )
     for label, errors in summaries(checks).items():
@@ -298,8 +271,6 @@ def main(argv: list[str] | None = None) -> None:
     files = [a for a in args if a != "--markdown"]
     checks = check_all(Path(files[0]) if files else DEFAULT_FIXTURES)
     if as_markdown:
-        from llmdeploy.planner.accuracy_table import markdown
-
         print(markdown(checks))
     else:
         print(report(checks))
@@ -309,6 +280,9 @@ if __name__ == "__main__":
     main()
 
 __all__ = [
+    "HYBRID",
+    "LEGACY",
+    "TARGET",
     "LogCheck",
     "NonTorchObservation",
     "check_all",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from llmdeploy.memory.footprint import release
-from llmdeploy.planner.accuracy import HYBRID, LEGACY, TARGET, LogCheck, _pct
+from llmdeploy.planner.accuracy_result import HYBRID, LEGACY, TARGET, LogCheck, percent
 
 # release families as the planner's rules split them (sampler path, non-torch accounting, graphs)
 FAMILIES = (
@@ -63,7 +63,7 @@ def log_table(checks: list[LogCheck]) -> str:
         sample = "in" if c.in_sample else "out"
         lines.append(
             f"| {family(c.version)} | [{c.log_id}]({c.source}){kind} | {c.version} | {c.gpu} | {model} | "
-            f"{_pct(c.full_error)}{star} | {_pct(c.heldout_error)} | {weights} | {sample} |"
+            f"{percent(c.full_error)}{star} | {percent(c.heldout_error)} | {weights} | {sample} |"
         )
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -34,45 +35,57 @@ _KUBERNETES_VERSION = re.compile(r"v?\d{1,4}\.\d{1,4}(\.\d{1,4})?")
 RESERVED_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/name")
 
 
-def _env_name(value: str) -> str:
-    if not _ENV_NAME.fullmatch(value):
-        raise ValueError(
-            "not an environment variable name: letters, digits and underscores, not starting with a digit"
-        )
-    return value
+def checked(ok: Callable[[str], bool], problem: Callable[[str], str]) -> Callable[[str], str]:
+    """A pydantic after-validator: the value when `ok(value)`, else ValueError(problem(value))."""
+
+    def check(value: str) -> str:
+        if not ok(value):
+            raise ValueError(problem(value))
+        return value
+
+    return check
 
 
-def _dns_label(value: str) -> str:
-    if not _DNS_LABEL.fullmatch(value):
-        raise ValueError(
-            "not a DNS label (what Kubernetes needs here): lower-case letters, digits "
-            "and '-', starting and ending with a letter or digit, at most 63 characters"
-        )
-    return value
+def is_dns_label(value: str) -> bool:
+    return _DNS_LABEL.fullmatch(value) is not None
 
 
-def _is_dns_subdomain(value: str) -> bool:
+def is_dns_subdomain(value: str) -> bool:
     return len(value) <= 253 and all(_DNS_SUBDOMAIN_PART.fullmatch(p) for p in value.split("."))
 
 
-def _dns_subdomain(value: str) -> str:
-    if not _is_dns_subdomain(value):
-        raise ValueError(
-            "not a Kubernetes object name: lower-case letters, digits, '-' and '.', "
-            "starting and ending with a letter or digit, at most 253 characters"
-        )
-    return value
+def is_label_name(value: str) -> bool:
+    """A label's name part or value: at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends."""
+    return _LABEL_NAME.fullmatch(value) is not None
 
 
-def _secret_key(value: str) -> str:
-    if not _SECRET_KEY.fullmatch(value):
-        raise ValueError("not a key of a Kubernetes Secret: letters, digits, '-', '_' and '.'")
-    return value
+_env_name = checked(
+    lambda v: _ENV_NAME.fullmatch(v) is not None,
+    lambda _: "not an environment variable name: letters, digits and underscores, not starting with a digit",
+)
+_dns_label = checked(
+    is_dns_label,
+    lambda _: (
+        "not a DNS label (what Kubernetes needs here): lower-case letters, digits "
+        "and '-', starting and ending with a letter or digit, at most 63 characters"
+    ),
+)
+_dns_subdomain = checked(
+    is_dns_subdomain,
+    lambda _: (
+        "not a Kubernetes object name: lower-case letters, digits, '-' and '.', "
+        "starting and ending with a letter or digit, at most 253 characters"
+    ),
+)
+_secret_key = checked(
+    lambda v: _SECRET_KEY.fullmatch(v) is not None,
+    lambda _: "not a key of a Kubernetes Secret: letters, digits, '-', '_' and '.'",
+)
 
 
 def _label_key(value: str) -> str:
     prefix, slash, name = value.rpartition("/")
-    if not _LABEL_NAME.fullmatch(name) or (slash and not (prefix and _is_dns_subdomain(prefix))):
+    if not is_label_name(name) or (slash and not (prefix and is_dns_subdomain(prefix))):
         raise ValueError(
             "not a Kubernetes label key: an optional DNS prefix and '/', then at most "
             "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
@@ -80,13 +93,13 @@ def _label_key(value: str) -> str:
     return value
 
 
-def _label_value(value: str) -> str:
-    if value and not _LABEL_NAME.fullmatch(value):
-        raise ValueError(
-            "not a Kubernetes label value: empty, or at most 63 letters, digits, "
-            "'-', '_' or '.', starting and ending with a letter or digit"
-        )
-    return value
+_label_value = checked(
+    lambda v: not v or is_label_name(v),
+    lambda _: (
+        "not a Kubernetes label value: empty, or at most 63 letters, digits, "
+        "'-', '_' or '.', starting and ending with a letter or digit"
+    ),
+)
 
 
 def _user_label_key(value: str) -> str:
@@ -106,18 +119,14 @@ def _host(value: str) -> str:
     return value
 
 
-def _version(value: str) -> str:
-    if not _VERSION.fullmatch(value):
-        raise ValueError(
-            "not a release version: at most 64 letters, digits, '.', '+', '_' and '-', e.g. '0.11.0'"
-        )
-    return value
-
-
-def _kubernetes_version(value: str) -> str:
-    if not _KUBERNETES_VERSION.fullmatch(value):
-        raise ValueError("not a Kubernetes version: write MAJOR.MINOR, e.g. '1.30'")
-    return value
+_version = checked(
+    lambda v: _VERSION.fullmatch(v) is not None,
+    lambda _: "not a release version: at most 64 letters, digits, '.', '+', '_' and '-', e.g. '0.11.0'",
+)
+_kubernetes_version = checked(
+    lambda v: _KUBERNETES_VERSION.fullmatch(v) is not None,
+    lambda _: "not a Kubernetes version: write MAJOR.MINOR, e.g. '1.30'",
+)
 
 
 def _no_credentials(env: dict[str, str]) -> dict[str, str]:

@@ -14,9 +14,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+from llmdeploy.recipe.field_types import checked, is_dns_label, is_dns_subdomain, is_label_name
+
 # Kubernetes' quantity grammar: a signed decimal, then a binary (Ki..Ei), decimal (m..E) or exponent suffix
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
 _SUFFIX = {
@@ -36,43 +35,39 @@ _SUFFIX = {
 }
 
 
-def _dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ValueError(
-            f"{value!r} is not a DNS label: lower-case letters, digits and '-', starting and ending "
-            "with a letter or digit, at most 63 characters"
-        )
-    return value
-
-
-def _dns_subdomain(value: str) -> str:
-    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{value!r} is not a Kubernetes object name (DNS subdomain): lower-case letters, digits, "
-            "'-' and '.', starting and ending with a letter or digit, at most 253 characters"
-        )
-    return value
+_dns_label = checked(
+    is_dns_label,
+    lambda v: (
+        f"{v!r} is not a DNS label: lower-case letters, digits and '-', starting and ending "
+        "with a letter or digit, at most 63 characters"
+    ),
+)
+_dns_subdomain = checked(
+    is_dns_subdomain,
+    lambda v: (
+        f"{v!r} is not a Kubernetes object name (DNS subdomain): lower-case letters, digits, "
+        "'-' and '.', starting and ending with a letter or digit, at most 253 characters"
+    ),
+)
+_label_value = checked(
+    lambda v: not v or is_label_name(v),
+    lambda v: (
+        f"label value {v!r}: at most 63 letters, digits, '-', '_' or '.', starting and ending "
+        "with a letter or digit (or empty)"
+    ),
+)
 
 
 def _qualified_key(value: str) -> str:
     prefix, _, name = value.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if prefix and not is_dns_subdomain(prefix):
         raise ValueError(
             f"key {value!r}: the prefix before '/' must be a DNS subdomain, e.g. example.com/team"
         )
-    if len(name) > 63 or not _LABEL_NAME.match(name):
+    if not is_label_name(name):
         raise ValueError(
             f"key {value!r}: the name part must be at most 63 letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit"
-        )
-    return value
-
-
-def _label_value(value: str) -> str:
-    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
-        raise ValueError(
-            f"label value {value!r}: at most 63 letters, digits, '-', '_' or '.', starting and ending "
-            "with a letter or digit (or empty)"
         )
     return value
 

@@ -145,17 +145,25 @@ class _Builder:
             Problem(message, file=self.file, line=node.start_mark.line + 1, path=dotted, fix=fix)
         )
 
+    def _past_limit(
+        self, count: int, limit: int, node: Node, path: FieldPath, message: str, fix: str
+    ) -> bool:
+        """Report `message` the first time a count passes its limit; True once any limit was passed."""
+        if count > limit and not self.exhausted:
+            self.exhausted = True
+            self._problem(node, path, message, fix)
+        return self.exhausted
+
     def _over_budget(self, node: Node, path: FieldPath) -> bool:
         self._num_values += 1
-        if self._num_values > _MAX_VALUES and not self.exhausted:
-            self.exhausted = True
-            self._problem(
-                node,
-                path,
-                f"the YAML expands to more than {_MAX_VALUES} values (aliases nested in aliases?)",
-                "write the values out instead of repeating anchors inside anchors",
-            )
-        return self.exhausted
+        return self._past_limit(
+            self._num_values,
+            _MAX_VALUES,
+            node,
+            path,
+            f"the YAML expands to more than {_MAX_VALUES} values (aliases nested in aliases?)",
+            "write the values out instead of repeating anchors inside anchors",
+        )
 
     def build(self, node: Node, path: FieldPath, depth: int) -> Any:
         if self._over_budget(node, path):
@@ -234,14 +242,14 @@ class _Builder:
         sources = node.value if isinstance(node, SequenceNode) else [node]
         for source in sources:
             self._num_merges += 1
-            if self._num_merges > _MAX_MERGES and not self.exhausted:
-                self.exhausted = True
-                self._problem(
-                    source,
-                    path,
-                    f"more than {_MAX_MERGES} '<<' merges (merges nested in merges?)",
-                    "write the values out instead of merging anchors inside anchors",
-                )
+            self._past_limit(
+                self._num_merges,
+                _MAX_MERGES,
+                source,
+                path,
+                f"more than {_MAX_MERGES} '<<' merges (merges nested in merges?)",
+                "write the values out instead of merging anchors inside anchors",
+            )
             if self._over_budget(source, path):
                 return
             if depth > _MAX_DEPTH:

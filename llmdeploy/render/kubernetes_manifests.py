@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from llmdeploy.errors import UserError
+from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe import Recipe, recipe_digest
 from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render.artifacts import header
@@ -26,7 +27,7 @@ from llmdeploy.render.kubernetes_objects import (
 )
 from llmdeploy.render.kubernetes_patches import apply_patches
 from llmdeploy.render.model_location import container_model_ref
-from llmdeploy.render.plan_facts import plan_number
+from llmdeploy.render.templates import render_template
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -45,10 +46,8 @@ def _version(target: KubernetesTarget) -> tuple[int, int]:
 
 
 def render_kubernetes(
-    recipe: Recipe, target: KubernetesTarget, plan: object
+    recipe: Recipe, target: KubernetesTarget, plan: MemoryPlan | None
 ) -> tuple[dict[str, str], tuple[dict[str, Any], ...]]:
-    from llmdeploy.render.renderer import render_template
-
     if not _DNS_LABEL.match(target.namespace):
         raise UserError.one(
             "not a Kubernetes namespace name",
@@ -59,7 +58,7 @@ def render_kubernetes(
     version = _version(target)
     name, meta_labels = recipe.name, labels(recipe, target)
     command = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
-    shape = pod_shape(recipe, target, plan_number(plan, "weights_gib") or 0.0)
+    shape = pod_shape(recipe, target, plan.weights_gib if plan is not None else 0.0)
     head = header(recipe)
     claim = target.model_cache.existing_claim or f"{name}-model-cache"
     multi_node = recipe.hardware.nodes > 1

@@ -8,16 +8,35 @@ the model-cache volume in containers).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from llmdeploy.apply.model_source import cache_root, packaged_file_path
 from llmdeploy.engines import get_engine
 from llmdeploy.engines.flags import is_gguf
 from llmdeploy.errors import UserError
-from llmdeploy.recipe.schema import ModelSection, Recipe
+from llmdeploy.recipe.schema import ModelSection, PackagedFile, Recipe
 
 CONTAINER_CACHE_DIR = "/models"
 VLLM_CHECKPOINTS_DIR = "vllm-checkpoints"
+
+
+def cache_root() -> Path:
+    """llmdeploy's cache on this machine: $LLMDEPLOY_CACHE_DIR, else the XDG cache's llmdeploy folder."""
+    base = os.environ.get("LLMDEPLOY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmdeploy"
+    )
+    return Path(base)
+
+
+def package_dir(pkg: PackagedFile) -> Path:
+    """The folder a PyPI-packaged model is installed into (--target), under the cache."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", pkg.package)
+    return cache_root() / "packages" / slug
+
+
+def packaged_file_path(pkg: PackagedFile) -> Path:
+    return package_dir(pkg) / pkg.file
 
 
 @dataclass(frozen=True)

@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import re
 import shlex
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
 from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
-from llmdeploy.recipe import Recipe
+from llmdeploy.planner import MemoryPlan
+from llmdeploy.recipe import Recipe, recipe_digest
 from llmdeploy.recipe.schema import DockerTarget, KubernetesTarget
 from llmdeploy.render import kubernetes_manifests
 from llmdeploy.render.artifacts import Artifacts, header
-from llmdeploy.render.block_yaml import to_block_yaml
-from llmdeploy.render.engine_command import EngineCommand, engine_command
+from llmdeploy.render.engine_command import EngineCommand, SecretEnv, engine_command
 from llmdeploy.render.kubernetes_objects import (
     container_env,
     fetch_container,
@@ -28,33 +25,14 @@ from llmdeploy.render.kubernetes_objects import (
     pod_shape,
 )
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, container_model_ref, model_location
-from llmdeploy.render.plan_facts import plan_number
+from llmdeploy.render.target_rules import render_problems
+from llmdeploy.render.templates import render_template
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"  # package data: llmdeploy/templates
 MODEL_PLACEHOLDER = "@@llmdeploy-model@@"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-@cache
-def environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-    )
-    env.filters["to_yaml"] = to_block_yaml
-    return env
-
-
-def render_template(template: str, **values: Any) -> str:
-    return environment().get_template(template).render(**values)
-
-
-def render(recipe: Recipe, plan: object) -> Artifacts:
-    from llmdeploy.recipe import recipe_digest
-    from llmdeploy.render.target_rules import render_problems
-
+def render(recipe: Recipe, plan: MemoryPlan | None) -> Artifacts:
     # every problem at once, and exactly those `validate` reports
     problems = render_problems(recipe, plan)
     if problems:
@@ -81,20 +59,27 @@ def _check_env_name(name: str, path: str) -> None:
         )
 
 
-def _local(recipe: Recipe, plan: object) -> dict[str, str]:
+def local_secret_variable(secret: SecretEnv) -> tuple[str, str]:
+    """The recipe knob that names `secret` and the environment variable of this machine it is read
+    from; a Kubernetes Secret cannot be read on the local target."""
+    knob = "server.hf_token" if secret.name == "HF_TOKEN" else "server.api_key"
+    if secret.from_env is None:
+        raise UserError.one(
+            "a Kubernetes Secret cannot be read on the local target",
+            path=knob,
+            value=secret.secret_name,
+            fix=f"write {knob}: {{env: VARIABLE}} for the local target",
+        )
+    return knob, secret.from_env
+
+
+def _local(recipe: Recipe, plan: MemoryPlan | None) -> dict[str, str]:
     command = engine_command(recipe, plan, model_ref=MODEL_PLACEHOLDER)
     secret_lines = []
     for secret in command.secrets:
-        knob = "server.hf_token" if secret.name == "HF_TOKEN" else "server.api_key"
-        if secret.from_env is None:
-            raise UserError.one(
-                "a Kubernetes Secret cannot be read on the local target",
-                path=knob,
-                value=secret.secret_name,
-                fix=f"write {knob}: {{env: VARIABLE}} for the local target",
-            )
-        _check_env_name(secret.from_env, f"{knob}.env")
-        secret_lines.append(f'export {secret.name}="${{{secret.from_env}:?set {secret.from_env} ({knob})}}"')
+        knob, variable = local_secret_variable(secret)
+        _check_env_name(variable, f"{knob}.env")
+        secret_lines.append(f'export {secret.name}="${{{variable}:?set {variable} ({knob})}}"')
     where = model_location(recipe)
     if where.in_cache is None:
         assert where.literal is not None
@@ -152,11 +137,11 @@ def _compose_escape(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def _compose(recipe: Recipe, target: DockerTarget, plan: object) -> str:
+def _compose(recipe: Recipe, target: DockerTarget, plan: MemoryPlan | None) -> str:
     command: EngineCommand = engine_command(
         recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0"
     )
-    shape = pod_shape(recipe, _as_kubernetes(target), plan_number(plan, "weights_gib") or 0.0)
+    shape = pod_shape(recipe, _as_kubernetes(target), plan.weights_gib if plan is not None else 0.0)
     environment_: dict[str, str] = {k: _compose_escape(v) for k, v in container_env(command.env).items()}
     for secret in command.secrets:
         if secret.from_env is None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from llmdeploy.engines import get_engine
 from llmdeploy.errors import Problem, UserError
+from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import engine_command
 from llmdeploy.render.kubernetes_objects import scaling_metric
 from llmdeploy.render.model_location import container_model_ref
 
 
-def render_problems(recipe: Recipe, plan: object) -> list[Problem]:
+def render_problems(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
     """The problems that stop `render(recipe, plan)` for the recipe's target; empty when it renders."""
     problems = [*_secret_sources(recipe), *_engine(recipe, plan), *_local_only(recipe)]
     if isinstance(recipe.target, KubernetesTarget):
@@ -23,7 +24,7 @@ def render_problems(recipe: Recipe, plan: object) -> list[Problem]:
     return problems
 
 
-def _engine(recipe: Recipe, plan: object) -> list[Problem]:
+def _engine(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
     problems: list[Problem] = []
     model_ref, host = recipe.model.id, None
     if recipe.target.type != "local":

@@ -1,4 +1,4 @@
-"""Planner vs public vLLM start-up logs (fixtures/vllm_logs.json, each with its source and quoted lines)."""
+"""Planner vs public vLLM start-up logs (llmdeploy/planner/vllm_logs.json, each with its source and quoted lines)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from llmdeploy.planner.accuracy import (
     summaries,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs.json"
+FIXTURES = Path(__file__).resolve().parents[2] / "llmdeploy" / "planner" / "vllm_logs.json"
 
 
 def test_fixtures_parse_and_cite_their_source() -> None:

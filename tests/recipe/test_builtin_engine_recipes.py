@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from llmdeploy.planner import make_plan
+from llmdeploy.planner.recipe_checks import check_recipe
 from llmdeploy.recipe import load_recipe
-from llmdeploy.recipe.rules import check_recipe
 from llmdeploy.render import render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -43,8 +43,8 @@ class Server:
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, pick_port: Callable[[], int]) -> Iterator[Server]:
     from vllm_install import SETUP_SCRIPT, vllm_python
 
-    from llmdeploy.apply.model_source import cache_root
-    from llmdeploy.render.local_command import checkpoint_from_gguf
+    from llmdeploy.apply.local_command import checkpoint_from_gguf
+    from llmdeploy.render.model_location import cache_root
 
     python = vllm_python()
     if python is None:

@@ -14,20 +14,26 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmdeploy.apply.local_engine import LocalEngine
-from llmdeploy.apply.model_source import cache_root
 from llmdeploy.engines import get_engine
 from llmdeploy.engines.flags import is_gguf
 from llmdeploy.errors import UserError
+from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.render.engine_command import EngineCommand, engine_command
-from llmdeploy.render.model_location import VLLM_CHECKPOINTS_DIR, vllm_checkpoint_name
+from llmdeploy.render.model_location import (
+    VLLM_CHECKPOINTS_DIR,
+    cache_root,
+    vllm_checkpoint_name,
+)
+from llmdeploy.render.renderer import local_secret_variable
 
-_CONVERTER = Path(__file__).with_name("gguf_to_hf.py")
+# the converter is a script run in vLLM's interpreter, kept beside the model locations it fills
+_CONVERTER = Path(__file__).parents[1] / "render" / "gguf_to_hf.py"
 
 
 def local_engine_command(
     recipe: Recipe,
-    plan: object,
+    plan: MemoryPlan | None,
     model_ref: str,
     found: LocalEngine,
     environ: Mapping[str, str] | None = None,
@@ -50,21 +56,14 @@ def local_engine_command(
         for name, setting in engine.local_folder_env:
             env.setdefault(name, setting)  # a local folder needs no hub; never wait on one
     for secret in command.secrets:
-        knob = "server.hf_token" if secret.name == "HF_TOKEN" else "server.api_key"
-        if secret.from_env is None:
-            raise UserError.one(
-                "a Kubernetes Secret cannot be read on the local target",
-                path=knob,
-                value=secret.secret_name,
-                fix=f"write {knob}: {{env: VARIABLE}} for the local target",
-            )
-        value = environ.get(secret.from_env)
+        knob, variable = local_secret_variable(secret)
+        value = environ.get(variable)
         if not value:
             raise UserError.one(
-                f"environment variable {secret.from_env} is not set",
+                f"environment variable {variable} is not set",
                 path=f"{knob}.env",
-                value=secret.from_env,
-                fix=f"export {secret.from_env}=... before applying",
+                value=variable,
+                fix=f"export {variable}=... before applying",
             )
         env[secret.name] = value
     return EngineCommand(argv=argv, env=env, secrets=(), engine=command.engine, version=command.version)

@@ -8,19 +8,33 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Protocol
 
 from llmdeploy.catalog import GPUSpec, ModelSpec, resolve_gpu, resolve_model
 from llmdeploy.engines import get_engine
 from llmdeploy.engines.recipe_rules import engine_support_problems, speculative_problems
 from llmdeploy.errors import Problem, UserError
-from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe.schema import LengthRange, Recipe
 
 # vLLM's fp8 KV cache and FP8 Marlin (weight-only fp8) need Ampere or newer
 MIN_FP8_STORAGE_CAPABILITY = 8.0
 
 
-def check_recipe(recipe: Recipe, plan: MemoryPlan) -> list[Problem]:
+class PlanVerdict(Protocol):
+    """What the rules read of the memory plan (`planner.MemoryPlan`, which is built from a recipe and
+    so sits above this package)."""
+
+    @property
+    def fits(self) -> bool: ...
+    @property
+    def problems(self) -> tuple[str, ...]: ...
+    @property
+    def suggestions(self) -> tuple[str, ...]: ...
+    @property
+    def max_model_len(self) -> int: ...
+
+
+def check_recipe(recipe: Recipe, plan: PlanVerdict) -> list[Problem]:
     """Every cross-field problem of `recipe`, plus the plan's own when it does not fit."""
     try:
         model = resolve_model(recipe.model)
@@ -146,7 +160,7 @@ def derived_max_model_len(model: ModelSpec) -> int:
     return int(length * factor)
 
 
-def _context(recipe: Recipe, model: ModelSpec, plan: MemoryPlan) -> Iterator[Problem]:
+def _context(recipe: Recipe, model: ModelSpec, plan: PlanVerdict) -> Iterator[Problem]:
     limit = derived_max_model_len(model)
     wanted = recipe.limits.max_model_len
     if wanted is not None and wanted > limit:

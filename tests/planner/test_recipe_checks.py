@@ -12,8 +12,8 @@ import pytest
 from llmdeploy.engines.builtin import BUILTIN_ARCHITECTURES, BUILTIN_KV_DTYPES
 from llmdeploy.errors import Problem
 from llmdeploy.planner import make_plan
+from llmdeploy.planner.recipe_checks import check_recipe, recipe_notes
 from llmdeploy.recipe import load_recipe
-from llmdeploy.recipe.rules import check_recipe, recipe_notes
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = "model: {id: meta-llama/Llama-3.1-8B-Instruct}\nhardware: {gpu: A100-80GB}\n"
