@@ -270,7 +270,7 @@ def test_metrics_count_and_disconnect_aborts(server: str) -> None:
             break
         time.sleep(0.2)
     assert idle, "the disconnected request was aborted and its KV blocks freed"
-    aborted = f'vllm:request_success_total{{{lab},finished_reason="abort"}}'
+    aborted = f'vllm:request_success_total{{finished_reason="abort",{lab}}}'
     assert after[aborted] >= before.get(aborted, 0) + 1
     assert after[f"vllm:generation_tokens_total{{{lab}}}"] > before.get(
         f"vllm:generation_tokens_total{{{lab}}}", 0
