@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from engine_server import MODEL_NAME, EngineServer, start
 from llmdeploy_engine.cli import DRAIN_TIMEOUT_S
 
-from hardening.engine_server import MODEL_NAME, EngineServer, start
 from hardening.figures import record
 from hardening.test_server_bad_input import assert_openai_error
 

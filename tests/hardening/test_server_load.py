@@ -15,8 +15,8 @@ from collections import Counter
 
 import httpx
 import pytest
+from engine_server import MODEL_NAME, EngineServer, metric, metric_values
 
-from hardening.engine_server import MODEL_NAME, EngineServer, metric, metric_values
 from hardening.figures import record
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hardening.engine_server import MODEL_NAME, metric_values, start
+from engine_server import MODEL_NAME, metric_values, start
 
 pytestmark = pytest.mark.slow
 

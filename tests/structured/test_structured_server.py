@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from hardening.engine_server import GGUF, MODEL_NAME, EngineServer, start
+from engine_server import GGUF, MODEL_NAME, EngineServer, start
 from tool_templates import HERMES_TEMPLATE, tokenizer_folder
 
 pytestmark = pytest.mark.slow
