@@ -7,13 +7,13 @@ One server start for the module, through `llmdeploy serve --model ...`; it runs 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from engine_server import metric_values, start
+from httpx_sse import EventSource
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def test_tgi_raw_shapes(server: str) -> None:
         timeout=120,
         json={"inputs": "Hello", "parameters": {"max_new_tokens": 4}},
     ) as r:
-        events = [json.loads(line[len("data:") :]) for line in r.iter_lines() if line.startswith("data:")]
+        events = [event.json() for event in EventSource(r).iter_sse()]
     assert all(set(e["token"]) == {"id", "text", "logprob", "special"} for e in events)
     assert events[-1]["generated_text"] is not None
 
@@ -178,10 +178,7 @@ def test_metrics_count_and_disconnect_aborts(server: str) -> None:
             "stream": True,
         },
     ) as r:
-        seen = 0
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                seen += 1
+        for seen, _event in enumerate(EventSource(r).iter_sse(), 1):
             if seen >= 3:
                 break
     deadline = time.monotonic() + 30
