@@ -30,6 +30,7 @@ def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_draft_probs", [True, False])
 def test_rejection_sampler_reproduces_the_target_distribution(with_draft_probs: bool) -> None:
     gen = torch.Generator().manual_seed(0)
@@ -110,6 +111,7 @@ def check_identical(engine: LLMEngine, reference: dict[str, list[list[int]]]) ->
     assert all(o.num_cached_tokens > 0 for o in out2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_ngram_is_token_identical(
     runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path, reference: dict[str, list[list[int]]], k: int
