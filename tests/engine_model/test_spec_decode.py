@@ -18,6 +18,8 @@ from llmdeploy_engine.spec_decode.draft_proposer import MAX_UNIFORM_CATCH_UP, un
 from llmdeploy_engine.spec_decode.rejection_sampler import verify_greedy, verify_sampled
 from llmdeploy_engine.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
+
 # chi-square critical value for 5 degrees of freedom at significance 0.001
 CHI2_DF5_P001 = 20.515
 REPETITIVE = "red green blue red green blue red green blue red green blue red green blue red green"
@@ -30,7 +32,6 @@ def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("with_draft_probs", [True, False])
 def test_rejection_sampler_reproduces_the_target_distribution(with_draft_probs: bool) -> None:
     gen = torch.Generator().manual_seed(0)
@@ -111,7 +112,6 @@ def check_identical(engine: LLMEngine, reference: dict[str, list[list[int]]]) ->
     assert all(o.num_cached_tokens > 0 for o in out2)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_ngram_is_token_identical(
     runner: ModelRunner, tokenizer: Tokenizer, gguf_path: Path, reference: dict[str, list[list[int]]], k: int
