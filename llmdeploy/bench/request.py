@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from httpx_sse import EventSource, SSEError
 
 from llmdeploy.bench.options import Endpoint
 
@@ -94,10 +95,8 @@ async def send_request(
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", "replace")
                 raise _StreamFailure(f"HTTP {response.status_code}: {_error_message(text)}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[len("data:") :].strip()
+            async for event in EventSource(response).aiter_sse():
+                payload = event.data.strip()
                 if payload == "[DONE]":
                     done = True
                     break
@@ -129,6 +128,10 @@ async def send_request(
     except (httpx.RemoteProtocolError, httpx.ReadError) as e:
         return RequestResult(
             ok=False, error=f"connection dropped ({type(e).__name__})", latency_s=time.perf_counter() - start
+        )
+    except SSEError:  # before httpx.HTTPError, which it derives from
+        return RequestResult(
+            ok=False, error="not an SSE stream (Content-Type)", latency_s=time.perf_counter() - start
         )
     except httpx.ConnectError:
         return RequestResult(ok=False, error="connection refused", latency_s=time.perf_counter() - start)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,11 @@ def bench_command(**kw: object) -> None:
     from llmdeploy.bench.report import format_table
     from llmdeploy.recipe.schema import BenchSection, SLOs
 
+    if kw["chart"] and importlib.util.find_spec("matplotlib") is None:
+        # checked before the run, so a missing extra does not waste a whole benchmark
+        raise UserError.one(
+            "--chart needs matplotlib, which is not installed", fix="pip install 'llmdeploy[chart]'"
+        )
     endpoint = resolve_endpoint(kw["recipe_path"], kw["url"], kw["model"], kw["api_key"], kw["overrides"])  # type: ignore[arg-type]
     section = endpoint.recipe.bench if endpoint.recipe is not None else BenchSection()
     slo_updates = {name: kw[name] for name in _SLO_FLAGS if kw[name] is not None}

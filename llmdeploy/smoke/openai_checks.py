@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 
 import httpx
+from httpx_sse import EventSource, SSEError
 
 from llmdeploy.recipe.schema import SmokePrompt
 
@@ -84,14 +85,10 @@ def streamed_chat_completion(
     with client.stream("POST", base_url + "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise CheckFailed(f"{route} answered HTTP {response.status_code}")
-        for line in response.iter_lines():
-            if not line.strip():
-                continue
-            if not line.startswith("data:"):
-                if line.startswith((":", "event:", "id:", "retry:")):
-                    continue
-                raise CheckFailed(f"{route}: line is not an SSE data line: {line[:60]!r}")
-            events.append(line[len("data:") :].strip())
+        try:
+            events.extend(event.data.strip() for event in EventSource(response).iter_sse())
+        except SSEError as e:
+            raise CheckFailed(f"{route}: {e}") from e
     return _check_chat_stream(events, route)
 
 

@@ -116,6 +116,7 @@ def test_builtin_engine_off_path_runs_as_a_module_of_this_interpreter(
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_executable_on_a_container_target_is_refused_with_its_line(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(

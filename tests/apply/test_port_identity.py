@@ -64,6 +64,7 @@ def _engine_that_cannot_bind(port: int, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("instance_id", ["ours-123", None], ids=["builtin", "vllm-like"])
 def test_another_server_on_the_port_is_not_our_engine(
     other_server: int, tmp_path: Path, instance_id: str | None

@@ -70,6 +70,7 @@ def test_table_is_used_without_transformers(monkeypatch: pytest.MonkeyPatch) -> 
     assert spec.tie_word_embeddings and spec.rope_theta == 1000000.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(config_defaults.DOCUMENTED_DEFAULTS))
 def test_table_agrees_with_transformers(model_type: str) -> None:
     transformers = pytest.importorskip("transformers")

@@ -21,6 +21,7 @@ def _meta(reader: gguf.GGUFReader, key: str) -> object:
     return reader.fields[key].contents()
 
 
+@pytest.mark.slow
 def test_show_gguf_agrees_with_its_metadata() -> None:
     reader = gguf.GGUFReader(str(GGUF))
     out = CliRunner().invoke(models_command, ["show", str(GGUF), "--output", "json"])

@@ -147,6 +147,7 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow
 def test_cli_reads_the_hub_environment(hub: Hub, tmp_path: Path) -> None:
     """HF_ENDPOINT, HF_TOKEN, HF_HOME and HF_HUB_OFFLINE as a user sets them, in a fresh process."""
     env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": SECRET}

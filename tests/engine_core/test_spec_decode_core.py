@@ -268,7 +268,7 @@ def test_prometheus_names_follow_vllm() -> None:
     assert 'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 12' in text
     assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 7' in text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2' in text
-    assert "# TYPE vllm:spec_decode_num_drafts counter" in text
+    assert "# TYPE vllm:spec_decode_num_drafts_total counter"  # prometheus_client's text format in text
 
     class Off:
         spec_decode_num_drafts = 0

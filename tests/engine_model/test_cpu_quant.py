@@ -100,6 +100,7 @@ def _last_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
     return runner.execute(batch)[0]
 
 
+@pytest.mark.slow
 def test_compact_weights_hold_under_a_third_of_float32(
     compact_runner: ModelRunner, runner: ModelRunner
 ) -> None:
@@ -107,6 +108,7 @@ def test_compact_weights_hold_under_a_third_of_float32(
     assert compact_runner.startup_report.weights_bytes < runner.startup_report.weights_bytes / 3
 
 
+@pytest.mark.slow
 def test_compact_logits_match_the_float32_path(
     compact_runner: ModelRunner, runner: ModelRunner, tokenizer: Tokenizer
 ) -> None:
@@ -117,6 +119,7 @@ def test_compact_logits_match_the_float32_path(
         assert float((ours - ref).abs().max() / ref.abs().max()) < MAX_LOGIT_REL_ERR, text
 
 
+@pytest.mark.slow
 def test_compact_greedy_tokens_match_the_float32_path(
     compact_runner: ModelRunner, runner: ModelRunner, tokenizer: Tokenizer
 ) -> None:
@@ -135,6 +138,7 @@ def test_compact_greedy_tokens_match_the_float32_path(
         (GGMLQuantizationType.Q8_0, cpu_quant.Fp16PackWeight),
     ],
 )
+@pytest.mark.slow
 def test_tiny_llama_gguf_compact_matches_float32(
     tmp_path: Path, qtype: GGMLQuantizationType, kernel: type
 ) -> None:

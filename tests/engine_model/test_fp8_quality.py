@@ -25,6 +25,8 @@ from llmdeploy_engine.kv_cache import KVAmaxObserver
 from llmdeploy_engine.model_runner import ModelRunner
 from llmdeploy_engine.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
+
 KV_BYTES = 32 * 2**20
 NUM_TOKENS = 32
 TEXTS = [

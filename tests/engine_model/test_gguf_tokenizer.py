@@ -13,6 +13,8 @@ from llmdeploy_engine import gguf_tokenizer
 from llmdeploy_engine.gguf_loader import tokenizer_fields
 from llmdeploy_engine.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
+
 TEXTS = [
     "",
     " ",

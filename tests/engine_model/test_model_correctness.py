@@ -9,6 +9,8 @@ from llmdeploy_engine.attention import build_attention_metadata
 from llmdeploy_engine.model_runner import ModelRunner
 from llmdeploy_engine.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
+
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):\n    ",

@@ -20,6 +20,8 @@ from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
+
 SHARED = "You are a careful assistant. Answer briefly and precisely. " * 3
 PROMPTS = ["Hello, my name is", "The capital of France is", SHARED + "What is 2 + 2?", "def add(a, b):\n"]
 MAX_TOKENS = [13, 21, 9, 17]  # none a multiple of 4 or 8

@@ -20,6 +20,8 @@ from llmdeploy_engine.quant_checkpoint import hf_config_dict, write_quantized
 from llmdeploy_engine.quant_config import load_quant_spec
 from llmdeploy_engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
+
 KV_BYTES = 16 * 2**20
 # SmolLM2-135M's hidden size (576) is not a multiple of 128: its int4 copies use groups of 64
 CASES: list[tuple[str, dict[str, Any]]] = [

@@ -101,6 +101,7 @@ def test_unknown_model_path_is_refused(tmp_path: Path) -> None:
         ModelRunner(EngineConfig(model=str(tmp_path / "missing.gguf"), device="cpu"))
 
 
+@pytest.mark.slow
 def test_the_first_engine_of_a_process_is_freed_when_dropped(gguf_path: Path, tmp_path: Path) -> None:
     """The first engine a process builds (the first imports of torch's modules: were torch._dynamo
     among them, its torch.fx frame cycle would take in every frame on the stack) is freed by its last

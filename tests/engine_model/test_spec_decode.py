@@ -18,6 +18,8 @@ from llmdeploy_engine.spec_decode.draft_proposer import MAX_UNIFORM_CATCH_UP, un
 from llmdeploy_engine.spec_decode.rejection_sampler import verify_greedy, verify_sampled
 from llmdeploy_engine.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
+
 # chi-square critical value for 5 degrees of freedom at significance 0.001
 CHI2_DF5_P001 = 20.515
 REPETITIVE = "red green blue red green blue red green blue red green blue red green blue red green"

@@ -4,8 +4,8 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
+from engine_server import EngineServer, start
 
-from hardening.engine_server import EngineServer, start
 from hardening.figures import FIGURES, record, save, table
 
 # planted in the server's environment; never to appear in any log or rendered file

@@ -1,7 +1,7 @@
 """Figures the hardening tests produce (cases tried, requests sent, ...), printed as a Markdown table.
 
 Tests call `record(name, n)`; the conftest prints the table at the end of the run and writes it to
-`.cache/hardening-figures.json`, which docs/hardening.md copies.
+`.cache/hardening-figures.json`.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from engine_server import MODEL_NAME, EngineServer
 
 from hardening.conftest import MAX_MODEL_LEN
-from hardening.engine_server import MODEL_NAME, EngineServer
 from hardening.figures import record
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from engine_server import MODEL_NAME, EngineServer, start
+from httpx_sse import EventSource
 from llmdeploy_engine.cli import DRAIN_TIMEOUT_S
 
-from hardening.engine_server import MODEL_NAME, EngineServer, start
 from hardening.figures import record
 from hardening.test_server_bad_input import assert_openai_error
 
@@ -68,13 +69,13 @@ async def _stream(
                     assert_openai_error(httpx.Response(response.status_code, content=response.content))
                 return f"HTTP {response.status_code}"
             done = finished = errored = False
-            async for line in response.aiter_lines():
-                if started is not None and line.startswith("data: "):
+            async for event in EventSource(response).aiter_sse():
+                if started is not None:
                     started.set()
-                if line == "data: [DONE]":
+                if event.data == "[DONE]":
                     done = True
-                elif line.startswith("data: "):
-                    chunk = json.loads(line[6:])
+                else:
+                    chunk = event.json()
                     errored = errored or "error" in chunk
                     finished = finished or any(c.get("finish_reason") for c in chunk.get("choices", []))
             if errored:
@@ -149,10 +150,9 @@ async def _sse(client: httpx.AsyncClient, url: str, max_tokens: int, started: as
         if response.status_code != 200:
             return [f"HTTP {response.status_code}", (await response.aread()).decode()]
         events = []
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                started.set()
-                events.append(line[len("data: ") :])
+        async for event in EventSource(response).aiter_sse():
+            started.set()
+            events.append(event.data)
         return events
 
 

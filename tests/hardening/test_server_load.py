@@ -15,8 +15,9 @@ from collections import Counter
 
 import httpx
 import pytest
+from engine_server import MODEL_NAME, EngineServer, metric, metric_values
+from httpx_sse import EventSource
 
-from hardening.engine_server import MODEL_NAME, EngineServer, metric, metric_values
 from hardening.figures import record
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -51,10 +52,8 @@ async def _one(client: httpx.AsyncClient, server: EngineServer, index: int, rng:
             if hang_up_after == 0:
                 return "aborted"  # closing the stream before reading anything
             events, done, finished = 0, False, False
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[len("data: ") :]
+            async for event in EventSource(response).aiter_sse():
+                data = event.data
                 if data == "[DONE]":
                     done = True
                     break

@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+from engine_server import MODEL_NAME, EngineServer, metric, metric_values, start
 
-from hardening.engine_server import MODEL_NAME, EngineServer, metric, metric_values, start
 from hardening.figures import record
 from hardening.test_server_bad_input import assert_openai_error
 

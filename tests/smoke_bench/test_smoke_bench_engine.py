@@ -8,23 +8,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from engine_server import start
 
 from llmdeploy.smoke.kv_capacity import capacity_from_log
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "recipes" / "quickstart.yaml"
 MODEL_NAME = "smollm2-135m-instruct"  # the quickstart's served_model_name
-STARTUP_BUDGET_S = 300
 
 pytestmark = pytest.mark.slow
 
@@ -44,42 +42,16 @@ class Engine:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory, pick_port: Callable[[], int]) -> Iterator[Engine]:
-    port = pick_port()
-    log = tmp_path_factory.mktemp("engine") / "engine.log"
-    argv = [
-        sys.executable, "-m", "llmdeploy_engine.cli", "serve", "--model", str(default_gguf()), "--port", str(port),
-        "--device", "cpu", "--kv-cache-memory-bytes", str(512 * 2**20), "--max-model-len", "2048",
-        "--max-num-seqs", "32", "--served-model-name", MODEL_NAME,
-    ]  # fmt: skip
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-        )
-    url = f"http://127.0.0.1:{port}"
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    server = start(
+        tmp_path_factory.mktemp("engine"),
+        *("--kv-cache-memory-bytes", str(512 * 2**20), "--max-model-len", "2048", "--max-num-seqs", "32"),
+        served_model_name=MODEL_NAME,
+    )
     try:
-        deadline = time.monotonic() + STARTUP_BUDGET_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the engine exited with {process.returncode}:\n{log.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"the engine was not healthy within {STARTUP_BUDGET_S} s:\n{log.read_text()[-2000:]}"
-                )
-            time.sleep(1)
-        yield Engine(url, port, log)
+        yield Engine(server.url, server.port, server.log_path)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        server.stop(timeout_s=20)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,8 @@ import pytest
 from llmdeploy.bench import BenchOptions, bench
 from llmdeploy.smoke import smoke
 
+pytestmark = pytest.mark.slow  # each test starts the fault server and the CLI as processes
+
 StartServer = Callable[..., str]  # the conftest fixture `start_fault_server`
 
 

@@ -15,7 +15,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from hardening.engine_server import GGUF, MODEL_NAME, EngineServer, start
+from engine_server import GGUF, MODEL_NAME, EngineServer, start
+from httpx_sse import EventSource
 from tool_templates import HERMES_TEMPLATE, tokenizer_folder
 
 pytestmark = pytest.mark.slow
@@ -280,7 +281,7 @@ def test_tgi_grammar_holds(server: EngineServer) -> None:
         },
         timeout=600,
     ) as s:
-        events = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:")]
+        events = [event.json() for event in EventSource(s).iter_sse()]
     assert re.fullmatch(r"[A-F]{3}", events[-1]["generated_text"]), events
     assert "".join(e["token"]["text"] for e in events) == events[-1]["generated_text"]
 
@@ -356,7 +357,7 @@ def test_streamed_tool_call_chunks_have_openai_shape(server: EngineServer) -> No
         "max_tokens": 60,
     }
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=600) as s:
-        lines = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+        lines = [event.data for event in EventSource(s).iter_sse()]
     assert lines[-1] == "[DONE]"
     deltas = [json.loads(x)["choices"][0] for x in lines[:-1]]
     tool_deltas = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]

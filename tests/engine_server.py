@@ -1,4 +1,7 @@
-"""A real `llmdeploy-engine serve` process on the default model (CPU), started and stopped by a test."""
+"""A real `llmdeploy-engine serve` process on the default model (CPU), started and stopped by a test.
+
+The one helper the server, hardening, structured-output and smoke/bench tests start engines with.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ class EngineServer:
     log_path: Path
     api_key: str | None
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
@@ -54,24 +61,36 @@ class EngineServer:
 
 
 def start(
-    log_dir: Path, *flags: str, env_api_key: str | None = None, extra_env: dict[str, str] | None = None
+    log_dir: Path,
+    *flags: str,
+    env_api_key: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    served_model_name: str = MODEL_NAME,
+    through_toolkit: bool = False,
 ) -> EngineServer:
-    """Start the engine server and wait for /health; `env_api_key` goes in through VLLM_API_KEY only."""
+    """Start the engine server and wait for /health; `env_api_key` goes in through VLLM_API_KEY only.
+
+    `through_toolkit` starts it as `llmdeploy serve`, which execs the engine's serve command (same pid).
+    """
     if not GGUF.is_file():
         pytest.skip(f"default model not installed at {GGUF}")
     port = free_port()
     log_path = log_dir / f"engine-{port}.log"
+    command = (
+        ["-c", "from llmdeploy.cli.main import main; main()"]
+        if through_toolkit
+        else ["-m", "llmdeploy_engine.cli"]
+    )
     argv = [
         sys.executable,
-        "-m",
-        "llmdeploy_engine.cli",
+        *command,
         "serve",
         "--model",
         str(GGUF),
         "--device",
         "cpu",
         "--served-model-name",
-        MODEL_NAME,
+        served_model_name,
         "--port",
         str(port),
         *flags,
