@@ -11,7 +11,7 @@ for v in new old new old; do
   SIZES=$v timeout 120 python3 -c "
 import os, runpy, sys
 sys.path.insert(0, 'benchmarks')
-import llmdeploy.planner.builtin_rule as b
+import llmdeploy_engine.facts as b
 if os.environ['SIZES'] == 'old':
     b.CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 sys.argv = ['gpu_bench.py', '--no-peer', '--models', 'qwen', '--throughput-models', 'qwen', '--num-scheduler-steps', '8', '--out', sys.argv[1]]

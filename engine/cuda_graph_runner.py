@@ -60,6 +60,11 @@ from typing import Any
 import numpy as np
 import torch
 from llmdeploy_engine.attention import AttentionMetadata
+from llmdeploy_engine.facts import (
+    CUDA_GRAPH_LOGITS_MAX_BATCH,
+    cuda_graph_batch_sizes,
+    cuda_graph_context_buckets,
+)
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model_runner import device_window
 from llmdeploy_engine.multi_step import (
@@ -72,12 +77,6 @@ from llmdeploy_engine.multi_step import (
 )
 from llmdeploy_engine.sampler import WindowSampler, fast_argmax_rows
 from llmdeploy_engine.sampling_params import SamplingParams
-
-from llmdeploy.planner.builtin_rule import (
-    CUDA_GRAPH_LOGITS_MAX_BATCH,
-    cuda_graph_batch_sizes,
-    cuda_graph_context_buckets,
-)
 
 PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")

@@ -2,7 +2,7 @@
 
 Start-up, in order: load weights (measure their bytes), run one profiling forward pass of
 max_num_batched_tokens tokens without a KV cache (CUDA: the allocator's peak is the activation
-peak), size the KV pool with the planner's rule (`llmdeploy.planner.builtin_rule`), allocate one K and
+peak), size the KV pool with the planner's rule (`llmdeploy_engine.facts`), allocate one K and
 one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer. On CPU there is no memory to
 measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLLM's CPU KV space).
 """
@@ -210,18 +210,18 @@ class ModelRunner:
         if kv_cache.is_fp8(self.kv_dtype) and config.calculate_kv_scales:
             self._calibrate_kv_scales()
 
-        from llmdeploy.planner import builtin_rule
+        from llmdeploy_engine import facts
 
         mc = self.model_config
         self.num_local_kv_heads = local_kv_heads(mc.num_key_value_heads, tp)
-        self.kv_bytes_per_token = builtin_rule.kv_bytes_per_token(  # per rank
+        self.kv_bytes_per_token = facts.kv_bytes_per_token(  # per rank
             mc.num_hidden_layers, self.num_local_kv_heads, mc.head_dim, self.kv_dtype.itemsize
         )
         graph_reserve = self._cuda_graph_reserve(model_len)
         explicit = config.kv_cache_memory_bytes
         if self.device.type == "cpu" and explicit is None:
             explicit = CPU_DEFAULT_KV_CACHE_BYTES
-        kv_budget = builtin_rule.kv_cache_bytes(
+        kv_budget = facts.kv_cache_bytes(
             total_bytes,
             config.gpu_memory_utilization,
             weights_bytes,
@@ -230,7 +230,7 @@ class ModelRunner:
             cuda_graph_bytes=graph_reserve,
             kv_cache_memory_bytes=explicit,
         )
-        self.num_kv_blocks = builtin_rule.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
+        self.num_kv_blocks = facts.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
         if num_kv_blocks is not None:
             self.num_kv_blocks = num_kv_blocks
             kv_budget = num_kv_blocks * self.block_size * self.kv_bytes_per_token
@@ -250,7 +250,7 @@ class ModelRunner:
         self.max_model_len = self._max_model_len(model_len)
         # CUDA graphs pad a batch up to a captured size: the padding rows write and read one block of
         # their own past the pool (the scheduler never hands it out), 2 MiB for an 8B model at 16
-        # tokens a block, inside the graphs' fixed reserve (builtin_rule.CUDA_GRAPH_FIXED_BYTES)
+        # tokens a block, inside the graphs' fixed reserve (facts.CUDA_GRAPH_FIXED_BYTES)
         graphs = self.device.type == "cuda" and not config.enforce_eager
         self.padding_block: int | None = self.num_kv_blocks if graphs else None
         self.kv_caches = self._allocate_kv_cache()
@@ -266,9 +266,7 @@ class ModelRunner:
             num_kv_blocks=self.num_kv_blocks,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
-            max_concurrency=builtin_rule.max_concurrency(
-                self.num_kv_blocks, self.block_size, self.max_model_len
-            ),
+            max_concurrency=facts.max_concurrency(self.num_kv_blocks, self.block_size, self.max_model_len),
             load_time_s=load_time_s,
             kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
             cuda_graph_reserved_bytes=graph_reserve,
@@ -300,7 +298,7 @@ class ModelRunner:
         )
 
     def _largest_graph(self) -> int:
-        from llmdeploy.planner.builtin_rule import cuda_graph_batch_sizes
+        from llmdeploy_engine.facts import cuda_graph_batch_sizes
 
         return max(cuda_graph_batch_sizes(self.config.max_num_seqs))
 
@@ -315,7 +313,7 @@ class ModelRunner:
     def _gather_bytes(self, tp: int) -> int:
         """One rank's logits (model dtype) for the decode graphs that compute them inside the graph:
         what the push path's all-gather region must take."""
-        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+        from llmdeploy_engine.facts import CUDA_GRAPH_LOGITS_MAX_BATCH
 
         rows = min(CUDA_GRAPH_LOGITS_MAX_BATCH, self._largest_graph())
         return rows * self._local_vocab(tp) * self.dtype.itemsize
@@ -324,7 +322,7 @@ class ModelRunner:
         """Rows up to which decode CUDA graphs compute the logits inside the graph (CudaGraphRunner's
         logits_max_batch; the same on every rank). At tp > 1 only with an all-gather that runs inside
         a graph (the push path), as many rows as its region takes; else 0 (logits after the replay)."""
-        from llmdeploy.planner.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+        from llmdeploy_engine.facts import CUDA_GRAPH_LOGITS_MAX_BATCH
 
         if not self.parallel.is_parallel:
             return CUDA_GRAPH_LOGITS_MAX_BATCH
@@ -455,7 +453,7 @@ class ModelRunner:
         by the planner's builtin rule; 0 when none will be captured."""
         if self.device.type != "cuda" or self.config.enforce_eager:
             return 0
-        from llmdeploy.planner import builtin_rule
+        from llmdeploy_engine import facts
 
         mc = self.model_config
         # with Triton installed, 16-bit decode attention reads the cache in place (a cache of the
@@ -465,7 +463,7 @@ class ModelRunner:
             and self.dtype in (torch.bfloat16, torch.float16)
             and (self.kv_dtype == self.dtype or self.kv_dtype.itemsize == 1)  # fp8: read in place too
         )
-        return builtin_rule.cuda_graph_bytes(
+        return facts.cuda_graph_bytes(
             max_num_seqs=self.config.max_num_seqs,
             max_model_len=model_len,
             block_size=self.block_size,

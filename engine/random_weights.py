@@ -1,27 +1,27 @@
 """`random:<hub id>`: a catalog architecture with random weights, for benchmarks without a checkpoint.
 
-The shape comes from `llmdeploy.catalog.models.resolve_model` (the same facts the planner uses);
-weights are drawn on the target device directly, normal(0, 0.02) for matrices and ones for norms,
+The shape comes from random_models.json, the toolkit catalog's entries of the architectures the engine
+runs (the same facts the planner uses; the engine never imports the toolkit); weights are drawn on the target device directly, normal(0, 0.02) for matrices and ones for norms,
 which keeps activations and logits in a realistic range.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from llmdeploy_engine.config import ModelConfig, RopeScaling
+from llmdeploy_engine.facts import ARCHITECTURES
 
 RANDOM_PREFIX = "random:"
 
-# transformers class name -> ours
-_CLASSES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+_TABLE = Path(__file__).with_name("random_models.json")
+_VARIANT_TOKENS = {"instruct", "it", "chat", "hf", "base", "pt"}  # a fine-tune has its base's shape
 
 
 def is_random(model: str) -> bool:
@@ -30,11 +30,11 @@ def is_random(model: str) -> bool:
 
 def config_from_spec(spec: Any) -> ModelConfig:
     """ModelConfig from a catalog ModelSpec (llmdeploy/catalog/model_spec.py)."""
-    arch = _CLASSES.get(spec.architecture)
+    arch = ARCHITECTURES.get(spec.architecture)
     if arch is None or spec.is_moe or spec.is_mla or spec.partial_rotary_factor != 1.0 or not spec.mlp_gated:
         raise ValueError(
             f"{spec.hf_id} ({spec.architecture}) is not an architecture the built-in engine runs; "
-            f"supported: {', '.join(sorted(_CLASSES))} without MoE/MLA/partial RoPE"
+            f"supported: {', '.join(sorted(ARCHITECTURES))} without MoE/MLA/partial RoPE"
         )
     scaling = RopeScaling()
     rope = dict(spec.rope_scaling or {})
@@ -73,10 +73,34 @@ def config_from_spec(spec: Any) -> ModelConfig:
     )
 
 
-def random_model_config(model: str) -> ModelConfig:
-    from llmdeploy.catalog.models import resolve_model
+def _key(name: str) -> str:
+    base = name.strip().rstrip("/").split("/")[-1].lower().removeprefix("meta-")
+    return "-".join(t for t in base.split("-") if t not in _VARIANT_TOKENS)
 
-    return config_from_spec(resolve_model(model.removeprefix(RANDOM_PREFIX)))
+
+@cache
+def _index() -> dict[str, dict[str, Any]]:
+    index: dict[str, dict[str, Any]] = {}
+    for hf_id, facts in json.loads(_TABLE.read_text())["models"].items():
+        entry = {**facts, "hf_id": hf_id}
+        for name in (hf_id, *facts["aliases"]):
+            index.setdefault(name.lower(), entry)
+            index.setdefault(_key(name), entry)
+    return index
+
+
+def random_model_config(model: str) -> ModelConfig:
+    name = model.removeprefix(RANDOM_PREFIX)
+    facts = _index().get(name.strip().lower()) or _index().get(_key(name))
+    if facts is None:
+        raise ValueError(
+            f"{name} is not an architecture the built-in engine runs with random weights; known: "
+            f"the {', '.join(sorted(ARCHITECTURES))} models of the catalog ({_TABLE.name})"
+        )
+    spec = SimpleNamespace(**facts, is_moe=False, is_mla=False, partial_rotary_factor=1.0, mlp_gated=True)
+    if spec.hf_id.lower() != name.strip().lower():
+        spec.hf_id = name
+    return config_from_spec(spec)
 
 
 def init_random_weights(model: Any, seed: int, std: float = 0.02) -> None:

@@ -4,14 +4,16 @@
   non-torch - CUDA graphs (graphs are profiled and subtracted by default since v0.20, `cuda_graphs`;
   earlier releases capture them afterwards, in the headroom); blocks = floor(KV / (block x bytes/token)).
 - TGI: after warm-up, the free memory (x its 0.95 wiggle room) becomes blocks; "max batch total tokens".
-- builtin: `builtin_rule`, with an explicit KV budget on CPU (like vLLM's CPU KV space).
+- builtin: `llmdeploy_engine.facts`, with an explicit KV budget on CPU (like vLLM's CPU KV space).
 """
 
 from __future__ import annotations
 
 import math
 
-from llmdeploy.planner import builtin_rule, cuda_graphs
+from llmdeploy_engine import facts as builtin_rule
+
+from llmdeploy.planner import cuda_graphs
 from llmdeploy.planner.footprint import (
     CUDA_CONTEXT_GIB,
     activation_bytes,

@@ -92,7 +92,7 @@ def _runner(world: int, gather_bytes: int | None, vocab: int = 1000) -> Any:
 
 
 def test_logits_inside_the_graphs_at_tp_2_only_as_far_as_the_gather_region_goes() -> None:
-    from llmdeploy.planner.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+    from llmdeploy_engine.facts import CUDA_GRAPH_LOGITS_MAX_BATCH
 
     assert _runner(1, None).graph_logits_rows() == CUDA_GRAPH_LOGITS_MAX_BATCH
     assert _runner(2, None).graph_logits_rows() == 0  # NCCL only: eager, no graphs

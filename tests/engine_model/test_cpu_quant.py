@@ -155,8 +155,9 @@ def test_tiny_llama_gguf_compact_matches_float32(
         batch = ForwardBatch(ids, list(range(n)), list(range(n)), [0], [n], [n], [[0, 1, 2]], [0])
         logits[mode] = runner.execute(batch)[0]
     # the planner's rule for the stored bytes agrees with what this runner holds
+    from llmdeploy_engine.facts import compact_gguf_weights_bytes
+
     from llmdeploy.catalog.gguf_spec import spec_from_gguf
-    from llmdeploy.planner.builtin_rule import compact_gguf_weights_bytes
 
     table = list(spec_from_gguf(path).gguf_tensors)
     assert compact_gguf_weights_bytes(table) == runner.startup_report.weights_bytes

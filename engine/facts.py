@@ -1,10 +1,23 @@
-"""The KV-cache sizing rule of the built-in engine. The engine's allocator calls these functions with
-measured values; the planner calls them with its estimates, so the two can only differ in the inputs.
+"""Facts about the built-in engine that the toolkit needs too: its KV-cache sizing rule, its decode
+CUDA-graph sizes and the architectures it runs.
+
+The engine's allocator calls these functions with measured values; the planner calls them with its
+estimates, so the two can only differ in the inputs. Pure Python (no torch, pydantic or PyYAML), so
+`llmdeploy` can import it without pulling the engine's dependencies; tests/engine/test_core_no_torch.py
+holds it to that.
 """
 
 from __future__ import annotations
 
 import math
+
+# transformers class name -> the engine's architecture (engine/model.py); dense, full RoPE, gated MLP
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 # bytes the engine stores per parameter of a quantized decoder projection (engine/quant_linear.py):
 # int4 codes, plus per group of 128 inputs one scale in the model dtype and one uint8 zero point
@@ -173,11 +186,11 @@ def cuda_graph_bytes(
       B x (5 hidden + 2 q + 2 kv + 3 intermediate) x dtype + B x 2 hidden x 4;
     - with the pure-torch decode attention (`gathered_kv`: no Triton kernel, e.g. float32), the K and
       V copies gathered over the largest context bucket: 2 x B x bucket tokens x kv size x dtype
-      (Llama-3.1-8B, 256 x 2048 tokens: 2.0 GiB; measured 1.97 GiB in all, docs/gpu-notes.md v1);
+      (Llama-3.1-8B, 256 x 2048 tokens: 2.0 GiB; measured 1.97 GiB in all);
     - the logits computed inside graphs of up to 64 rows: one shared float32 output plus the capture's
       16-bit and float32 temporaries, min(B, 64) x vocab x (8 + dtype);
     - a fixed 256 MiB (cuBLAS workspace of the capture stream, graph objects, allocator rounding).
-    Measured before this rule (docs/gpu-notes.md): 45 graphs took 1.32 GiB (Qwen2.5-0.5B, gathered
+    Measured before this rule: 45 graphs took 1.32 GiB (Qwen2.5-0.5B, gathered
     attention: 0.27 GiB of copies), 1.97 GiB (Llama-3.1-8B, gathered: 2.0 GiB by this rule) and
     1.01 GiB (Llama-3.1-8B, Triton kernel). The ~1 GiB those leave unexplained came from warming each
     graph up on its own new CUDA stream (a cuBLAS workspace and a block cache per stream); the runner
