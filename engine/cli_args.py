@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.config import ALLREDUCE_CHOICES, EngineConfig
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig
 
 API_KEY_ENV_VARS = ("LLMDEPLOY_API_KEY", "VLLM_API_KEY")
@@ -43,6 +43,13 @@ def _positive_int(text: str) -> int:
     value = human_readable_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = human_readable_int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text!r}")
     return value
 
 
@@ -242,6 +249,25 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=d.tensor_parallel_size,
         help="number of GPUs to shard the model over",
     )
+    sched.add_argument(
+        "--tp-all-reduce",
+        choices=ALLREDUCE_CHOICES,
+        default=d.tp_all_reduce,
+        help="all-reduce of decode-sized tensors with --tensor-parallel-size > 1, over NVLink between "
+        "buffers every rank maps: push (the engine's Triton kernel, which also gathers the logits inside "
+        "CUDA graphs), p2p (a one-barrier Triton kernel), symm_mem (torch's one-shot all-reduce), nccl "
+        "(NCCL only: decode steps then run without CUDA graphs); auto: the first of push, p2p, "
+        "symm_mem that sets up, else nccl. Prefill-sized tensors always go through NCCL",
+    )
+    sched.add_argument(
+        "--gc-gen0-threshold",
+        type=_non_negative_int,
+        default=d.gc_gen0_threshold,
+        metavar="N",
+        help="raise Python's young-generation garbage-collection threshold to N objects for the "
+        "process (never lowered; the default 700 made collections a third of a decode window's host "
+        "time); 0 leaves Python's setting",
+    )
 
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument(
@@ -387,4 +413,6 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         admission_interval=args.admission_interval,
         async_scheduling=args.async_scheduling,
         speculative_config=args.speculative_config,
+        gc_gen0_threshold=args.gc_gen0_threshold,
+        tp_all_reduce=args.tp_all_reduce,
     )

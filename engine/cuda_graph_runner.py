@@ -75,6 +75,7 @@ from llmdeploy_engine.multi_step import (
     last_step_batch,
     pack_window_steps,
 )
+from llmdeploy_engine.runner_interface import Runner
 from llmdeploy_engine.sampler import WindowSampler, fast_argmax_rows
 from llmdeploy_engine.sampling_params import SamplingParams
 
@@ -142,8 +143,9 @@ class _DecodeGraph:
         )
 
 
-class CudaGraphRunner:
-    """Wraps a CUDA ModelRunner; `execute` has the runner's contract. Other attributes pass through."""
+class CudaGraphRunner(Runner):
+    """Wraps a CUDA ModelRunner; `execute` has the runner's contract. The Runner interface's values are
+    the wrapped runner's; other attributes pass through."""
 
     multi_step_sampling = True  # execute_multi_step takes per-sequence params and a seed
 
@@ -206,6 +208,18 @@ class CudaGraphRunner:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
+
+    @property
+    def device(self) -> Any:  # type: ignore[override]
+        return self.runner.device
+
+    @property
+    def max_num_batched_tokens(self) -> int | None:  # type: ignore[override]
+        return self.runner.max_num_batched_tokens
+
+    @property
+    def model_config(self) -> Any:
+        return self.runner.model_config
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (before a tensor-parallel group is destroyed); execute runs eagerly

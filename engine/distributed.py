@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from llmdeploy_engine.config import ALLREDUCE_CHOICES
 
 logger = logging.getLogger("llmdeploy_engine")
 
@@ -48,20 +49,19 @@ class ParallelState:
 
 SINGLE = ParallelState()
 COLLECTIVE_TIMEOUT_S = 300
-# LLMDEPLOY_TP_ALLREDUCE picks the all-reduce of decode-sized tensors (up to the symmetric buffer's
-# bytes), each over NVLink between buffers every rank maps (torch symmetric memory, no multicast):
-# `auto` (default) = on CUDA `push` when it sets up, else `p2p`, else `symm_mem`, else NCCL; `push` =
-# this project's flagless Triton kernel (each rank writes its part into every peer's buffer, the data
-# marks its own arrival; triton_allreduce.py), which also gathers the logits inside CUDA graphs, or
-# fail; `p2p` = this project's one-barrier kernel (reads every peer's buffer), or fail; `symm_mem` =
-# torch's `one_shot_all_reduce` (two barriers, no PDL) or fail; `nccl` = NCCL only. The Triton kernels
-# launch with PDL. Larger tensors (prefill steps) always go through NCCL.
+# EngineConfig.tp_all_reduce (`--tp-all-reduce`, ALLREDUCE_CHOICES) picks the all-reduce of
+# decode-sized tensors (up to the symmetric buffer's bytes), each over NVLink between buffers every rank
+# maps (torch symmetric memory, no multicast): `auto` (default) = on CUDA `push` when it sets up, else
+# `p2p`, else `symm_mem`, else NCCL; `push` = this project's flagless Triton kernel (each rank writes
+# its part into every peer's buffer, the data marks its own arrival; triton_allreduce.py), which also
+# gathers the logits inside CUDA graphs, or fail; `p2p` = this project's one-barrier kernel (reads
+# every peer's buffer), or fail; `symm_mem` = torch's `one_shot_all_reduce` (two barriers, no PDL) or
+# fail; `nccl` = NCCL only. The Triton kernels launch with PDL. Larger tensors (prefill steps) always
+# go through NCCL.
 # CUDA graphs of tensor-parallel decode steps need the symmetric-memory path: on 2 H200s (torch 2.11,
 # NCCL 2.28) graphs with NCCL collectives inside replayed correctly but destroy_process_group() never
-# returned afterwards (benchmarks/tp_graph_diag.py, docs/gpu-notes.md), so collectives are refused
-# during a capture (`all_reduce`/`all_gather` raise) and the engine runs eagerly without the fast path.
-ALLREDUCE_ENV = "LLMDEPLOY_TP_ALLREDUCE"
-ALLREDUCE_CHOICES = ("auto", "nccl", "symm_mem", "p2p", "push")
+# returned afterwards, so collectives are refused during a capture (`all_reduce`/`all_gather` raise)
+# and the engine runs eagerly without the fast path.
 SYMM_MEM_MAX_BYTES = 1 << 20
 # the p2p and push all-reduces' buffer slots, by caller: two all-reduces in a row never share one (a forward runs
 # embedding, then attention and MLP per layer: 2, 0, 1, 0, 1, ..., 0, 1; the next forward starts at 2)
@@ -94,10 +94,12 @@ def init_parallel(
     device: torch.device,
     symm_mem_bytes: int = SYMM_MEM_MAX_BYTES,
     gather_bytes: int = 0,
+    all_reduce_kind: str = "auto",
 ) -> ParallelState:
     """Join (rank 0: create) the tensor-parallel group on 127.0.0.1:port; returns the state for layers.
     symm_mem_bytes: size of the symmetric buffer (the largest all-reduce the fast path takes);
-    gather_bytes: one rank's part of the largest all-gather the push path takes (0: none)."""
+    gather_bytes: one rank's part of the largest all-gather the push path takes (0: none);
+    all_reduce_kind: one of ALLREDUCE_CHOICES (EngineConfig.tp_all_reduce)."""
     global _symm_mem_set_up
     if world_size == 1:
         return SINGLE
@@ -125,21 +127,21 @@ def init_parallel(
     all_reduce(probe, state)
     if int(probe.item()) != world_size:
         raise RuntimeError(f"tensor-parallel group check failed: all-reduce gave {probe.item()}")
-    choice = os.environ.get(ALLREDUCE_ENV, "auto")
+    choice = all_reduce_kind
     if choice not in ALLREDUCE_CHOICES:
-        raise ValueError(f"{ALLREDUCE_ENV}={choice!r}: use {', '.join(ALLREDUCE_CHOICES)}")
+        raise ValueError(f"tp_all_reduce={choice!r}: use {', '.join(ALLREDUCE_CHOICES)}")
     if choice in ("symm_mem", "p2p", "push") and device.type != "cuda":
-        raise ValueError(f"{ALLREDUCE_ENV}={choice} needs CUDA devices")
+        raise ValueError(f"tp_all_reduce={choice} needs CUDA devices")
     if choice == "nccl" or device.type != "cuda":
         return state
-    # a second tensor-parallel group with symmetric memory in one process hung on 2 H200s (torch 2.11;
-    # gpu-notes v8): any rank whose process has set one up before makes every rank use NCCL alone
+    # a second tensor-parallel group with symmetric memory in one process hung on 2 H200s (torch 2.11):
+    # any rank whose process has set one up before makes every rank use NCCL alone
     seen = torch.tensor([int(_symm_mem_set_up)], device=device)
     dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=state.group)
     if int(seen.item()):
         if choice != "auto":
             raise RuntimeError(
-                f"{ALLREDUCE_ENV}={choice}: a tensor-parallel group with symmetric memory was already set "
+                f"tp_all_reduce={choice}: a tensor-parallel group with symmetric memory was already set "
                 "up in this process, and a second one hangs; start the engine in a new process"
             )
         logger.warning(

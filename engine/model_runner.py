@@ -32,6 +32,7 @@ from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.model import CausalLM
 from llmdeploy_engine.multi_step import DecodeWindow, check_decode_window, check_follow_rows, step_batch
 from llmdeploy_engine.quant_linear import QuantWeight
+from llmdeploy_engine.runner_interface import Runner
 from llmdeploy_engine.sampler import WindowSampler
 from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.startup_report import StartupReport
@@ -127,7 +128,7 @@ def local_kv_heads(num_kv_heads: int, tp: int) -> int:
     return max(1, num_kv_heads // tp)
 
 
-class ModelRunner:
+class ModelRunner(Runner):
     """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
     starts ranks 1..N-1 (`llmdeploy_engine.tp_worker`), which construct theirs with `rank`/`port`.
     `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
@@ -294,7 +295,7 @@ class ModelRunner:
         elif port is None:
             raise ValueError("a tensor-parallel worker needs the rendezvous port")
         self.parallel = init_parallel(
-            rank, tp, port, self.device, self._symm_mem_bytes(), self._gather_bytes(tp)
+            rank, tp, port, self.device, self._symm_mem_bytes(), self._gather_bytes(tp), self.config.tp_all_reduce
         )
 
     def _largest_graph(self) -> int:

@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.distributed import SAFE_NCCL_ENV
+from llmdeploy_engine.runner_interface import Runner
 
 logger = logging.getLogger("llmdeploy_engine")
 
@@ -144,10 +145,11 @@ class WorkerGroup:
         return [p.pid for p in self.procs]
 
 
-class TensorParallelDriver:
+class TensorParallelDriver(Runner):
     """Rank 0's outermost runner: hands each step to the workers, then runs it here.
 
-    `execute` has ModelRunner's contract; other attributes pass through to the wrapped runner.
+    `execute` has ModelRunner's contract; the Runner interface's values are the wrapped runner's,
+    other attributes pass through to it.
     """
 
     def __init__(self, runner: Any, workers: WorkerGroup) -> None:
@@ -156,6 +158,26 @@ class TensorParallelDriver:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
+
+    @property
+    def device(self) -> Any:  # type: ignore[override]
+        return self.runner.device
+
+    @property
+    def max_num_batched_tokens(self) -> int | None:  # type: ignore[override]
+        return self.runner.max_num_batched_tokens
+
+    @property
+    def multi_step_sampling(self) -> bool:  # type: ignore[override]
+        return self.runner.multi_step_sampling
+
+    @property
+    def model_config(self) -> Any:
+        return self.runner.model_config
+
+    @property
+    def startup_report(self) -> Any:
+        return self.runner.startup_report
 
     def execute(self, batch: Any) -> Any:
         self.workers.send(("execute", batch))
@@ -183,10 +205,7 @@ class TensorParallelDriver:
         return self.runner.launch_multi_step(batch, num_steps, params, seed, follow, follow_rows)
 
     def close(self) -> None:
-        inner = self.runner
-        while not hasattr(inner, "close") and hasattr(inner, "runner"):
-            inner = inner.runner
-        inner.close()
+        self.runner.close()
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -208,11 +227,6 @@ def main() -> int:
     if kind != "init":
         raise RuntimeError(f"tp_worker: expected an init message, got {kind!r}")
     _die_with_parent(parent_pid)
-    hang_dump_s = os.environ.get("LLMDEPLOY_HANG_DUMP_S")
-    if hang_dump_s:  # diagnosis (benchmarks/tp_graph_diag.py): print this rank's stack if still busy then
-        import faulthandler
-
-        faulthandler.dump_traceback_later(float(hang_dump_s), exit=False)
     logging.basicConfig(level=logging.WARNING, format=f"[tp rank {rank}] %(levelname)s %(message)s")
 
     import torch

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.outputs import Logprob
+from llmdeploy_engine.runner_interface import Runner
 from llmdeploy_engine.scheduler import Scheduler, SchedulerOutput
 from llmdeploy_engine.sequence import Sequence, SequenceStatus
 
@@ -142,7 +143,7 @@ class FakeDecoder:
         return ""
 
 
-class FakeRunner:
+class FakeRunner(Runner):
     """Keeps its own paged "KV cache" of (position, token) per slot and reads contexts through it."""
 
     def __init__(

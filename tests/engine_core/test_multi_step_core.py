@@ -18,18 +18,12 @@ from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.multi_step import (
-    ARRIVAL_WINDOW_STEPS,
-    AUTO_MAX_WINDOW_STEPS,
-    WindowSizer,
-    check_decode_window,
-    check_follow_rows,
-    step_batch,
-)
+from llmdeploy_engine.multi_step import check_decode_window, check_follow_rows, step_batch
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
 from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig
 from llmdeploy_engine.sequence import Sequence
+from llmdeploy_engine.window_sizing import ARRIVAL_WINDOW_STEPS, AUTO_MAX_WINDOW_STEPS, WindowSizer
 
 
 class FakeWindow:

@@ -112,13 +112,11 @@ def eager_reference() -> tuple[list[torch.Tensor], int]:
 def test_tp2_logits_match_tp1_eager(
     allreduce: str, eager_reference: tuple[list[torch.Tensor], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmdeploy_engine.distributed import ALLREDUCE_ENV
     from llmdeploy_engine.tp_worker import TensorParallelDriver
 
     needs_fresh_symm_mem(allreduce)
     ref, vocab = eager_reference
-    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)  # the worker inherits it
-    runner = ModelRunner(config(2, True))
+    runner = ModelRunner(config(2, True, tp_all_reduce=allreduce))  # the worker gets it with the config
     try:
         got = steps(TensorParallelDriver(runner, runner.workers), vocab)
     finally:
@@ -197,12 +195,9 @@ def test_tp2_greedy_with_cuda_graphs_matches_tp1(
     """Graphs at tp 2 with the symmetric-memory all-reduce (auto picks it on CUDA); with NCCL only the
     engine runs eagerly (no collective may be captured). Same tokens as tp 1 either way, and the
     workers exit (with NCCL collectives captured, destroying the process group hung)."""
-    from llmdeploy_engine.distributed import ALLREDUCE_ENV
-
     needs_fresh_symm_mem(allreduce)
-    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)
     ref = graph_reference
-    got, replays, pids = _run_engine(2)
+    got, replays, pids = _run_engine(2, tp_all_reduce=allreduce)
     if allreduce == "nccl":
         assert replays == 0
     else:
@@ -233,12 +228,14 @@ def test_tp2_auto_windows_match_tp1(
     tokens are tp 1's with single steps."""
     import functools
 
-    from llmdeploy_engine import llm_engine
-    from llmdeploy_engine.multi_step import WindowSizer
+    from llmdeploy_engine import decode_windows
+    from llmdeploy_engine.window_sizing import WindowSizer
 
     needs_fresh_symm_mem("auto")
     monkeypatch.setattr(
-        llm_engine, "WindowSizer", functools.partial(WindowSizer, span=2, grow_below=0.9999, shrink_above=1.0)
+        decode_windows,
+        "WindowSizer",
+        functools.partial(WindowSizer, span=2, grow_below=0.9999, shrink_above=1.0),
     )
     windows: dict[int, int] = {}
     got, replays, _ = _run_engine(2, windows)
@@ -257,7 +254,6 @@ def _alive(pid: int) -> bool:
 
 def _p2p_rank(rank: int, port: int, kind: str) -> None:
     """One rank of test_all_reduce_kernels_two_gpus (a spawned process; raises on a wrong sum)."""
-    os.environ["LLMDEPLOY_TP_ALLREDUCE"] = kind
     from llmdeploy_engine.distributed import (
         ATTENTION_SLOT,
         EMBED_SLOT,
@@ -270,7 +266,7 @@ def _p2p_rank(rank: int, port: int, kind: str) -> None:
 
     device = torch.device("cuda", rank)
     gather_bytes = 4 * 9000 * 4 if kind == "push" else 0
-    state = init_parallel(rank, 2, port, device, 64 * 4096 * 4, gather_bytes)
+    state = init_parallel(rank, 2, port, device, 64 * 4096 * 4, gather_bytes, kind)
     fast = state.fast_all_reduce
     assert type(fast).__name__ == {"p2p": "P2PAllReduce", "push": "PushAllReduce"}[kind]
     assert fast.gather_bytes == (-(-gather_bytes // 256) * 256 if kind == "push" else 0)  # rounded up
