@@ -295,7 +295,13 @@ class ModelRunner(Runner):
         elif port is None:
             raise ValueError("a tensor-parallel worker needs the rendezvous port")
         self.parallel = init_parallel(
-            rank, tp, port, self.device, self._symm_mem_bytes(), self._gather_bytes(tp), self.config.tp_all_reduce
+            rank,
+            tp,
+            port,
+            self.device,
+            self._symm_mem_bytes(),
+            self._gather_bytes(tp),
+            self.config.tp_all_reduce,
         )
 
     def _largest_graph(self) -> int:

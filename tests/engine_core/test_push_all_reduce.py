@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine import ops
-from llmdeploy_engine.distributed import REDUCE_SLOTS, ParallelState, PushAllReduce
+from llmdeploy_engine.distributed import ParallelState
+from llmdeploy_engine.symm_all_reduce import REDUCE_SLOTS, PushAllReduce
 
 
 class _Recorder:
