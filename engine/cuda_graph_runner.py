@@ -66,7 +66,6 @@ from llmdeploy_engine.facts import (
     cuda_graph_context_buckets,
 )
 from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import device_window
 from llmdeploy_engine.multi_step import (
     NO_CAP,
     DecodeWindow,
@@ -78,6 +77,7 @@ from llmdeploy_engine.multi_step import (
 from llmdeploy_engine.runner_interface import Runner
 from llmdeploy_engine.sampler import WindowSampler, fast_argmax_rows
 from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.window_steps import device_window
 
 PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")

@@ -10,17 +10,15 @@ measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLL
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from llmdeploy_engine import kv_cache
 from llmdeploy_engine.attention import build_attention_metadata, build_profile_metadata, pack_aligned
-from llmdeploy_engine.config import EngineConfig, ModelConfig
+from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.distributed import (
     SINGLE,
     ParallelState,
@@ -29,13 +27,22 @@ from llmdeploy_engine.distributed import (
     init_parallel,
 )
 from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.graph_sizing import GraphSizing
 from llmdeploy_engine.model import CausalLM
-from llmdeploy_engine.multi_step import DecodeWindow, check_decode_window, check_follow_rows, step_batch
 from llmdeploy_engine.quant_linear import QuantWeight
 from llmdeploy_engine.runner_interface import Runner
-from llmdeploy_engine.sampler import WindowSampler
-from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.runner_setup import (
+    QUANTIZATION_FLAGS,
+    check_quantization,
+    check_tensor_parallel,
+    default_max_num_batched_tokens,
+    load_model_config,
+    local_kv_heads,
+    resolve_device,
+    resolve_dtype,
+)
 from llmdeploy_engine.startup_report import StartupReport
+from llmdeploy_engine.window_steps import WindowSteps
 
 logger = logging.getLogger("llmdeploy_engine")
 
@@ -43,92 +50,9 @@ CPU_DEFAULT_KV_CACHE_BYTES = 4 * 2**30
 # fp8 KV scale calibration (calculate_kv_scales): 512 tokens in 4 sequences
 CALIBRATION_TOKENS = 512
 CALIBRATION_SEQ_LEN = 128
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-# --quantization values: None / auto read the checkpoint's config; the others must agree with it
-QUANTIZATION_FLAGS = (None, "auto", "gguf", "awq", "gptq", "fp8", "compressed-tensors")
-
-
-def check_quantization(flag: str | None, model: ModelConfig, device: torch.device) -> None:
-    """The flag agrees with the checkpoint's stored format; fp8 weights need an fp8-capable GPU."""
-    spec = model.quantization
-    stored = spec.method if spec is not None else None
-    if flag not in (None, "auto", "gguf") and stored != ("fp8" if flag == "compressed-tensors" else flag):
-        raise ValueError(
-            f"--quantization {flag} but the checkpoint is "
-            + (f"{stored}-quantized" if stored else "not quantized")
-            + "; leave --quantization unset to use the checkpoint's own format"
-        )
-    if stored == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        raise ValueError(
-            "fp8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper); "
-            "use a 16-bit or int4 (AWQ/GPTQ) checkpoint on this GPU"
-        )
-
-
-def load_model_config(model: str) -> ModelConfig:
-    """Shape of a GGUF file, a checkpoint folder or `random:<catalog id>`, without loading weights."""
-    from llmdeploy_engine import random_weights
-
-    if random_weights.is_random(model):
-        return random_weights.random_model_config(model)
-    if Path(model).is_file() and model.endswith(".gguf"):
-        from llmdeploy_engine.gguf_loader import load_gguf_config
-
-        return load_gguf_config(model)
-    if Path(model).is_dir():
-        from llmdeploy_engine.hf_loader import load_hf_config
-
-        return load_hf_config(model)
-    raise ValueError(f"model {model!r}: not a .gguf file, a checkpoint folder or random:<catalog id>")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda requested but no CUDA GPU is visible")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"dtype {name!r}: use auto, float16, bfloat16 or float32")
-    return _DTYPES[name]
-
-
-def default_max_num_batched_tokens(max_model_len: int) -> int:
-    return min(max(max_model_len, 2048), 8192)
-
-
-def check_tensor_parallel(mc: ModelConfig, tp: int) -> None:
-    """Clear errors for a tensor_parallel_size the model's shape cannot be split by."""
-    if tp < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
-    problems = []
-    if mc.num_attention_heads % tp:
-        problems.append(f"the {mc.num_attention_heads} attention heads")
-    kv = mc.num_key_value_heads
-    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        problems.append(f"the {kv} KV heads (nor is it a multiple of them)")
-    if mc.intermediate_size % tp:
-        problems.append(f"the MLP width {mc.intermediate_size}")
-    if problems:
-        raise ValueError(
-            f"tensor_parallel_size {tp} does not divide {' and '.join(problems)}; "
-            "pick a tensor_parallel_size that divides the attention heads"
-        )
-
-
-def local_kv_heads(num_kv_heads: int, tp: int) -> int:
-    """KV heads each rank holds: a share of them, or one replicated head when tp > num_kv_heads."""
-    return max(1, num_kv_heads // tp)
-
-
-class ModelRunner(Runner):
+class ModelRunner(GraphSizing, WindowSteps, Runner):
     """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
     starts ranks 1..N-1 (`llmdeploy_engine.tp_worker`), which construct theirs with `rank`/`port`.
     `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
@@ -304,46 +228,6 @@ class ModelRunner(Runner):
             self.config.tp_all_reduce,
         )
 
-    def _largest_graph(self) -> int:
-        from llmdeploy_engine.facts import cuda_graph_batch_sizes
-
-        return max(cuda_graph_batch_sizes(self.config.max_num_seqs))
-
-    def _symm_mem_bytes(self) -> int:
-        """Bytes of the largest all-reduce inside a decode CUDA graph (rows of the largest graph x
-        hidden size, float32 at most): the symmetric-memory buffer must take every one of them."""
-        return self._largest_graph() * self.model_config.hidden_size * 4
-
-    def _local_vocab(self, tp: int) -> int:
-        return -(-self.model_config.vocab_size // tp)  # as the vocabulary-parallel layers split it
-
-    def _gather_bytes(self, tp: int) -> int:
-        """One rank's logits (model dtype) for the decode graphs that compute them inside the graph:
-        what the push path's all-gather region must take."""
-        from llmdeploy_engine.facts import CUDA_GRAPH_LOGITS_MAX_BATCH
-
-        rows = min(CUDA_GRAPH_LOGITS_MAX_BATCH, self._largest_graph())
-        return rows * self._local_vocab(tp) * self.dtype.itemsize
-
-    def graph_logits_rows(self) -> int:
-        """Rows up to which decode CUDA graphs compute the logits inside the graph (CudaGraphRunner's
-        logits_max_batch; the same on every rank). At tp > 1 only with an all-gather that runs inside
-        a graph (the push path), as many rows as its region takes; else 0 (logits after the replay)."""
-        from llmdeploy_engine.facts import CUDA_GRAPH_LOGITS_MAX_BATCH
-
-        if not self.parallel.is_parallel:
-            return CUDA_GRAPH_LOGITS_MAX_BATCH
-        fast = self.parallel.fast_all_reduce
-        gather_bytes = 0 if fast is None else fast.gather_bytes
-        row_bytes = self._local_vocab(self.parallel.world_size) * self.dtype.itemsize
-        return min(CUDA_GRAPH_LOGITS_MAX_BATCH, gather_bytes // row_bytes)
-
-    @property
-    def graphs_with_tensor_parallel(self) -> bool:
-        """Whether decode steps may be captured in CUDA graphs at this tensor-parallel size: always at
-        tp 1; at tp > 1 only with the symmetric-memory all-reduce (no NCCL inside a graph)."""
-        return not self.parallel.is_parallel or self.parallel.fast_all_reduce is not None
-
     def capture_graphs_on_workers(self) -> None:
         """Tell ranks 1..N-1 to capture their CUDA graphs now (rank 0 captures right after)."""
         if self.workers is not None:
@@ -455,34 +339,6 @@ class ModelRunner(Runner):
             n, min(k_scales), max(k_scales), min(v_scales), max(v_scales),
         )  # fmt: skip
 
-    def _cuda_graph_reserve(self, model_len: int) -> int:
-        """Bytes the decode CUDA graphs (captured after the KV cache, see cuda_graph_runner) will take,
-        by the planner's builtin rule; 0 when none will be captured."""
-        if self.device.type != "cuda" or self.config.enforce_eager:
-            return 0
-        from llmdeploy_engine import facts
-
-        mc = self.model_config
-        # with Triton installed, 16-bit decode attention reads the cache in place (a cache of the
-        # model's dtype or fp8); otherwise the pure-torch path gathers copies of the context
-        in_place = (
-            importlib.util.find_spec("triton") is not None
-            and self.dtype in (torch.bfloat16, torch.float16)
-            and (self.kv_dtype == self.dtype or self.kv_dtype.itemsize == 1)  # fp8: read in place too
-        )
-        return facts.cuda_graph_bytes(
-            max_num_seqs=self.config.max_num_seqs,
-            max_model_len=model_len,
-            block_size=self.block_size,
-            hidden_size=mc.hidden_size,
-            intermediate_size=mc.intermediate_size,
-            q_size=mc.q_size,
-            kv_size=mc.kv_size,
-            vocab_size=mc.vocab_size,
-            dtype_bytes=self.dtype.itemsize,
-            gathered_kv=not in_place,
-        )
-
     def _max_model_len(self, model_len: int) -> int:
         capacity = self.num_kv_blocks * self.block_size
         if self.config.max_model_len is None:
@@ -526,61 +382,3 @@ class ModelRunner(Runner):
         keep = row_index if rows else torch.arange(n - 1, n, device=self.device)
         hidden = self.model(ids, positions, meta, self.kv_caches, keep)
         return self.model.compute_logits(hidden if rows else hidden[:0])
-
-    @torch.inference_mode()
-    def execute_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        """A decode window (multi_step.py): `num_steps` steps back to back, each fed the tokens the
-        previous step chose on the device (argmax, or with `params` per sequence and a `seed`,
-        `WindowSampler`'s draws); returns the ids [num_steps][num_seqs] after one sync. Each step
-        computes what `execute` computes for it, so greedy tokens are those of single steps."""
-        return self.launch_multi_step(batch, num_steps, params, seed).result()
-
-    @torch.inference_mode()
-    def launch_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-        follow: DecodeWindow | None = None,
-        follow_rows: list[int] | None = None,
-    ) -> DecodeWindow:
-        """`execute_multi_step` without waiting for the ids (multi_step.py, asynchronous windows).
-        With `follow` (a window launched before, not yet read), row i's step-0 input is row
-        follow_rows[i] of its last step's ids, on the device; batch.input_ids are not read."""
-        cap = self.max_model_len - 1  # a sequence at the longest context repeats its last step
-        check_decode_window(batch, num_steps, self.block_size, cap)
-        check_follow_rows(follow, follow_rows, batch.num_seqs)
-        if follow is None:
-            ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        else:
-            rows = torch.tensor(follow_rows, dtype=torch.long).to(self.device, non_blocking=True)
-            ids = torch.index_select(follow.last_ids, 0, rows)
-        sampled = torch.empty(num_steps, batch.num_seqs, dtype=torch.long, device=self.device)
-        sampler = WindowSampler(params, self.model_config.vocab_size, self.device, seed)
-        for k in range(num_steps):
-            step = step_batch(batch, k, self.block_size, cap)
-            positions = torch.tensor(step.positions, dtype=torch.long).to(self.device, non_blocking=True)
-            meta = build_attention_metadata(step, self.block_size, self.device)
-            hidden = self.model(ids, positions, meta, self.kv_caches)
-            sampler.sample(self.model.compute_logits(hidden), sampled[k])
-            ids = sampled[k]
-        return device_window(sampled)
-
-
-def device_window(sampled: torch.Tensor) -> DecodeWindow:
-    """A DecodeWindow for ids just queued on their device: on CUDA with a pinned copy queued now and
-    an event after it (`result()` then waits for this window only); elsewhere the tensor itself."""
-    if not sampled.is_cuda:
-        return DecodeWindow(sampled)
-    host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-    host.copy_(sampled, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return DecodeWindow(sampled, host, ready)

@@ -188,7 +188,8 @@ def build_speculator(config: EngineConfig, runner: Any, sampler: Any) -> Specula
     assert isinstance(spec, SpeculativeConfig)
     if spec.method == "ngram":
         return Speculator(spec, sampler)
-    from llmdeploy_engine.model_runner import ModelRunner, load_model_config
+    from llmdeploy_engine.model_runner import ModelRunner
+    from llmdeploy_engine.runner_setup import load_model_config
 
     assert spec.model is not None
     target_vocab = _vocab_size(runner)

@@ -22,8 +22,9 @@ from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.distributed import ParallelState
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.hf_loader import load_hf_config
-from llmdeploy_engine.model_runner import ModelRunner, check_tensor_parallel
+from llmdeploy_engine.model_runner import ModelRunner
 from llmdeploy_engine.parallel_layers import QKVParallelLinear
+from llmdeploy_engine.runner_setup import check_tensor_parallel
 
 pytestmark = pytest.mark.slow
 
