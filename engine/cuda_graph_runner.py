@@ -3,7 +3,7 @@ start-up, then replay it for pure-decode batches; everything else runs eagerly t
 LLMEngine wraps its CUDA runner in this unless `enforce_eager` is set.
 
 Why: an eager decode step launches about 50 kernels per layer from Python, and on the H200 the host
-takes ~15-30 us per launch while each kernel runs ~2 us (docs/gpu-notes.md), so single-stream decode
+takes ~15-30 us per launch while each kernel runs ~2 us, so single-stream decode
 is bound by the host. A replay launches the whole step at once.
 
 Shapes are fixed per graph: the batch is padded up to the next captured batch size and decode
@@ -51,99 +51,28 @@ cache is sized; after capture the measured figure is added to the start-up repor
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from llmdeploy_engine.attention import AttentionMetadata
+from llmdeploy_engine.decode_graph import CaptureReport, _DecodeGraph
 from llmdeploy_engine.facts import (
     CUDA_GRAPH_LOGITS_MAX_BATCH,
     cuda_graph_batch_sizes,
     cuda_graph_context_buckets,
 )
 from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.multi_step import (
-    NO_CAP,
-    DecodeWindow,
-    check_decode_window,
-    check_follow_rows,
-    last_step_batch,
-    pack_window_steps,
-)
+from llmdeploy_engine.graph_inputs import PackedTables, pack_decode_inputs, spaced_rows, warm_up_batch
+from llmdeploy_engine.graph_windows import GraphWindows
 from llmdeploy_engine.runner_interface import Runner
-from llmdeploy_engine.sampler import WindowSampler, fast_argmax_rows
-from llmdeploy_engine.sampling_params import SamplingParams
-from llmdeploy_engine.window_steps import device_window
+from llmdeploy_engine.sampler import fast_argmax_rows
 
 PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")
 
 
-@dataclass(frozen=True)
-class PackedTables:
-    """The block tables a window was packed with, kept for the window that follows it: rows [n, nb]
-    as packed (zeros past each row's blocks), blocks per row and each row's last block id."""
-
-    window: DecodeWindow
-    tables: np.ndarray
-    lens: np.ndarray
-    lasts: np.ndarray
-
-
-@dataclass(frozen=True)
-class CaptureReport:
-    num_graphs: int
-    capture_time_s: float
-    memory_bytes: int  # device memory reserved by the graphs' pool (and capture) beyond what was there
-    num_prefill_graphs: int = 0  # of num_graphs: the multi-token-row graphs for short prefills
-
-    def log_line(self) -> str:
-        prefill = f" (+{self.num_prefill_graphs} for short prefills)" if self.num_prefill_graphs else ""
-        return (
-            f"Captured {self.num_graphs - self.num_prefill_graphs} CUDA graphs for decode{prefill} in "
-            f"{self.capture_time_s:.2f} s, {self.memory_bytes / 2**30:.2f} GiB"
-        )
-
-
-class _DecodeGraph:
-    """Static inputs (one packed int64 buffer, so a step needs one host-to-device copy) and the graph."""
-
-    def __init__(
-        self, batch_size: int, num_blocks: int, block_size: int, device: torch.device, one_token_per_seq: bool
-    ) -> None:
-        self.batch_size, self.num_blocks = batch_size, num_blocks
-        self.one_token_per_seq = one_token_per_seq
-        b = batch_size
-        self.packed = torch.zeros(b * (4 + num_blocks), dtype=torch.long, device=device)
-        self.ids, self.positions = self.packed[:b], self.packed[b : 2 * b]
-        self.slots, self.lengths = self.packed[2 * b : 3 * b], self.packed[3 * b : 4 * b]
-        self.blocks = self.packed[4 * b :]
-        self.token_index = torch.arange(b, device=device)
-        self.key_pos = torch.arange(num_blocks * block_size, device=device)
-        self.lengths.fill_(1)
-        self.graph = torch.cuda.CUDAGraph()
-        self.hidden: torch.Tensor | None = None
-        self.logits: torch.Tensor | None = None  # view of the shared logits buffer, if computed inside
-
-    def meta(self) -> AttentionMetadata:
-        mask = self.key_pos[None, :] < self.lengths[:, None]
-        return AttentionMetadata(
-            slot_mapping=self.slots,
-            decode_token_index=self.token_index,
-            decode_blocks=self.blocks,
-            decode_mask=mask[:, None, None, :],
-            prefills=(),
-            decode_lengths=self.lengths.to(torch.int32),  # inside the capture: once per replay
-            decodes_in_order=True,  # token_index is arange(batch_size)
-            decode_one_token_per_seq=self.one_token_per_seq,
-        )
-
-
-class CudaGraphRunner(Runner):
+class CudaGraphRunner(GraphWindows, Runner):
     """Wraps a CUDA ModelRunner; `execute` has the runner's contract. The Runner interface's values are
     the wrapped runner's; other attributes pass through."""
 
@@ -316,9 +245,8 @@ class CudaGraphRunner(Runner):
         launch a step mixing a prompt with decodes may make (`_mixed_decode_shapes`), every K/V
         written to the padding block and the logits dropped, so that none compiles in the middle of
         serving: steps that mix prefills with decodes run eagerly, and the first one whose longest
-        query fell in a new class held every stream up for 0.46-0.61 s (runs 75-76,
-        docs/gpu-notes.md v15). With tensor parallelism every rank runs the same steps (their
-        all-reduces pair up). Returns the prompt lengths."""
+        query fell in a new class held every stream up for 0.46-0.61 s. With tensor parallelism every
+        rank runs the same steps (their all-reduces pair up). Returns the prompt lengths."""
         if self.padding_block is None:
             return []
         from llmdeploy_engine.attention import warm_query_lens
@@ -429,255 +357,10 @@ class CudaGraphRunner(Runner):
         assert source is not None
         spaced = spaced_rows(rows)
         # evenly spaced rows (every token, or the last of each sequence's q tokens) are a view: no
-        # index kernel (whose module a process loads on first use: ~20 ms in the first request, v8
-        # run 27) and no host-to-device copy of the row numbers
+        # index kernel (whose module a process loads on first use: ~20 ms in the first request)
+        # and no host-to-device copy of the row numbers
         picked = source[spaced] if spaced is not None else source[torch.tensor(rows, device=source.device)]
         if g.logits is not None:
             return picked.contiguous()
         logits: torch.Tensor = self.runner.model.compute_logits(picked)
         return logits
-
-    @torch.inference_mode()
-    def execute_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        """A decode window (multi_step.py): num_steps steps replayed from one graph, each fed the
-        tokens the previous step chose on the device (as ModelRunner.execute_multi_step: argmax, or
-        `WindowSampler` draws after the replay); the ids [num_steps][num_seqs] after one sync.
-        Batches no graph serves run the wrapped runner's eager window."""
-        return self.launch_multi_step(batch, num_steps, params, seed).result()
-
-    @torch.inference_mode()
-    def launch_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-        follow: DecodeWindow | None = None,
-        follow_rows: list[int] | None = None,
-    ) -> DecodeWindow:
-        """`execute_multi_step` without waiting for the ids (as ModelRunner.launch_multi_step). With
-        `follow`, step 0's ids are gathered from its last step's ids on the device (padding rows take
-        row 0's source row, so they keep repeating row 0)."""
-        cap = self.runner.max_model_len - 1  # a sequence at the longest context repeats its last step
-        check_decode_window(batch, num_steps, self.block_size, cap)
-        check_follow_rows(follow, follow_rows, batch.num_seqs)
-        g = self._pick(last_step_batch(batch, num_steps, cap))
-        if g is None:
-            window: DecodeWindow = self.runner.launch_multi_step(
-                batch, num_steps, params, seed, follow, follow_rows
-            )
-            return window
-        n, b, nb = batch.num_seqs, g.batch_size, g.num_blocks
-        step0 = b * (4 + nb)
-        size = window_size(b, nb, num_steps)
-        total = size + (b if follow is not None else 0)
-        host = self._window_buffer(total)
-        prev = self._packed if follow is not None and self._packed is not None else None
-        following = (prev, follow_rows) if prev is not None and prev.window is follow else None
-        pack_decode_window(host, batch, num_steps, b, nb, self.block_size, cap, self.padding_block, following)
-        if follow_rows is not None:
-            host[size : size + n] = follow_rows
-            host[size + n : total] = follow_rows[0]
-        if self._window_dev is None or self._window_dev.numel() < total:
-            self._window_dev = torch.empty(
-                self._window_host.numel(), dtype=torch.long, device=g.packed.device
-            )
-        dev = self._window_dev[:total]
-        dev.copy_(self._window_host[:total], non_blocking=True)
-        self._window_copied.record()
-        gather = dev[step0 : step0 + b]
-        later_dev = dev[step0 + b : size].view(max(num_steps - 1, 0), 3 * b)
-        sampled = torch.empty(num_steps, n, dtype=torch.long, device=g.packed.device)
-        sampler = WindowSampler(params, self.runner.model_config.vocab_size, g.packed.device, seed)
-        g.packed.copy_(dev[:step0])
-        if follow is not None:
-            torch.index_select(follow.last_ids, 0, dev[size:total], out=g.ids)
-        for k in range(num_steps):
-            if k:
-                g.packed[b : 4 * b].copy_(later_dev[k - 1])
-                torch.index_select(sampled[k - 1], 0, gather, out=g.ids)
-            g.graph.replay()
-            if g.logits is not None:
-                logits = g.logits[:n]
-            else:
-                assert g.hidden is not None
-                logits = self.runner.model.compute_logits(g.hidden[:n])
-            sampler.sample(logits, sampled[k])
-        self.num_replays += num_steps
-        window = device_window(sampled)
-        self._packed = packed_tables(window, host[4 * b : 4 * b + n * nb].reshape(n, nb), batch)
-        return window
-
-    def _window_buffer(self, size: int) -> np.ndarray:
-        """The window's pinned host buffer as numpy, at least `size` long, once the previous window's
-        copy has left it."""
-        self._window_copied.synchronize()
-        if self._window_host.numel() < size:
-            self._window_host = torch.zeros(size, dtype=torch.long, pin_memory=True)
-        return self._window_host.numpy()
-
-
-def warm_up_batch(prompt_len: int, decode_contexts: list[int], pad: int, block_size: int) -> ForwardBatch:
-    """A prompt of prompt_len tokens and one decode row per context in decode_contexts, every slot and
-    block the padding block `pad` (writes of positions past one block collide; the outputs are
-    dropped). The start-up warm-ups' steps."""
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    query_start: list[int] = []
-    query_len: list[int] = []
-    context_len: list[int] = []
-    tables: list[list[int]] = []
-    for first, count in [(0, prompt_len), *((c - 1, 1) for c in decode_contexts)]:
-        query_start.append(len(ids))
-        ids += [0] * count
-        positions += range(first, first + count)
-        slots += [pad * block_size + p % block_size for p in range(first, first + count)]
-        query_len.append(count)
-        context_len.append(first + count)
-        tables.append([pad] * -(-(first + count) // block_size))
-    return ForwardBatch(
-        input_ids=ids,
-        positions=positions,
-        slot_mapping=slots,
-        query_start=query_start,
-        query_len=query_len,
-        context_len=context_len,
-        block_tables=tables,
-        sample_indices=list(range(len(query_len))),
-    )
-
-
-def follow_tables(
-    out: np.ndarray, lens: np.ndarray, block_tables: list[list[int]], prev: PackedTables, rows: list[int]
-) -> bool:
-    """Pack the block tables of a window that follows `prev`'s window (row i continues prev's row
-    rows[i]) into out [n, nb] from prev's packed rows, rewriting only the rows whose number of blocks
-    or last block changed (a window's reservation appends blocks; flattening every table again was
-    most of a follow-on's packing at 256 sequences). False, with nothing written, when prev's width
-    differs or a table does not fit nb: the caller packs them all. A running sequence's blocks never
-    change between a window and its follow-on (no preemption or re-admission runs in between, and
-    blocks are shared only when full), so equal counts and last blocks mean equal tables."""
-    n, nb = out.shape
-    if prev.tables.shape[1] != nb or (n and int(lens.max()) > nb):
-        return False
-    index = np.asarray(rows, dtype=np.int64)
-    np.take(prev.tables, index, axis=0, out=out)
-    lasts = last_blocks(block_tables, n)
-    stale = np.flatnonzero((lens != prev.lens[index]) | (lasts != prev.lasts[index]))
-    for i in stale.tolist():
-        table = block_tables[i]
-        out[i] = 0
-        out[i, : len(table)] = table
-    return True
-
-
-def last_blocks(block_tables: list[list[int]], n: int) -> np.ndarray:
-    """Each of the n tables' last block id (-1 for an empty table)."""
-    return np.fromiter((t[-1] if t else -1 for t in block_tables), dtype=np.int64, count=n)
-
-
-def packed_tables(window: DecodeWindow, tables: np.ndarray, batch: ForwardBatch) -> PackedTables:
-    """What `follow_tables` needs of a window just packed: a copy of its rows (the host buffer is
-    rewritten by the next window), blocks per row (cut to the width) and each row's last block."""
-    n, nb = tables.shape
-    lens = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=n)
-    np.minimum(lens, nb, out=lens)
-    lasts = last_blocks(batch.block_tables, n)
-    return PackedTables(window, tables.copy(), lens, lasts)
-
-
-def spaced_rows(rows: list[int]) -> slice | None:
-    """`rows` as a slice when they are evenly spaced and increasing (every token of a step, or the last
-    token of each of its sequences of q tokens: q - 1, 2q - 1, ...), else None."""
-    if not rows:
-        return None
-    step = rows[1] - rows[0] if len(rows) > 1 else 1
-    if step <= 0 or rows != list(range(rows[0], rows[-1] + 1, step)):
-        return None
-    return slice(rows[0], rows[-1] + 1, step)
-
-
-def window_size(b: int, nb: int, num_steps: int) -> int:
-    """int64 values `pack_decode_window` writes for a graph of b rows and nb context blocks."""
-    return b * (4 + nb) + b + (num_steps - 1) * 3 * b
-
-
-def pack_decode_window(
-    out: np.ndarray,
-    batch: ForwardBatch,
-    num_steps: int,
-    b: int,
-    nb: int,
-    block_size: int,
-    max_position: int = NO_CAP,
-    padding_block: int | None = None,
-    following: tuple[PackedTables, list[int]] | None = None,
-) -> int:
-    """Lay a decode window out for a graph of b rows and nb blocks: step 0 exactly as
-    `pack_decode_inputs` packs it (ids, positions, slots, lengths, block tables), then the padding
-    gather index (b: rows past the batch take row 0's sampled token), then per later step its
-    positions, slots and lengths (3 x b; padding rows at positions 1, 2, ... of the padding block).
-    `following`: the tables of the window this one follows and, per row, its row there; the block
-    tables are then taken from those rows (`follow_tables`). Returns the number of int64 written."""
-    n = batch.num_seqs
-    step0 = pack_decode_inputs(out, batch, b, nb, padding_block, block_size, following)
-    out[step0 : step0 + n] = np.arange(n)
-    out[step0 + n : step0 + b] = 0
-    size = window_size(b, nb, num_steps)
-    later = out[step0 + b : size].reshape(num_steps - 1, 3, b)
-    pack_window_steps(
-        later, out[4 * b : step0].reshape(b, nb), out[b : 2 * b], num_steps, block_size, max_position
-    )
-    return size
-
-
-def pack_decode_inputs(
-    out: np.ndarray,
-    batch: ForwardBatch,
-    b: int,
-    nb: int,
-    padding_block: int | None = None,
-    block_size: int = 0,
-    following: tuple[PackedTables, list[int]] | None = None,
-) -> int:
-    """Lay a uniform batch out as a graph of b rows and nb context blocks reads it, one row per new
-    token: ids, positions, slots, context lengths (position + 1: each token sees its own prefix; b
-    each), then b x nb block ids (each token's sequence's table, cut to nb and padded with block 0).
-    Rows past the batch's tokens take row 0's token at position 0 of `padding_block` (slot, length 1,
-    a table of that block only); without one they repeat row 0. `following` (one token per
-    sequence): see `follow_tables`. Returns the number of int64 written."""
-    n, rows = batch.num_seqs, batch.num_tokens
-    positions = np.asarray(batch.positions, dtype=np.int64)
-    padded = (batch.input_ids[0], 0, padding_block * block_size, 1) if padding_block is not None else None
-    for k, values in enumerate((batch.input_ids, positions, batch.slot_mapping, positions + 1)):
-        out[k * b : k * b + rows] = values
-        out[k * b + rows : (k + 1) * b] = values[0] if padded is None else padded[k]
-    tables = out[4 * b : 4 * b + b * nb].reshape(b, nb)
-    q = batch.query_len[0]
-    per_seq = tables[:n] if q == 1 else np.empty((n, nb), dtype=np.int64)
-    lens = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=n)
-    if q == 1 and following is not None and follow_tables(per_seq, lens, batch.block_tables, *following):
-        tables[rows:] = tables[0] if padding_block is None else padding_block
-        return b * (4 + nb)
-    per_seq[:] = 0
-    if n and int(lens.max()) > nb:
-        cut = [t[:nb] for t in batch.block_tables]
-        lens = np.minimum(lens, nb)
-    else:
-        cut = batch.block_tables
-    total = int(lens.sum())
-    flat = np.fromiter(itertools.chain.from_iterable(cut), dtype=np.int64, count=total)
-    seq_rows = np.repeat(np.arange(n), lens)
-    cols = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
-    per_seq[seq_rows, cols] = flat
-    if q != 1:
-        tables[:rows] = np.repeat(per_seq, q, axis=0)
-    tables[rows:] = tables[0] if padding_block is None else padding_block
-    return b * (4 + nb)

@@ -205,7 +205,7 @@ def test_graph_window_packing_equals_each_steps_packing(
     a cap on positions (max_model_len - 1), the first row's steps past it repeat position 15 (slot,
     length)."""
     import numpy as np
-    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, pack_decode_window, window_size
+    from llmdeploy_engine.graph_inputs import pack_decode_inputs, pack_decode_window, window_size
     from llmdeploy_engine.multi_step import NO_CAP
 
     cap = NO_CAP if max_position is None else max_position
