@@ -140,6 +140,16 @@ class LLMEngine(DecodeWindows, OutputProcessor):
                 self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab or self.tokenizer.vocab_size)
             return self._grammar_compiler
 
+    def _grammar_mask(self, matchers: list[Any]) -> Any:
+        """The bitmask of the rows whose sequence has a grammar (None when none has): filled now, on the
+        host, while the device runs the step's forward pass. Here, not in the torch-free core:
+        structured_output reads the vocabulary with the grammar library."""
+        if all(m is None for m in matchers):
+            return None
+        from llmdeploy_engine.structured_output import fill_grammar_mask
+
+        return fill_grammar_mask(self.grammar_compiler(), matchers)
+
     def add_request(
         self,
         request_id: str,

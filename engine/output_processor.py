@@ -31,7 +31,7 @@ class OutputProcessor:
 
     if TYPE_CHECKING:
 
-        def grammar_compiler(self) -> Any: ...
+        def _grammar_mask(self, matchers: list[Any]) -> Any: ...
 
     def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """After a decode window: per sequence, step k's token is appended (its fed token now counts as
@@ -180,15 +180,6 @@ class OutputProcessor:
         seq.stop_reason = checker.stop_reason
         self.scheduler.finish(seq, status)
         return True
-
-    def _grammar_mask(self, matchers: list[Any]) -> Any:
-        """The bitmask of the rows whose sequence has a grammar (None when none has): filled now, on the
-        host, while the device runs the step's forward pass."""
-        if all(m is None for m in matchers):
-            return None
-        from llmdeploy_engine.structured_output import fill_grammar_mask
-
-        return fill_grammar_mask(self.grammar_compiler(), matchers)
 
     def _mask_verified_rows(self, out: SchedulerOutput, logits: Any) -> None:
         """Speculative step: constrained sequences get no proposals (Speculator.set_proposals), so each
