@@ -20,7 +20,6 @@ also take fp8 caches; this module's torch code stays the reference and the CPU p
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +28,6 @@ import torch.nn.functional as F
 from llmdeploy_engine.forward_batch import ForwardBatch
 from llmdeploy_engine.kv_cache import read_blocks, write_kv
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-# RoPE + KV store + decode attention in one launch on CUDA (fused_rope_decode); "0": two launches
-FUSED_DECODE = os.environ.get("LLMDEPLOY_FUSED_DECODE", "1") != "0"
 
 # cuDNN attention builds a graph per new shape; decode contexts change shape every step, so leave it out
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -61,7 +57,7 @@ def pack_aligned(parts: list[list[int]], dtype: torch.dtype, device: torch.devic
     """The parts as 1-D tensors on device from one host-to-device copy, each starting on a 16-byte
     boundary of the buffer. Triton specialises pointer arguments on 16-byte alignment, so parts at
     arbitrary offsets compiled new kernel variants in the middle of serving whenever the sizes'
-    residues changed (a 0.6 s stall for Qwen2.5-0.5B, 1.1 s for Llama-3.1-8B in run 12: the varlen
+    residues changed (a 0.6 s stall for Qwen2.5-0.5B, 1.1 s for Llama-3.1-8B on an H200: the varlen
     kernel at the first step with n % 4 == 2 sequences)."""
     per_16 = 16 // torch.empty(0, dtype=dtype).element_size()
     flat: list[int] = []
@@ -179,13 +175,13 @@ def default_block_m(rows: int) -> int:
     a step. H200, bf16: 4-token verification (16 rows with GQA 4) ran 2x faster at 16 than at 128;
     prefills ran faster at 64 rows with 4 warps (`varlen_launch`) than at 128 with 8, 1.07-1.31x
     (8,192-token chunks of 100-1,024-token prompts 1.21x, 1 x 8,192 1.07x, 32 x 256 1.31x; fp8 cache
-    1.35x; `benchmarks/gpu_varlen_sweep.py`, docs/gpu-notes.md v16)."""
+    1.35x; `benchmarks/gpu_varlen_sweep.py`)."""
     return 16 if rows <= 16 else 32 if rows <= 32 else LARGEST_BLOCK_M
 
 
 def varlen_launch(block_m: int, fp8: bool) -> tuple[int, int, int]:
     """(BLOCK_N keys per inner tile, num_warps, num_stages) of the varlen kernel for block_m rows per
-    program and the cache's dtype: the fastest of the v16 sweep for 64 rows (bf16 cache: 32 keys, 3
+    program and the cache's dtype: the fastest of `benchmarks/gpu_varlen_sweep.py` for 64 rows (bf16 cache: 32 keys, 3
     stages; fp8: 64 keys, 2 stages, where 32 keys ran 1.1-1.3x slower), as before for the rest."""
     if block_m <= 32:
         return 64, 4, 2
@@ -198,7 +194,7 @@ def warm_query_lens(group: int, limit: int) -> list[int]:
     """One query length (2..limit tokens) for each BLOCK_M `triton_varlen.varlen_attention` can pick with this GQA
     group: a prefill of each, run once at start-up, compiles every variant a step may need (each
     compilation is ~0.5 s, which would otherwise hold up every stream the first time a step's longest
-    query falls in a new class; measured on the H200, docs/gpu-notes.md v15). A block_m's launch
+    query falls in a new class; measured on the H200). A block_m's launch
     configuration (`varlen_launch`) depends only on it and the engine's cache dtype."""
     lens: list[int] = []
     seen: set[int] = set()
@@ -274,9 +270,9 @@ def fused_rope_decode(
     (triton_attention.paged_decode with `rope`), for decode-only batches of 16-bit CUDA queries with
     one token per sequence, in order. Returns None where that does not apply; the caller then runs
     ops.rope_and_cache and paged_attention in two launches, which store the same cache bytes and
-    give the same output within one ulp (docs/gpu-notes.md v6).
-    LLMDEPLOY_FUSED_DECODE=0 turns it off."""
-    if not FUSED_DECODE or not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+    give the same output within one ulp; the one launch measured ~5 % faster on a 0.5B model's
+    single stream and ~2 % on an 8B's (H200)."""
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
         return None
     if kv_cache is None or meta.slot_mapping is None or meta.prefills:
         return None

@@ -22,14 +22,13 @@ GEMM: the int4 kernel dequantizes per tile and is compute-bound there.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine.quant_linear import QuantWeight
 
 # from this many rows on, one dequantization plus the float32 GEMM beats the int4 kernel
-CPU_DEQUANT_ROWS = int(os.environ.get("LLMDEPLOY_CPU_DEQUANT_ROWS", "32"))
+CPU_DEQUANT_ROWS = 32
 INT4PACK_GROUPS = (32, 64, 128, 256)
 
 

@@ -25,14 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 from llmdeploy_engine import cpu_quant
+from llmdeploy_engine.gguf_kinds import DENSE_TYPES, projection_storage
 from llmdeploy_engine.gguf_loader import _PERMUTED_QK, _fields, _unpermute, gguf_reader, weight_tensors
 from torch import nn
 
 logger = logging.getLogger("llmdeploy_engine")
 
 CPU_WEIGHTS = ("auto", "quantized", "float32")
-INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-DENSE_TYPES = ("F32", "F16", "BF16")
 
 
 def use_compact(mode: str, device: torch.device, model: str, tensor_parallel_size: int) -> bool:
@@ -158,26 +157,21 @@ def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
 
     def place(owner: nn.Module, parts: list[_Tensor]) -> None:
         """owner.weight <- the parts' rows stacked, in the kernel their types allow."""
-        kinds = {p.kind for p in parts}
-        if kinds <= set(DENSE_TYPES):
+        kernel = projection_storage((p.kind, p.shape[1], p.shape[0]) for p in parts)
+        if kernel == "dense":
             if owner is model.lm_head:
                 owner.weight = nn.Parameter(parts[0].dense().to(dtype))
                 return
             for p in parts:
                 dense[p.name] = p.dense()
             return
-        if kinds <= set(INT4_TYPES) and all(p.shape[1] % 32 == 0 for p in parts):
+        weight: cpu_quant.QuantWeight
+        if kernel == "int4pack":
             decoded = [p.int4() for p in parts]
             codes, scales, offsets = (torch.cat([d[i] for d in decoded]) for i in range(3))
-            if codes.shape[0] % 16 == 0:
-                weight: cpu_quant.QuantWeight = cpu_quant.Int4PackWeight(codes, scales, offsets, dtype)
-                kernel = "int4pack"
-            else:
-                weight = cpu_quant.Fp16PackWeight(torch.cat([p.dense() for p in parts]), dtype)
-                kernel = "fp16"
+            weight = cpu_quant.Int4PackWeight(codes, scales, offsets, dtype)
         else:
             weight = cpu_quant.Fp16PackWeight(torch.cat([p.dense() for p in parts]), dtype)
-            kernel = "fp16"
         del owner.weight
         owner.weight = weight
         counts[kernel] = counts.get(kernel, 0) + len(parts)
@@ -212,19 +206,12 @@ def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
 
     for name, rest in tensors.items():
         dense[name] = rest.dense()
-    # not model.load_hf_tensors: it re-ties the LM head to the embedding, which no longer share a weight
     slots = model._hf_slots()
     needed = {n for n, (mod, _, _) in slots.items() if mod is None or n.endswith(".bias")}
     missing = sorted(needed - set(dense))
     if missing:
         raise ValueError(f"{path}: GGUF file lacks tensors the model needs: {missing[:5]}")
-    for name, full in dense.items():
-        mod, rel, param = slots[name]
-        if mod is not None:
-            mod.load_hf(rel, full)
-        else:
-            with torch.no_grad():
-                param.copy_(full)
+    model.load_hf_tensors(dense.items(), retie=False)  # the LM head and embedding no longer share a weight
     _release_freed_heap()
     return counts
 

@@ -309,9 +309,10 @@ class CausalLM(nn.Module):
             shapes[name] = mod.hf_shapes()[rel] if mod is not None else tuple(p.shape)  # type: ignore[union-attr]
         return shapes
 
-    def load_hf_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy this rank's slice of each full Hugging Face tensor in (names from `hf_shapes`)."""
-        if self.config.tie_word_embeddings:  # `to_empty` unties shared parameters
+    def load_hf_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]], retie: bool = True) -> None:
+        """Copy this rank's slice of each full Hugging Face tensor in (names from `hf_shapes`). retie:
+        first share the embedding with a tied LM head again (False where they were replaced apart)."""
+        if retie and self.config.tie_word_embeddings:  # `to_empty` unties shared parameters
             self.lm_head.weight = self.model.embed_tokens.weight
         slots = self._hf_slots()
         for name, full in tensors:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 from typing import Any
 
 import torch
@@ -22,10 +21,6 @@ from llmdeploy_engine.quant_linear import QuantWeight
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing
 _gemv_kernels: list[Any] | None = None  # [triton_gemv] once imported ([] without triton)
-# single-row products through triton_gemv's fused kernels (False: cuBLAS and the separate norm /
-# SiLU kernels everywhere; benchmarks flip it to compare; read when a model runs, and CUDA graphs
-# keep what they captured)
-FUSED_GEMV = os.environ.get("LLMDEPLOY_FUSED_GEMV", "1") != "0"
 
 
 def _fused(x: torch.Tensor, weight: torch.Tensor | None = None) -> Any:
@@ -51,18 +46,12 @@ def _load_triton_ops() -> Any:
 def _gemv(x: torch.Tensor, weight: torch.Tensor) -> Any:
     """triton_gemv when its fused kernel takes x @ weight.T, else None (cuBLAS and separate kernels).
 
-    One row only: on the H200 (docs/gpu-notes.md v5) the fused kernel beat cuBLAS plus the separate
+    One row only: on the H200 the fused kernel beat cuBLAS plus the separate
     norm / SiLU kernels on every projection of both models at one row (1.0-1.9x), lost at four rows
     on the 8B's large shapes (0.3-0.5x), and a 9-64-row tensor-core version lost on almost every shape
     (0.2-0.75x), so batches of more than one row keep cuBLAS."""
     global _gemv_kernels
-    if (
-        not FUSED_GEMV
-        or x.shape[0] != 1
-        or not x.is_cuda
-        or x.dtype not in _FUSED_DTYPES
-        or weight.dtype != x.dtype
-    ):
+    if x.shape[0] != 1 or not x.is_cuda or x.dtype not in _FUSED_DTYPES or weight.dtype != x.dtype:
         return None
     if _gemv_kernels is None:
         # without triton the torch composition runs; with it, a module that fails to import is a bug

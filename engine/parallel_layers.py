@@ -265,9 +265,13 @@ class RowParallelLinear(ParallelModule):
 class _VocabParallel(ParallelModule):
     """Vocabulary rows split over ranks, padded with zero rows up to a multiple of the world size."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, name: str, parallel: ParallelState) -> None:
+    DEFAULT_NAME: str  # the Hugging Face module name of each subclass
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, name: str | None = None, parallel: ParallelState = SINGLE
+    ) -> None:
         super().__init__()
-        self.parallel, self.name = parallel, name
+        self.parallel, self.name = parallel, self.DEFAULT_NAME if name is None else name
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.local_vocab = -(-vocab_size // parallel.world_size)
         self.vocab_start = parallel.rank * self.local_vocab
@@ -292,10 +296,7 @@ class _VocabParallel(ParallelModule):
 
 
 class VocabParallelEmbedding(_VocabParallel):
-    def __init__(
-        self, vocab_size: int, hidden_size: int, name: str = "embed_tokens", parallel: ParallelState = SINGLE
-    ) -> None:
-        super().__init__(vocab_size, hidden_size, name, parallel)
+    DEFAULT_NAME = "embed_tokens"
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.parallel.is_parallel:
@@ -311,10 +312,7 @@ class VocabParallelEmbedding(_VocabParallel):
 class ParallelLMHead(_VocabParallel):
     """hidden -> logits over the whole vocabulary on every rank (local logits all-gathered)."""
 
-    def __init__(
-        self, vocab_size: int, hidden_size: int, name: str = "lm_head", parallel: ParallelState = SINGLE
-    ) -> None:
-        super().__init__(vocab_size, hidden_size, name, parallel)
+    DEFAULT_NAME = "lm_head"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if not self.parallel.is_parallel:

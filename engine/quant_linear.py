@@ -16,7 +16,6 @@ the weight dequantized to the activation dtype and multiplied by torch.
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from torch import nn
 FP8_MAX = 448.0  # e4m3
 # from this many rows on, one dequantization into the model dtype plus cuBLAS beats re-dequantizing
 # each weight tile for every block of rows
-DEQUANT_GEMM_ROWS = int(os.environ.get("LLMDEPLOY_INT4_DEQUANT_ROWS", "1024"))
+DEQUANT_GEMM_ROWS = 1024
 _triton_quant: Any = None
 
 

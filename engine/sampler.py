@@ -24,7 +24,6 @@ so their tokens do not depend on which other requests share the batch.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,8 @@ from typing import Any
 import torch
 from llmdeploy_engine.outputs import Logprob
 from llmdeploy_engine.sampling_params import SamplingParams
+
+_TokenRows = list[list[int]]  # token ids per batch row
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,7 @@ class Sampler:
         if all(plain_greedy(p, len(out)) for p, out in zip(params, output_token_ids, strict=True)):
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * num_rows)
         raw = logits.float()
-        x = raw.clone()
-        self._mask_min_tokens(x, params, output_token_ids)
-        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
-
+        x = self._penalized(raw, params, prompt_token_ids, output_token_ids)
         chosen = x.argmax(dim=-1)
         if not all(p.greedy for p in params):
             greedy = torch.tensor([p.greedy for p in params], device=x.device)
@@ -105,9 +103,7 @@ class Sampler:
     ) -> torch.Tensor:
         """Per row, the distribution `sample` draws from (speculative decoding verifies against it):
         min_tokens, penalties, temperature, top-k/top-p/min-p. Greedy rows are one-hot at `sample`'s argmax."""
-        x = logits.float().clone()
-        self._mask_min_tokens(x, params, output_token_ids)
-        self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+        x = self._penalized(logits.float(), params, prompt_token_ids, output_token_ids)
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=x.device)
         probs = torch.softmax(_filter(x / temps[:, None], params), dim=-1)
         greedy = [i for i, p in enumerate(params) if p.greedy]
@@ -121,6 +117,15 @@ class Sampler:
     ) -> list[dict[int, Logprob] | None]:
         """The logprobs `sample` reports for already chosen tokens (speculative decoding)."""
         return self._logprobs(logits.float(), params, token_ids)
+
+    def _penalized(
+        self, raw: torch.Tensor, params: list[SamplingParams], prompts: _TokenRows, outputs: _TokenRows
+    ) -> torch.Tensor:
+        """A copy of the float32 logits with min_tokens' masks and the penalties applied."""
+        x = raw.clone()
+        self._mask_min_tokens(x, params, outputs)
+        self._apply_penalties(x, params, prompts, outputs)
+        return x
 
     def _mask_min_tokens(
         self, x: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
@@ -279,10 +284,8 @@ class WindowSampler:
 @functools.cache
 def fast_argmax_rows() -> Callable[..., Any] | None:
     """triton_ops.argmax_rows (the greedy pick in two launches over the whole GPU; torch's argmax
-    reduces a 128k-entry row on few SMs) where Triton is installed; LLMDEPLOY_FAST_ARGMAX=0 keeps
-    torch.argmax. Read once per process."""
-    if os.environ.get("LLMDEPLOY_FAST_ARGMAX", "1") == "0":
-        return None
+    reduces a 128k-entry row on few SMs: ~27 us for an 8B's 128k-entry logits on an H200, and a 0.5B
+    model's greedy single stream ran ~9-15 % faster with this one) where Triton is installed."""
     try:
         from llmdeploy_engine import triton_ops
     except ImportError:

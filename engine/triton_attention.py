@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,24 +40,17 @@ from llmdeploy_engine.attention import AttentionMetadata
 TILE_TOKENS = 64
 MAX_SPLITS = 32
 # splits of at least 64 tokens, and none below a 256-token context: single-sequence decode on the
-# H200 inside a CUDA graph (benchmarks/gpu_decode_small.py, docs/gpu-notes.md v5) ran fastest with
+# H200 inside a CUDA graph (benchmarks/gpu_decode_small.py) ran fastest with
 # 64-token splits from 256 tokens on (0.5B layer at 512: 6.7 -> 4.4 us; 8B: 8.4 -> 5.3 us), while at
 # 128 tokens one program per KV head beat any split (the merge costs more than it saves)
 MIN_SPLIT_TOKENS = 64
 MIN_SPLIT_CONTEXT = 256
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
-# LLMDEPLOY_DECODE_MERGE=kernel: split decode merges its splits in the decode kernel (the last
-# program of each sequence and KV head to finish, through a counter: fence, barrier, atomic) instead
-# of the second launch (_merge_splits_kernel, the default). Measured slower on the H200 with PDL
-# (runs 15-16, docs/gpu-notes.md v6: 0.5B single stream 1,403-1,468 against 1,536-1,550 tok/s), so
-# it is off unless asked for.
-MERGE_IN_KERNEL = os.environ.get("LLMDEPLOY_DECODE_MERGE", "launch") == "kernel"
-SPLIT_COUNTERS = 1 << 16  # (sequence, KV head) pairs the in-kernel merge serves
 # DECODE_GRID_ORDER: paged_decode's grid is (KV heads, sequences, splits), so the GPU, which starts
 # programs about in grid order, runs a sequence's KV heads together: they read the same block-table
 # row and the neighbouring 256-byte head slices of each cached token. Measured on the H200 at the
-# 8B's 256-request shapes (benchmarks/gpu_batch_diag.py, docs/gpu-notes.md v10): 1-3 % faster than
+# 8B's 256-request shapes (benchmarks/gpu_batch_diag.py): 1-3 % faster than
 # sequences fastest, and up to 10 % with rows sorted longest context first; in the engine under the
 # board's power limit, sorting the rows gained nothing, so the scheduler does not sort them.
 
@@ -77,8 +69,8 @@ class DecodeConfig:
 
 
 FP8_CONVERSIONS = ("to", "v", "kv")
-# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), kernel only (benchmarks/gpu_fp8_sweep.py,
-# logs in benchmarks/results/gpu_fp8_sweep_run{1,2}.log). bf16 cache: 4 programs an SM (128 registers,
+# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), kernel only (benchmarks/gpu_fp8_sweep.py).
+# bf16 cache: 4 programs an SM (128 registers,
 # 39 KB shared; without the cap the one-split variant takes 130-150 registers and only 3 fit).
 # fp8 cache: 128-key tiles, 4 warps, 2 programs an SM (108 KB shared: two fp8 K/V buffers and the
 # fp16 V tile) for small batches; from FP8_LARGE_BATCH_PROGRAMS programs (sequences x KV heads) on,
@@ -363,7 +355,6 @@ def _paged_decode_kernel(
     cos_ptr,
     sin_ptr,
     slots_ptr,
-    counters_ptr,  # MERGE: int32 [n * kv_heads] split counters, zero between launches
     scale,
     split_tokens,
     stride_qn,
@@ -396,7 +387,6 @@ def _paged_decode_kernel(
     STAGES: tl.constexpr,
     SUM_AT_END: tl.constexpr,
     ROPE: tl.constexpr,  # q unrotated: RoPE on q, and the new token's k/v stored, in this launch
-    MERGE: tl.constexpr,  # splits merged by the last program of each (sequence, KV head) to finish
     FENCE: tl.constexpr,  # a GPU (fence.acq_rel.gpu), not Triton's interpreter
     HEADS_FASTEST: tl.constexpr,  # grid (kv_heads, n, splits): a sequence's programs start together
     USE_PDL: tl.constexpr,
@@ -405,11 +395,9 @@ def _paged_decode_kernel(
     if HEADS_FASTEST:
         kv_head = tl.program_id(0)
         seq = tl.program_id(1)
-        num_kv_heads = tl.num_programs(0)
     else:
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
-        num_kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
     ctx = tl.load(lengths_ptr + seq).to(tl.int32)
     g = tl.arange(0, GROUP_PAD)
@@ -471,42 +459,6 @@ def _paged_decode_kernel(
         row = (seq * num_heads + heads) * NUM_SPLITS + split  # [n, num_heads, NUM_SPLITS]
         tl.store(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :], out, mask=gmask[:, None])
         tl.store(part_lse_ptr + row, lse, mask=gmask)
-        if MERGE:
-            # every thread's partial stores precede the counter's release; the program that counts
-            # last acquires them all and merges (what _merge_splits_kernel does, without its launch)
-            _gpu_fence(FENCE)  # the threadFenceReduction pattern: fence, barrier, one atomic
-            tl.debug_barrier()
-            count = counters_ptr + seq * num_kv_heads + kv_head
-            done = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-            if done == NUM_SPLITS - 1:
-                mbase = (seq * num_heads + heads) * NUM_SPLITS  # [GROUP_PAD]
-                sp = tl.arange(0, NUM_SPLITS)
-                lses = tl.load(
-                    part_lse_ptr + mbase[:, None] + sp[None, :],
-                    mask=gmask[:, None],
-                    other=float("-inf"),
-                    cache_modifier=".cg",
-                )
-                top = tl.where(gmask, tl.max(lses, 1), 0.0)  # finite: a sequence has >= 1 key
-                merged = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-                wsum = tl.zeros([GROUP_PAD], tl.float32)
-                for j in tl.static_range(NUM_SPLITS):
-                    lse_j = tl.load(
-                        part_lse_ptr + mbase + j, mask=gmask, other=float("-inf"), cache_modifier=".cg"
-                    )
-                    w_j = tl.exp(lse_j - top)
-                    o_j = tl.load(
-                        part_o_ptr + (mbase + j)[:, None] * HEAD_DIM + d[None, :],
-                        mask=gmask[:, None],
-                        other=0.0,
-                        cache_modifier=".cg",
-                    )
-                    merged += o_j * w_j[:, None]
-                    wsum += w_j
-                res = merged / tl.where(gmask, wsum, 1.0)[:, None]
-                o_off = seq * stride_on + heads[:, None] * stride_oh + d[None, :]
-                tl.store(o_ptr + o_off, res.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
-                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -532,26 +484,6 @@ def _merge_splits_kernel(
     parts = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + d[None, :])
     out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
     tl.store(o_ptr + seq * stride_on + head * stride_oh + d, out.to(o_ptr.dtype.element_ty))
-
-
-_COUNTERS: dict[int, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, need: int) -> torch.Tensor | None:
-    """The device's int32 split counters for the in-kernel merge (zero between launches: the merging
-    program resets its own), allocated on first use outside a CUDA-graph capture (the graph runner's
-    warm-up runs every shape eagerly first); None where there are too few or none yet (the merge
-    then runs as its own launch)."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-    else:
-        index = -1  # the Triton interpreter's CPU tensors
-    counters = _COUNTERS.get(index)
-    if counters is None:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _COUNTERS[index] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
-    return counters if need <= counters.numel() else None
 
 
 @functools.cache
@@ -718,7 +650,6 @@ def paged_decode(
     else:
         nk = nv = cos = sin = q  # not read
         slots = dummy
-    counters = _split_counters(q.device, n * num_kv_heads) if num_splits > 1 and MERGE_IN_KERNEL else None
     pdl = triton_pdl.launch_args(q)
     # a grid's second dimension holds at most 65,535 programs: more sequences go on the first
     heads_fastest = heads_fastest and n <= MAX_GRID_Y
@@ -739,7 +670,6 @@ def paged_decode(
         cos,
         sin,
         slots,
-        counters if counters is not None else dummy,
         scale,
         split_tokens,
         q.stride(0),
@@ -772,7 +702,6 @@ def paged_decode(
         STAGES=num_stages,
         SUM_AT_END=row_sum_at_end,
         ROPE=rope is not None,
-        MERGE=counters is not None,
         FENCE=q.is_cuda,
         HEADS_FASTEST=heads_fastest,
         num_warps=num_warps,
@@ -780,7 +709,7 @@ def paged_decode(
         **pdl,
         **({"maxnreg": max_registers} if max_registers and q.device.type == "cuda" else {}),
     )
-    if num_splits > 1 and counters is None:
+    if num_splits > 1:
         _merge_splits_kernel[(n, num_heads)](
             part_o,
             part_lse,
@@ -829,7 +758,7 @@ def paged_attention_triton(
     prefill chunks (chunked or with cached prefixes, verification rows) one varlen launch. In a step
     that mixes them the decode rows once ran inside the varlen launch, in its row tiles (up to 128
     rows for a decode's GQA group of 4-7): the 8B's 8,192-token steps with 190-250 decodes took
-    204-208 ms that way and 197-201 ms through paged_decode (gpu-notes v15, run 79)."""
+    204-208 ms that way and 197-201 ms through paged_decode (H200)."""
     if not supports(q, kv_cache, meta):
         raise NotImplementedError(
             "not supported by the Triton attention path (see triton_attention.supports)"

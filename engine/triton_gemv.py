@@ -58,7 +58,7 @@ class GemvConfig:
 
 # (N, K, row bucket) -> config; row bucket: 1 for M == 1, 4 for M <= 4, 8 for M <= 8.
 # Paste the "best config" lines that benchmarks/gpu_gemv.py prints here.
-# H200, benchmarks/gpu_gemv.py (run 11, benchmarks/results/v5/run11_gemv/gpu_gemv.log): the fastest correct
+# H200, benchmarks/gpu_gemv.py: the fastest correct
 # configuration per shape at one row, us a launch inside a CUDA graph, weights cycled out of L2
 TUNED: dict[tuple[int, int, int], GemvConfig] = {
     # Qwen2.5-0.5B: qkv 2.98, o_proj 2.42, gate_up 7.40, down 5.77, lm_head 65.95
@@ -93,7 +93,7 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
     (128256, 4096, 1): GemvConfig(
         block_n=32, block_k=128, num_warps=4, num_stages=2, mode="defer", prefetch=False
     ),
-    # Llama-3.1-8B at tensor_parallel_size 2, each rank's half (gpu_gemv.py, v8 run 29; us a launch,
+    # Llama-3.1-8B at tensor_parallel_size 2, each rank's half (gpu_gemv.py; us a launch,
     # heuristic -> tuned): qkv 10.12 -> 8.39, o_proj 5.51 -> 5.24, gate_up 34.67 -> 32.98,
     # down 17.69 -> 15.42
     (3072, 4096, 1): GemvConfig(
@@ -109,6 +109,47 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
         block_n=16, block_k=512, num_warps=8, num_stages=2, mode="defer", prefetch=True
     ),
 }
+
+
+@triton.jit
+def add_residual(h, r):
+    """h + r in the model dtype (torch's add: float32, one rounding)."""
+    return (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
+
+
+@triton.jit
+def norm_times_weight(h, rstd, nw):
+    """ops.rms_norm's roundings: h normed in the model dtype, then times the norm weight nw."""
+    normed = (h.to(tl.float32) * rstd).to(h.dtype)
+    return (normed.to(tl.float32) * nw.to(tl.float32)).to(h.dtype)
+
+
+@triton.jit
+def silu_times_up(g, u):
+    """triton_ops._silu_mul_kernel's roundings: silu in the model dtype, then the product."""
+    g32 = g.to(tl.float32)
+    act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
+    return (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+
+
+@triton.jit
+def rows_rstd(x_rows, r_rows, s_rows, rmask, pid, K, eps, BLOCK_M: tl.constexpr, NORM_BLOCK: tl.constexpr,
+              HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """1 / RMS of each row (x_rows: [BLOCK_M, 1] row pointers) over all of K, as
+    triton_ops._add_rms_norm_kernel computes it, of x + residual where HAS_RESIDUAL; program 0 stores
+    that sum through s_rows."""
+    sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, NORM_BLOCK):
+        kk = k0 + tl.arange(0, NORM_BLOCK)
+        xm = rmask[:, None] & (kk[None, :] < K)
+        h = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
+        if HAS_RESIDUAL:
+            h = add_residual(h, tl.load(r_rows + kk[None, :], mask=xm, other=0.0))
+            if pid == 0:
+                tl.store(s_rows + kk[None, :], h, mask=xm)
+        h32 = h.to(tl.float32)
+        sq += tl.sum(h32 * h32, 1)
+    return tl.rsqrt(sq / K + eps)
 
 
 @triton.jit
@@ -164,19 +205,11 @@ def _x_row(
     if PROLOGUE == 1:
         h = _load_masked(xp, mask, MASK_M or MASK_K)
         if HAS_RESIDUAL:
-            r = _load_masked(r_ptr + m * stride_rm + kk, mask, MASK_M or MASK_K)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-        # ops.rms_norm's roundings: normed in the model dtype, then times the weight
-        normed = (h.to(tl.float32) * rstd_m).to(h.dtype)
-        nw = _load_masked(nw_ptr + kk, kk < K, MASK_K)
-        x = (normed.to(tl.float32) * nw.to(tl.float32)).to(h.dtype)
+            h = add_residual(h, _load_masked(r_ptr + m * stride_rm + kk, mask, MASK_M or MASK_K))
+        x = norm_times_weight(h, rstd_m, _load_masked(nw_ptr + kk, kk < K, MASK_K))
     elif PROLOGUE == 2:
         g = _load_masked(xp, mask, MASK_M or MASK_K)
-        u = _load_masked(xp + up_off, mask, MASK_M or MASK_K)
-        g32 = g.to(tl.float32)
-        # triton_ops._silu_mul_kernel's roundings: silu in the model dtype, then the product
-        act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
-        x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+        x = silu_times_up(g, _load_masked(xp + up_off, mask, MASK_M or MASK_K))
     else:
         x = _load_masked(xp, mask, MASK_M or MASK_K)
     return x
@@ -233,21 +266,8 @@ def _gemv_kernel(
     triton_pdl.wait(USE_PDL)
 
     if PROLOGUE == 1:
-        # the row's variance over all of K, as triton_ops._add_rms_norm_kernel computes it
-        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, NORM_BLOCK):
-            kk = k0 + tl.arange(0, NORM_BLOCK)
-            xm = rmask[:, None] & (kk[None, :] < K)
-            h = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
-                h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-                if pid == 0:
-                    s_off = rows[:, None].to(tl.int64) * stride_sm + kk[None, :]
-                    tl.store(s_ptr + s_off, h, mask=xm)
-            h32 = h.to(tl.float32)
-            sq += tl.sum(h32 * h32, 1)
-        rstd = tl.rsqrt(sq / K + eps)
+        s_rows = s_ptr + rows[:, None].to(tl.int64) * stride_sm
+        rstd = rows_rstd(x_rows, r_rows, s_rows, rmask, pid, K, eps, BLOCK_M, NORM_BLOCK, HAS_RESIDUAL)
 
     if MODE == 2 or (MODE == 1 and BLOCK_M > 1):
         # tile path: the weight tile is re-laid out for the dot or the [M, N, K] products
@@ -269,19 +289,12 @@ def _gemv_kernel(
             if PROLOGUE == 1:
                 h = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
                 if HAS_RESIDUAL:
-                    r = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
-                    h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-                # ops.rms_norm's roundings: normed in the model dtype, then times the weight
-                normed = (h.to(tl.float32) * rstd[:, None]).to(h.dtype)
+                    h = add_residual(h, tl.load(r_rows + kk[None, :], mask=xm, other=0.0))
                 nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0)
-                x = (normed.to(tl.float32) * nw.to(tl.float32)[None, :]).to(h.dtype)
+                x = norm_times_weight(h, rstd[:, None], nw[None, :])
             elif PROLOGUE == 2:
                 g = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
-                u = tl.load(x_rows + up_off + kk[None, :], mask=xm, other=0.0)
-                g32 = g.to(tl.float32)
-                # triton_ops._silu_mul_kernel's roundings: silu in the model dtype, then the product
-                act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
-                x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+                x = silu_times_up(g, tl.load(x_rows + up_off + kk[None, :], mask=xm, other=0.0))
             else:
                 x = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
             if MODE == 2:

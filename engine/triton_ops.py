@@ -109,6 +109,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
+def _rope_heads(src_ptr, dst_ptr, tok, stride_n, stride_h, stride_on, stride_oh, h, mask, cos, sin, d,
+                HALF: tl.constexpr):  # fmt: skip
+    """Rotate the heads h (rows under mask) of token tok by neox RoPE from src into dst; returns the
+    two rotated halves in the model dtype, as stored."""
+    base = src_ptr + tok * stride_n + h[:, None] * stride_h + d[None, :]
+    x1 = tl.load(base, mask=mask, other=0.0)
+    x2 = tl.load(base + HALF, mask=mask, other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    r1 = (a * cos - b * sin).to(x1.dtype)
+    r2 = (b * cos + a * sin).to(x1.dtype)
+    obase = dst_ptr + tok * stride_on + h[:, None] * stride_oh + d[None, :]
+    tl.store(obase, r1, mask=mask)
+    tl.store(obase + HALF, r2, mask=mask)
+    return r1, r2
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -137,24 +154,10 @@ def _rope_kernel(
     cos = tl.load(cos_ptr + tok * stride_cn + d).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + tok * stride_sn + d).to(tl.float32)[None, :]
     h = tl.arange(0, HEADS_PAD)
-
     hm = (h < num_heads)[:, None]
-    base = q_ptr + tok * stride_qn + h[:, None] * stride_qh + d[None, :]
-    x1 = tl.load(base, mask=hm, other=0.0)
-    x2 = tl.load(base + HALF, mask=hm, other=0.0)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    obase = qo_ptr + tok * stride_qon + h[:, None] * stride_qoh + d[None, :]
-    tl.store(obase, (a * cos - b * sin).to(x1.dtype), mask=hm)
-    tl.store(obase + HALF, (b * cos + a * sin).to(x1.dtype), mask=hm)
-
+    _rope_heads(q_ptr, qo_ptr, tok, stride_qn, stride_qh, stride_qon, stride_qoh, h, hm, cos, sin, d, HALF)
     km = (h < num_kv_heads)[:, None]
-    base = k_ptr + tok * stride_kn + h[:, None] * stride_kh + d[None, :]
-    x1 = tl.load(base, mask=km, other=0.0)
-    x2 = tl.load(base + HALF, mask=km, other=0.0)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    obase = ko_ptr + tok * stride_kon + h[:, None] * stride_koh + d[None, :]
-    tl.store(obase, (a * cos - b * sin).to(x1.dtype), mask=km)
-    tl.store(obase + HALF, (b * cos + a * sin).to(x1.dtype), mask=km)
+    _rope_heads(k_ptr, ko_ptr, tok, stride_kn, stride_kh, stride_kon, stride_koh, h, km, cos, sin, d, HALF)
 
 
 def apply_rope(
@@ -346,26 +349,13 @@ def _rope_cache_kernel(
 
     h = tl.arange(0, HEADS_PAD)
     hm = (h < num_heads)[:, None]
-    base = q_ptr + tok * stride_qn + h[:, None] * stride_qh + d[None, :]
-    x1 = tl.load(base, mask=hm, other=0.0)
-    x2 = tl.load(base + HALF, mask=hm, other=0.0)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    obase = qo_ptr + tok * stride_qon + h[:, None] * stride_qoh + d[None, :]
-    tl.store(obase, (a * cos - b * sin).to(x1.dtype), mask=hm)
-    tl.store(obase + HALF, (b * cos + a * sin).to(x1.dtype), mask=hm)
-
+    _rope_heads(q_ptr, qo_ptr, tok, stride_qn, stride_qh, stride_qon, stride_qoh, h, hm, cos, sin, d, HALF)
     kh = tl.arange(0, KV_HEADS_PAD)
     km = (kh < num_kv_heads)[:, None]
-    base = k_ptr + tok * stride_kn + kh[:, None] * stride_kh + d[None, :]
-    x1 = tl.load(base, mask=km, other=0.0)
-    x2 = tl.load(base + HALF, mask=km, other=0.0)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
     # rounded to the model dtype first: the cache holds what apply_rope then write_kv would store
-    k1 = (a * cos - b * sin).to(x1.dtype)
-    k2 = (b * cos + a * sin).to(x1.dtype)
-    obase = ko_ptr + tok * stride_kon + kh[:, None] * stride_koh + d[None, :]
-    tl.store(obase, k1, mask=km)
-    tl.store(obase + HALF, k2, mask=km)
+    k1, k2 = _rope_heads(
+        k_ptr, ko_ptr, tok, stride_kn, stride_kh, stride_kon, stride_koh, kh, km, cos, sin, d, HALF
+    )
     vbase = v_ptr + tok * stride_vn + kh[:, None] * stride_vh + d[None, :]
     v1 = tl.load(vbase, mask=km, other=0.0)
     v2 = tl.load(vbase + HALF, mask=km, other=0.0)
@@ -479,7 +469,7 @@ ARGMAX_MAX_PARTS = 128
 
 # `parts` varies with the row count and `out` may be any row of a window's [steps, rows] tensor (8-byte
 # aligned for odd row counts): neither may pick a compiled variant, or a batch size or step seen first
-# mid-run compiles one there (v7 run 23: five compilations, ~0.6 s, inside the 0.5B's throughput run)
+# mid-run compiles one there (five compilations, ~0.6 s, once stalled a 0.5B model's throughput run)
 @triton.jit(do_not_specialize=["parts"])
 def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, chunk, parts, BLOCK: tl.constexpr,
                         USE_PDL: tl.constexpr):  # fmt: skip

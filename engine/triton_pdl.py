@@ -14,8 +14,8 @@ without PDL (cuBLAS, torch) is ordered as usual. Kernels here call `gdc_launch_d
 the successor still starts only once every program of this kernel has started, so it never takes an
 SM from this kernel's programs.
 
-`LLMDEPLOY_PDL=0` turns it off (read once per process); the Triton interpreter and GPUs before sm_90
-never use it.
+It is always on where it can be (it saved 0.4-0.7 us a kernel boundary on an H200: a 0.5B model's
+single stream 1,260 -> 1,395 tok/s); the Triton interpreter and GPUs before sm_90 never use it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import triton.language as tl
 
 @functools.cache
 def _switched_on() -> bool:
-    return os.environ.get("LLMDEPLOY_PDL", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+    """False under the Triton interpreter, which has no griddepcontrol."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @functools.cache

@@ -16,17 +16,15 @@ scale per output feature.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from llmdeploy_engine import triton_pdl
+from llmdeploy_engine.triton_gemv import add_residual, norm_times_weight, rows_rstd, silu_times_up
 
 MAX_GEMV_ROWS = 8
-# (weight format, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred reduction); the
-# environment's LLMDEPLOY_QGEMV ("fmt,bucket,bn,bk,warps,defer;...", fmt 0 int4 / 1 fp8) overrides
-# entries (benchmarks/gpu_quant.py --sweep times the candidates)
+# (weight format 0 int4 | 1 fp8, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred
+# reduction), read at each launch (benchmarks/gpu_quant.py --sweep replaces entries to time candidates)
 # single-row entries: the fastest over Llama-3.1-8B's gate_up and down shapes on an H200 (int4
 # ~480-530 GB/s of weight bytes: bound by the nibble unpacking, not by HBM; fp8 ~2.0-2.7 TB/s)
 GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, bool]] = {
@@ -35,9 +33,6 @@ GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, bool]] = {
     (1, 1): (8, 1024, 4, False),
     (1, 8): (8, 256, 4, True),
 }
-for _item in filter(None, os.environ.get("LLMDEPLOY_QGEMV", "").split(";")):
-    _f, _b, _bn, _bk, _w, _d = (int(v) for v in _item.split(","))
-    GEMV_CONFIGS[(_f, _b)] = (_bn, _bk, _w, bool(_d))
 _PLAIN, _NORM, _SILU = 0, 1, 2
 _INT4, _FP8 = 0, 1
 
@@ -58,17 +53,11 @@ def _prologue_row(
     if PROLOGUE == 1:
         h = tl.load(x_ptr + kk, mask=kmask, other=0.0)
         if HAS_RES:
-            r = tl.load(r_ptr + kk, mask=kmask, other=0.0)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-        normed = (h.to(tl.float32) * rstd).to(h.dtype)
-        nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0)
-        x = (normed.to(tl.float32) * nw.to(tl.float32)).to(h.dtype)
+            h = add_residual(h, tl.load(r_ptr + kk, mask=kmask, other=0.0))
+        x = norm_times_weight(h, rstd, tl.load(nw_ptr + kk, mask=kmask, other=0.0))
     elif PROLOGUE == 2:
         g = tl.load(x_ptr + kk, mask=kmask, other=0.0)
-        u = tl.load(x_ptr + up_off + kk, mask=kmask, other=0.0)
-        g32 = g.to(tl.float32)
-        act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype)
-        x = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+        x = silu_times_up(g, tl.load(x_ptr + up_off + kk, mask=kmask, other=0.0))
     else:
         x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
     return x.to(tl.float32)
@@ -101,19 +90,10 @@ def _qgemv_kernel(
     rmask = rows < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1:
-        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, NORM_BLOCK):
-            kk = k0 + tl.arange(0, NORM_BLOCK)
-            xm = rmask[:, None] & (kk[None, :] < K)
-            h = tl.load(x_ptr + rows[:, None] * stride_xm + kk[None, :], mask=xm, other=0.0)
-            if HAS_RES:
-                r = tl.load(r_ptr + rows[:, None] * stride_rm + kk[None, :], mask=xm, other=0.0)
-                h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-                if pid == 0:
-                    tl.store(sum_ptr + rows[:, None] * stride_summ + kk[None, :], h, mask=xm)
-            h32 = h.to(tl.float32)
-            sq += tl.sum(h32 * h32, 1)
-        rstd = tl.rsqrt(sq / K + eps)
+        x_rows = x_ptr + rows[:, None] * stride_xm
+        r_rows = r_ptr + rows[:, None] * stride_rm
+        s_rows = sum_ptr + rows[:, None] * stride_summ
+        rstd = rows_rstd(x_rows, r_rows, s_rows, rmask, pid, K, eps, BLOCK_M, NORM_BLOCK, HAS_RES)
 
     if WFMT == 0:
         BLOCK_W: tl.constexpr = BLOCK_K // 8

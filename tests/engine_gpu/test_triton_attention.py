@@ -149,37 +149,9 @@ def test_paged_decode_split_kv_and_fp8(case, dtypes) -> None:  # type: ignore[no
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES)
-def test_in_kernel_merge_matches_the_merge_launch(case, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """The splits merged by the decode kernel's last program (a counter per sequence and KV head)
-    give the separate merge kernel's result up to summation order, and leave every counter at zero
-    for the next launch (run twice: a counter left behind would skip or repeat the merge)."""
-    from kernel_cases import make_batch, rel_err
-    from llmdeploy_engine import triton_attention as ta
-
-    dtype = torch.float32 if INTERPRET else torch.bfloat16
-    n, num_heads, num_kv_heads, head_dim, bs, max_ctx, splits = case
-    gen = torch.Generator().manual_seed(3 * n + max_ctx)
-    ctxs = torch.randint(1, max_ctx + 1, (n,), generator=gen).tolist()
-    ctxs[-1] = max_ctx
-    b = make_batch([1] * n, ctxs, num_heads, num_kv_heads, head_dim, bs, dtype, dtype, DEVICE, seed=n + 7)
-    lengths = torch.tensor(ctxs, device=DEVICE)
-    args = (b.q, b.k_cache, b.v_cache, b.tables, lengths, head_dim**-0.5, None, None, splits)
-    monkeypatch.setattr(ta, "MERGE_IN_KERNEL", False)
-    want = ta.paged_decode(*args)
-    monkeypatch.setattr(ta, "MERGE_IN_KERNEL", True)
-    for _ in range(2):
-        got = ta.paged_decode(*args)
-        counters = ta._split_counters(b.q.device, n * num_kv_heads)
-        assert counters is not None and int(counters.abs().sum()) == 0
-        err = rel_err(got, want.cpu().double())
-        assert err < (1e-6 if dtype == torch.float32 else 8e-3), err
-
-
-@pytest.mark.parametrize("case", SPLIT_CASES)
-@pytest.mark.parametrize("merge_in_kernel", [False, True], ids=["merge-launch", "merge-in-kernel"])
-def test_grid_orders_give_the_same_bits(case, merge_in_kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_grid_orders_give_the_same_bits(case, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """KV heads fastest in the grid (the default) or sequences fastest: each program does the same
-    work, so the outputs are identical, with one split and with several (both merges), and with
+    work, so the outputs are identical, with one split and with several, and with
     more sequences than the grid's second dimension may hold (the fallback order)."""
     from kernel_cases import make_batch
     from llmdeploy_engine import triton_attention as ta
@@ -189,7 +161,6 @@ def test_grid_orders_give_the_same_bits(case, merge_in_kernel: bool, monkeypatch
     ctxs = torch.randint(1, max_ctx + 1, (n,), generator=torch.Generator().manual_seed(n)).tolist()
     b = make_batch([1] * n, ctxs, num_heads, num_kv_heads, head_dim, bs, dtype, dtype, DEVICE, seed=n + 3)
     lengths = torch.tensor(ctxs, device=DEVICE)
-    monkeypatch.setattr(ta, "MERGE_IN_KERNEL", merge_in_kernel)
     for num_splits in (1, splits):
         args = (b.q, b.k_cache, b.v_cache, b.tables, lengths, head_dim**-0.5, None, None, num_splits)
         heads_first = ta.paged_decode(*args)

@@ -1,5 +1,5 @@
 """triton_pdl's switch: programmatic dependent launch only for CUDA tensors on sm_90+, never under the
-Triton interpreter, off with LLMDEPLOY_PDL=0 (the GPU race test is tests/engine_gpu/test_pdl_gpu.py)."""
+Triton interpreter (the GPU race test is tests/engine_gpu/test_pdl_gpu.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ def _fresh_switch() -> Iterator[None]:
 
 
 def test_cpu_tensors_never_use_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LLMDEPLOY_PDL", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert triton_pdl._switched_on()
     x = torch.zeros(2)
@@ -28,12 +27,8 @@ def test_cpu_tensors_never_use_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
     assert triton_pdl.launch_args(x) == {"USE_PDL": False}
 
 
-@pytest.mark.parametrize("env", [{"LLMDEPLOY_PDL": "0"}, {"TRITON_INTERPRET": "1"}])
-def test_switched_off(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    monkeypatch.delenv("LLMDEPLOY_PDL", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+def test_switched_off_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not triton_pdl._switched_on()
 
 
