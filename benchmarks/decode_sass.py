@@ -25,7 +25,7 @@ from engine_path import import_engine
 import_engine()
 
 import triton  # noqa: E402
-from llmdeploy_engine import triton_attention as ta  # noqa: E402
+from llmdeploy_engine.kernels import triton_attention as ta  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 

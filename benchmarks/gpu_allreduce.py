@@ -31,7 +31,7 @@ PUSH_SHAPES = [(2048, 8), (1024, 4), (512, 4), (512, 2), (256, 2), (4096, 16)]
 def rank_main(rank: int, port: int, kind: str, args: argparse.Namespace, queue: Any) -> None:
     os.environ["LLMDEPLOY_TP_ALLREDUCE"] = kind
     import torch
-    from llmdeploy_engine.distributed import (
+    from llmdeploy_engine.runner.distributed import (
         ATTENTION_SLOT,
         MLP_SLOT,
         all_reduce,
@@ -108,7 +108,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=150.0, help="per path")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    from llmdeploy_engine.distributed import free_port
+    from llmdeploy_engine.runner.distributed import free_port
 
     ctx = multiprocessing.get_context("spawn")
     rows: list[dict[str, Any]] = []

@@ -48,9 +48,9 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from gpu_bench import gpu_clock  # noqa: E402
-from llmdeploy_engine import ops  # noqa: E402
-from llmdeploy_engine import triton_attention as ta  # noqa: E402
 from llmdeploy_engine.facts import cuda_graph_batch_sizes, cuda_graph_context_buckets  # noqa: E402
+from llmdeploy_engine.kernels import ops  # noqa: E402
+from llmdeploy_engine.kernels import triton_attention as ta  # noqa: E402
 
 START = time.perf_counter()
 EVICT_BYTES = 256 << 20

@@ -374,7 +374,7 @@ class EagerPhases:
     token: forward call ~ wall means the step is host-bound (launches), a long wait GPU-bound."""
 
     def __init__(self, engine: LLMEngine, device: str) -> None:
-        from llmdeploy_engine import model_runner
+        from llmdeploy_engine.runner import model_runner
 
         runner: Any = getattr(engine.runner, "runner", engine.runner)
         self.device = device

@@ -24,7 +24,7 @@ from engine_path import import_engine
 import_engine()
 
 import torch  # noqa: E402
-from llmdeploy_engine import triton_attention as ta  # noqa: E402
+from llmdeploy_engine.kernels import triton_attention as ta  # noqa: E402
 
 BS = 16
 LAYOUTS = {"qwen0.5b": (14, 2, 64), "llama8b": (32, 8, 128)}  # q heads, KV heads, head_dim

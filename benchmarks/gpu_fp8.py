@@ -50,9 +50,9 @@ from gpu_bench import log, profile_steps, sync
 import_engine()
 
 import torch  # noqa: E402
-from llmdeploy_engine import attention, model  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
+from llmdeploy_engine.model import attention, model  # noqa: E402
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
 TARGET_MODEL = "random:meta-llama/Llama-3.1-8B"
@@ -69,7 +69,7 @@ class PathCounter:
 
     def install(self) -> None:
         try:
-            from llmdeploy_engine import triton_attention
+            from llmdeploy_engine.kernels import triton_attention
         except ImportError:  # no Triton: every call takes the torch path
             triton_attention = None
         if triton_attention is not None:
@@ -464,7 +464,7 @@ def main() -> None:
         if not path.exists():
             log(f"{path} not found: no run with another fp8 decode config")
         else:
-            from llmdeploy_engine import triton_attention
+            from llmdeploy_engine.kernels import triton_attention
 
             config = triton_attention.DecodeConfig(**json.loads(path.read_text()))
             saved = triton_attention.DECODE_CONFIG[True], triton_attention.FP8_LARGE_BATCH_CONFIG

@@ -41,7 +41,7 @@ import_engine()
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
-from llmdeploy_engine import triton_attention as ta  # noqa: E402
+from llmdeploy_engine.kernels import triton_attention as ta  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BS = 32, 8, 128, 16
 DEV = torch.device("cuda")  # --device cpu: the interpreter dry run
@@ -192,8 +192,8 @@ def fp8_kw(cfg: tuple[int, int, int, str, bool], splits: int | None = None) -> d
 def verification_cells(n: int) -> list[str]:
     """varlen_attention over n sequences x 4 new tokens at 2,048 cached: bf16 cache, then e4m3 with
     V through the cvt helper ("v", the default up to 32 rows) and with `.to()`."""
-    from llmdeploy_engine.attention import VarlenMetadata
-    from llmdeploy_engine.triton_varlen import varlen_attention
+    from llmdeploy_engine.kernels.triton_varlen import varlen_attention
+    from llmdeploy_engine.model.attention import VarlenMetadata
 
     cells: list[str] = []
     base_ms = None

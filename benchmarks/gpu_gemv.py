@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
-from llmdeploy_engine import ops, triton_gemv
-from llmdeploy_engine.triton_gemv import GemvConfig
+from llmdeploy_engine.kernels import ops, triton_gemv
+from llmdeploy_engine.kernels.triton_gemv import GemvConfig
 
 EPS = 1e-6
 EVICT_BYTES = 256 << 20

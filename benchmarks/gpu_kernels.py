@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 import triton.testing
-from llmdeploy_engine import ops, triton_ops
-from llmdeploy_engine.attention import _paged_attention, build_attention_metadata
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.triton_attention import paged_attention_triton
-from llmdeploy_engine.triton_varlen import varlen_attention
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.kernels import ops, triton_ops
+from llmdeploy_engine.kernels.triton_attention import paged_attention_triton
+from llmdeploy_engine.kernels.triton_varlen import varlen_attention
+from llmdeploy_engine.model.attention import _paged_attention, build_attention_metadata
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, BS = 32, 8, 128, 4096, 16
 DEV = torch.device("cuda")
@@ -123,7 +123,7 @@ def vs(a: float, b: float) -> str:
 
 
 def decode_rows(sizes: list[tuple[int, int]]) -> None:
-    import llmdeploy_engine.triton_attention as ta
+    import llmdeploy_engine.kernels.triton_attention as ta
 
     for n, ctx in sizes:
 
@@ -149,7 +149,7 @@ def decode_rows(sizes: list[tuple[int, int]]) -> None:
 def decode_tuning_rows(sizes: list[tuple[int, int]]) -> None:
     """paged_decode alone (no write): split counts at the default tile, then other tiles / warps
     than the defaults (64 keys, 4 warps) at the chosen split count."""
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     for n, ctx in sizes:
 
@@ -212,7 +212,7 @@ FP8_CONFIGS: list[dict[str, Any]] = [
 
 def decode_only(n: int, ctx: int, dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], int]:
     """paged_decode over a fresh n x ctx case (keywords passed through) and the K/V bytes it reads."""
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     c = attention_case([1] * n, [ctx] * n, dtype)
     meta, q, (kc, vc) = c["meta"], c["q"], c["cache"]
@@ -230,7 +230,7 @@ def fp8_tuning_rows(sizes: list[tuple[int, int, int]]) -> None:
     """paged_decode alone over e4m3 vs bf16 caches: the kernel before fp16 dots, then
     the first `configs` FP8_CONFIGS, the default, and split counts 2x/4x the chosen one; each fp8
     cell shows its output's relative difference from the old kernel's as a check."""
-    import llmdeploy_engine.triton_attention as ta
+    import llmdeploy_engine.kernels.triton_attention as ta
 
     for n, ctx, configs in sizes:
 

@@ -33,9 +33,9 @@ import torch  # noqa: E402
 from gpu_bench import copy_bandwidth_bytes_per_s, run_requests, single_stream  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
-from llmdeploy_engine.model import CausalLM  # noqa: E402
-from llmdeploy_engine.quant_checkpoint import hf_config_dict, write_quantized  # noqa: E402
-from llmdeploy_engine.random_weights import config_from_spec  # noqa: E402
+from llmdeploy_engine.loading.quant_checkpoint import hf_config_dict, write_quantized  # noqa: E402
+from llmdeploy_engine.loading.random_weights import config_from_spec  # noqa: E402
+from llmdeploy_engine.model.model import CausalLM  # noqa: E402
 
 START = time.perf_counter()
 
@@ -127,8 +127,8 @@ def sweep(device: str) -> dict[str, Any]:
     """Single-row GEMV per candidate launch config (triton_quant.GEMV_CONFIGS) at Llama-3.1-8B's
     gate_up and down shapes: us a launch and GB/s of weight bytes; the fastest becomes the config."""
     import triton.testing
-    from llmdeploy_engine import triton_gemv, triton_quant
-    from llmdeploy_engine.int4_formats import pack_last
+    from llmdeploy_engine.kernels import triton_gemv, triton_quant
+    from llmdeploy_engine.kernels.int4_formats import pack_last
 
     out: dict[str, Any] = {}
     for fmt, name in ((0, "int4"), (1, "fp8")):

@@ -38,8 +38,8 @@ import_engine()
 
 import torch  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
-from llmdeploy_engine.distributed import ALLREDUCE_ENV  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
+from llmdeploy_engine.runner.distributed import ALLREDUCE_ENV  # noqa: E402
 from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
 
 START = time.perf_counter()

@@ -26,9 +26,9 @@ from gpu_bench import log, sync
 import_engine()
 
 import torch  # noqa: E402
-from llmdeploy_engine import cuda_graph_runner  # noqa: E402
 from llmdeploy_engine.config import EngineConfig  # noqa: E402
 from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
+from llmdeploy_engine.runner import cuda_graph_runner  # noqa: E402
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
 MODELS = {"qwen": "random:Qwen/Qwen2.5-0.5B", "llama": "random:meta-llama/Llama-3.1-8B"}

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_kernels import HEAD_DIM, HEADS, attention_case, bench
-from llmdeploy_engine.triton_varlen import varlen_attention
+from llmdeploy_engine.kernels.triton_varlen import varlen_attention
 
 
 def first_chunk(budget: int = 8192) -> list[int]:

@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.sampler import Sampler
+from llmdeploy_engine.loading.tokenizer import Tokenizer
+from llmdeploy_engine.model.sampler import Sampler
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
-from llmdeploy_engine.tokenizer import Tokenizer
 
 KINDS = {
     "final": RequestOutputKind.FINAL_ONLY,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-# transformers class name -> the engine's architecture (engine/model.py); dense, full RoPE, gated MLP
+# transformers class name -> the engine's architecture (engine/model/model.py); dense, full RoPE, gated MLP
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -19,7 +19,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 
-# bytes the engine stores per parameter of a quantized decoder projection (engine/quant_linear.py):
+# bytes the engine stores per parameter of a quantized decoder projection (engine/model/quant_linear.py):
 # int4 codes, plus per group of 128 inputs one scale in the model dtype and one uint8 zero point
 # (added in weights_bytes); fp8 one byte (a float32 scale per output row is negligible)
 INT4_GROUP_SIZE = 128
@@ -39,7 +39,7 @@ def weights_bytes(num_params: int, num_linear_params: int, dtype_bytes: int, qua
     return math.ceil(num_linear_params * per_param) + (num_params - num_linear_params) * dtype_bytes
 
 
-# On the CPU the engine keeps a GGUF file's weights compact (engine/gguf_compact.py, --cpu-weights
+# On the CPU the engine keeps a GGUF file's weights compact (engine/loading/gguf_compact.py, --cpu-weights
 # auto at tensor_parallel_size 1): bytes per weight of each storage it picks
 GGUF_DENSE_TYPES = ("F32", "F16", "BF16")
 GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")

@@ -22,19 +22,19 @@ import threading
 import time
 from typing import Any
 
-from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.decode_windows import DecodeWindows
-from llmdeploy_engine.gc_tuning import raise_gc_threshold
-from llmdeploy_engine.output_processor import OutputProcessor
+from llmdeploy_engine.core.block_manager import BlockManager
+from llmdeploy_engine.core.decode_windows import DecodeWindows
+from llmdeploy_engine.core.gc_tuning import raise_gc_threshold
+from llmdeploy_engine.core.output_processor import OutputProcessor
+from llmdeploy_engine.core.request_state import EngineStats, RequestState, window_kind
+from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig
+from llmdeploy_engine.core.sequence import Sequence
+from llmdeploy_engine.core.stop_checker import StopChecker
 from llmdeploy_engine.outputs import RequestMetrics, RequestOutput
-from llmdeploy_engine.request_state import EngineStats, RequestState, window_kind
-from llmdeploy_engine.runner_interface import Runner
-from llmdeploy_engine.runner_stack import build_runner
+from llmdeploy_engine.runner.interface import Runner
+from llmdeploy_engine.runner.stack import build_runner
 from llmdeploy_engine.sampling_params import SamplingParams
-from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig
-from llmdeploy_engine.sequence import Sequence
-from llmdeploy_engine.stop_checker import StopChecker
 
 __all__ = ["EngineStats", "LLMEngine"]
 
@@ -50,7 +50,7 @@ class LLMEngine(DecodeWindows, OutputProcessor):
         tokenizer: Any = None,
         sampler: Any = None,
     ) -> None:
-        from llmdeploy_engine.gguf_loader import shared_gguf_reader
+        from llmdeploy_engine.loading.gguf_loader import shared_gguf_reader
 
         self.config = config
         with shared_gguf_reader():  # the runner and the tokenizer parse a GGUF file once
@@ -58,12 +58,12 @@ class LLMEngine(DecodeWindows, OutputProcessor):
                 runner = build_runner(config)
             self.runner = runner
             if tokenizer is None:
-                from llmdeploy_engine.tokenizer import Tokenizer
+                from llmdeploy_engine.loading.tokenizer import Tokenizer
 
                 tokenizer = Tokenizer.from_model(config.tokenizer or config.model)
         self.tokenizer = tokenizer
         if sampler is None:
-            from llmdeploy_engine.sampler import Sampler
+            from llmdeploy_engine.model.sampler import Sampler
 
             sampler = Sampler(set(tokenizer.eos_token_ids), runner.device)
         self.sampler = sampler

@@ -209,7 +209,7 @@ def test_engine_raises_the_collectors_young_threshold(gc_threshold) -> None:  # 
     third of a decode window's host time); gc_gen0_threshold sets it, 0 leaves it, never lower."""
     import gc
 
-    from llmdeploy_engine.gc_tuning import GC_GEN0_THRESHOLD, raise_gc_threshold
+    from llmdeploy_engine.core.gc_tuning import GC_GEN0_THRESHOLD, raise_gc_threshold
 
     engine()
     assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD

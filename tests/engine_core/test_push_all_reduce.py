@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-from llmdeploy_engine import ops
-from llmdeploy_engine.distributed import ParallelState
-from llmdeploy_engine.symm_all_reduce import REDUCE_SLOTS, PushAllReduce
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.runner.distributed import ParallelState
+from llmdeploy_engine.runner.symm_all_reduce import REDUCE_SLOTS, PushAllReduce
 
 
 class _Recorder:
@@ -82,7 +82,7 @@ def test_the_gather_uses_the_region_after_the_slots() -> None:
 
 
 def _runner(world: int, gather_bytes: int | None, vocab: int = 1000) -> Any:
-    from llmdeploy_engine.model_runner import ModelRunner
+    from llmdeploy_engine.runner.model_runner import ModelRunner
 
     runner = ModelRunner.__new__(ModelRunner)
     fast = None if gather_bytes is None else SimpleNamespace(gather_bytes=gather_bytes)

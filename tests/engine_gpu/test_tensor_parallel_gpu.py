@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,7 +35,7 @@ def needs_fresh_symm_mem(allreduce: str = "auto") -> None:
     """Skip a test that sets up a symmetric-memory all-reduce when this process already has one: a
     second set-up hung (gpu-notes v8), so init_parallel then gives NCCL only. gpu_all.sh runs each of
     these tests in its own pytest process."""
-    from llmdeploy_engine.distributed import symm_mem_set_up
+    from llmdeploy_engine.runner.distributed import symm_mem_set_up
 
     if allreduce != "nccl" and symm_mem_set_up():
         pytest.skip("symmetric memory already set up in this process: run this test in a process of its own")
@@ -112,7 +112,7 @@ def eager_reference() -> tuple[list[torch.Tensor], int]:
 def test_tp2_logits_match_tp1_eager(
     allreduce: str, eager_reference: tuple[list[torch.Tensor], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmdeploy_engine.tp_worker import TensorParallelDriver
+    from llmdeploy_engine.runner.tp_worker import TensorParallelDriver
 
     needs_fresh_symm_mem(allreduce)
     ref, vocab = eager_reference
@@ -133,7 +133,7 @@ def test_tp2_bf16_logits_within_bf16_rounding_of_tp1(num_seqs: int) -> None:
     of tp=1 are further apart than that error. One sequence: its decode steps are single-row products,
     which go through the fused GEMV kernels (writing the row-parallel products into the
     symmetric-memory buffer at tp=2)."""
-    from llmdeploy_engine.tp_worker import TensorParallelDriver
+    from llmdeploy_engine.runner.tp_worker import TensorParallelDriver
 
     needs_fresh_symm_mem()
     ref_runner = ModelRunner(config(1, True, "bfloat16"))
@@ -228,8 +228,8 @@ def test_tp2_auto_windows_match_tp1(
     tokens are tp 1's with single steps."""
     import functools
 
-    from llmdeploy_engine import decode_windows
-    from llmdeploy_engine.window_sizing import WindowSizer
+    from llmdeploy_engine.core import decode_windows
+    from llmdeploy_engine.core.window_sizing import WindowSizer
 
     needs_fresh_symm_mem("auto")
     monkeypatch.setattr(
@@ -254,7 +254,7 @@ def _alive(pid: int) -> bool:
 
 def _p2p_rank(rank: int, port: int, kind: str) -> None:
     """One rank of test_all_reduce_kernels_two_gpus (a spawned process; raises on a wrong sum)."""
-    from llmdeploy_engine.distributed import (
+    from llmdeploy_engine.runner.distributed import (
         ATTENTION_SLOT,
         EMBED_SLOT,
         MLP_SLOT,
@@ -328,7 +328,7 @@ def test_all_reduce_kernels_two_gpus(kind: str) -> None:
     into a failure)."""
     import multiprocessing
 
-    from llmdeploy_engine.distributed import free_port
+    from llmdeploy_engine.runner.distributed import free_port
 
     ctx = multiprocessing.get_context("spawn")
     port = free_port()

@@ -17,7 +17,7 @@ from llmdeploy_engine.facts import ARCHITECTURES
 from llmdeploy.catalog.model_spec import ModelSpec
 from llmdeploy.catalog.models import list_models
 
-TABLE = Path(__file__).resolve().parents[2] / "engine" / "random_models.json"
+TABLE = Path(__file__).resolve().parents[2] / "engine" / "loading" / "random_models.json"
 
 
 def runs_on_engine(spec: ModelSpec) -> bool:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from llmdeploy_engine.model import CausalLM
-from llmdeploy_engine.random_weights import config_from_spec, init_random_weights, random_model_config
+from llmdeploy_engine.loading.random_weights import config_from_spec, init_random_weights, random_model_config
+from llmdeploy_engine.model.model import CausalLM
 from random_models_gen import TABLE
 
 
