@@ -25,8 +25,8 @@ import_engine()
 
 import torch  # noqa: E402
 from llmdeploy_engine.config import EngineConfig, ModelConfig  # noqa: E402
-from llmdeploy_engine.forward_batch import ForwardBatch  # noqa: E402
-from llmdeploy_engine.model_runner import ModelRunner  # noqa: E402
+from llmdeploy_engine.core.forward_batch import ForwardBatch  # noqa: E402
+from llmdeploy_engine.runner.model_runner import ModelRunner  # noqa: E402
 
 
 def hf_model_for(

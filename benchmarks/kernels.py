@@ -48,7 +48,7 @@ def cases(
 ) -> list[tuple[str, str, Callable[[], Any], int, int]]:
     """(kernel, shape, fn, bytes, flops) of each case."""
     import torch
-    from llmdeploy_engine import ops  # the engine's kernel entry points (see benchmarks/README.md)
+    from llmdeploy_engine.kernels import ops  # the engine's kernel entry points (see benchmarks/README.md)
 
     dtype = common.torch_dtype(device)
     size = dtype.itemsize

@@ -13,7 +13,7 @@ engine, timed `--repeats` times with a new prompt each time (no prefix-cache hit
   decode tok/s over it and "achieved GB/s" is decode tok/s x bytes per token.
 
 `--quantization awq,fp8` adds quantized copies of each model: a dense random checkpoint written
-through transformers, converted by the engine's own `python -m llmdeploy_engine.quant_checkpoint`.
+through transformers, converted by the engine's own `python -m llmdeploy_engine.loading.quant_checkpoint`.
 
     python benchmarks/latency.py                                   # both reference models, bf16
     python benchmarks/latency.py --models llama-3.1-8b --quantization none,awq,fp8
@@ -57,7 +57,7 @@ def quantized_checkpoint(hf_id: str, method: str, workdir: Path, device: str, gr
         cmd = [
             sys.executable,
             "-m",
-            "llmdeploy_engine.quant_checkpoint",
+            "llmdeploy_engine.loading.quant_checkpoint",
             str(dense),
             str(dest),
             "--method",

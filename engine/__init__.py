@@ -1,7 +1,14 @@
 """llmdeploy's built-in inference engine (import name `llmdeploy_engine`, folder `engine/`).
 
-The only part of llmdeploy that imports torch. Parts, one noun per module: loader, tokenizer, model,
-block_manager, scheduler, model_runner, sampler, llm_engine, async_engine, server.
+The only part of llmdeploy that imports torch. Layout:
+- llm_engine / async_engine / llm: the request loop and its APIs; config, cli, cli_args: arguments;
+  facts: the facts the toolkit shares (torch-free);
+- core/: the batching core (scheduler, block manager, sequences, stop checks, decode windows,
+  outputs), never imports torch;
+- runner/: the Runner interface, the model runner, CUDA graphs, tensor parallelism;
+- model/: the decoder model, attention, sampler; kernels/: Triton kernels and ops;
+- loading/: GGUF / Hugging Face / quantized checkpoints, random weights, tokenizers;
+- server/: the OpenAI- and TGI-compatible HTTP server; spec_decode/: speculative decoding.
 """
 
 from typing import Any

@@ -9,82 +9,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from typing import Any
 
-from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.spec_decode.config import SpeculativeConfig
+from llmdeploy_engine.cli_values import (
+    fraction,
+    non_negative_int,
+    port_number,
+    positive_int,
+    speculative_config_arg,
+    steps_or_auto,
+)
+from llmdeploy_engine.config import ALLREDUCE_CHOICES, EngineConfig
 
 API_KEY_ENV_VARS = ("LLMDEPLOY_API_KEY", "VLLM_API_KEY")
 DTYPES = ("auto", "float16", "bfloat16", "float32", "half", "float", "fp16", "bf16")
 KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cuda", "cpu")
 _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32"}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)\s*(?:[iI]?[bB])?\s*$")
-_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def human_readable_int(text: str) -> int:
-    """Parse '4096', '32k' (x1000) or '4G' (x2^30) like vLLM: lower-case suffixes are decimal,
-    upper-case binary."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected an integer such as 4096, 32k or 4G, got {text!r}")
-    number, suffix = match.groups()
-    scale = _BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]
-    value = float(number) * scale
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(value)
-
-
-def _positive_int(text: str) -> int:
-    value = human_readable_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return value
-
-
-def _steps_or_auto(text: str) -> int | None:
-    """--num-scheduler-steps: a whole number >= 1, or auto (None: the engine chooses)."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        return _positive_int(text)
-    except (argparse.ArgumentTypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or auto, got {text!r}") from None
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535 (0: any free port), got {value}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
-def _speculative_config(text: str) -> SpeculativeConfig:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e.msg})") from None
-    try:
-        return SpeculativeConfig.from_dict(raw)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -129,7 +70,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--max-model-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="context length in tokens; accepts 32k / 4K (default: the model's, capped by the KV cache)",
     )
@@ -142,13 +83,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     cache = p.add_argument_group("KV cache")
     cache.add_argument(
         "--gpu-memory-utilization",
-        type=_fraction,
+        type=fraction,
         default=d.gpu_memory_utilization,
         help="fraction of GPU memory for weights, activations and the KV cache",
     )
     cache.add_argument(
         "--kv-cache-memory-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="explicit KV cache size (bytes; accepts 512M / 2G); overrides --gpu-memory-utilization; "
         "needed on CPU",
@@ -165,7 +106,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=d.calculate_kv_scales,
         help="fp8 KV cache: per-layer K/V scales from a start-up calibration pass (else 1.0)",
     )
-    cache.add_argument("--block-size", type=_positive_int, default=d.block_size, help="tokens per KV block")
+    cache.add_argument("--block-size", type=positive_int, default=d.block_size, help="tokens per KV block")
     cache.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -175,11 +116,11 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
     sched = p.add_argument_group("scheduler")
     sched.add_argument(
-        "--max-num-seqs", type=_positive_int, default=d.max_num_seqs, help="most sequences in one batch"
+        "--max-num-seqs", type=positive_int, default=d.max_num_seqs, help="most sequences in one batch"
     )
     sched.add_argument(
         "--max-num-batched-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="most tokens in one step (default: max(max_model_len, 2048) capped at 8192)",
     )
@@ -191,7 +132,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     sched.add_argument(
         "--num-scheduler-steps",
-        type=_steps_or_auto,
+        type=steps_or_auto,
         default=d.num_scheduler_steps,
         metavar="N|auto",
         help="decode steps run back to back per scheduler call, with one host sync at the end (pure "
@@ -212,7 +153,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     sched.add_argument(
         "--admission-interval",
-        type=_positive_int,
+        type=positive_int,
         default=d.admission_interval,
         metavar="N",
         help="while sequences decode, waiting requests join at most every N decode steps, so their "
@@ -222,13 +163,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     sched.add_argument(
         "--max-queue-len",
-        type=_positive_int,
+        type=positive_int,
         default=d.max_queue_len,
         help="waiting requests beyond this are refused with HTTP 503",
     )
     sched.add_argument(
         "--max-num-seqs-per-request",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         metavar="N",
         help="most sequences one HTTP request may ask for (prompts x n of a completion request, n of a "
@@ -238,15 +179,34 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     sched.add_argument(
         "--tensor-parallel-size",
         "-tp",
-        type=_positive_int,
+        type=positive_int,
         default=d.tensor_parallel_size,
         help="number of GPUs to shard the model over",
+    )
+    sched.add_argument(
+        "--tp-all-reduce",
+        choices=ALLREDUCE_CHOICES,
+        default=d.tp_all_reduce,
+        help="all-reduce of decode-sized tensors with --tensor-parallel-size > 1, over NVLink between "
+        "buffers every rank maps: push (the engine's Triton kernel, which also gathers the logits inside "
+        "CUDA graphs), p2p (a one-barrier Triton kernel), symm_mem (torch's one-shot all-reduce), nccl "
+        "(NCCL only: decode steps then run without CUDA graphs); auto: the first of push, p2p, "
+        "symm_mem that sets up, else nccl. Prefill-sized tensors always go through NCCL",
+    )
+    sched.add_argument(
+        "--gc-gen0-threshold",
+        type=non_negative_int,
+        default=d.gc_gen0_threshold,
+        metavar="N",
+        help="raise Python's young-generation garbage-collection threshold to N objects for the "
+        "process (never lowered; the default 700 made collections a third of a decode window's host "
+        "time); 0 leaves Python's setting",
     )
 
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument(
         "--speculative-config",
-        type=_speculative_config,
+        type=speculative_config_arg,
         default=None,
         metavar="JSON",
         help='vLLM\'s speculative config, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
@@ -255,7 +215,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
     server = p.add_argument_group("HTTP server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    server.add_argument("--port", type=_port, default=8000, help="port to listen on")
+    server.add_argument("--port", type=port_number, default=8000, help="port to listen on")
     server.add_argument(
         "--api-key",
         default=None,
@@ -270,7 +230,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     server.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
     server.add_argument(
         "--cpu-threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="torch threads of the model's steps on --device cpu (default: torch's own, OMP_NUM_THREADS or "
@@ -325,10 +285,10 @@ def flag_catalogue() -> list[dict[str, Any]]:
                 "dest": action.dest,
                 "kind": kind,
                 "type": {
-                    "_positive_int": "int",
-                    "_port": "int",
-                    "_fraction": "float",
-                    "_speculative_config": "json",
+                    "positive_int": "int",
+                    "port_number": "int",
+                    "fraction": "float",
+                    "speculative_config_arg": "json",
                 }.get(str(type_name), type_name),
                 "nargs": action.nargs,
                 "default": action.default,
@@ -387,4 +347,6 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         admission_interval=args.admission_interval,
         async_scheduling=args.async_scheduling,
         speculative_config=args.speculative_config,
+        gc_gen0_threshold=args.gc_gen0_threshold,
+        tp_all_reduce=args.tp_all_reduce,
     )

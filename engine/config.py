@@ -10,8 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmdeploy_engine.quant_config import QuantSpec
+from llmdeploy_engine.core.gc_tuning import GC_GEN0_THRESHOLD
+from llmdeploy_engine.loading.quant_config import QuantSpec
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+
+# the all-reduces tensor parallelism can use for decode-sized tensors (distributed.init_parallel)
+ALLREDUCE_CHOICES = ("auto", "nccl", "symm_mem", "p2p", "push")
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class EngineConfig:
     # decode steps run back to back per scheduler call, with one host sync (llm_engine.py); 1 = off.
     # None (auto): with asynchronous scheduling on a CUDA device the engine chooses each window's
     # length, 1 to 8 steps, longer while the host's work a window exceeds the device's
-    # (multi_step.WindowSizer); otherwise 1
+    # (window_sizing.WindowSizer); otherwise 1
     num_scheduler_steps: int | None = None
     # launch the next decode window before processing the last one's tokens, so the host's work
     # between windows overlaps the device (llm_engine.py; with num_scheduler_steps 1 a window is one
@@ -54,6 +58,12 @@ class EngineConfig:
     admission_interval: int = 1
     # vLLM's speculative_config: a dict (as on vLLM's CLI) becomes a SpeculativeConfig at construction
     speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None
+    # the cyclic collector's young-generation threshold the engine raises the process to (never
+    # lowers; gc_tuning.py); 0 leaves Python's setting alone
+    gc_gen0_threshold: int = GC_GEN0_THRESHOLD
+    # the all-reduce of decode-sized tensors with tensor_parallel_size > 1 (distributed.py):
+    # auto | nccl | symm_mem | p2p | push
+    tp_all_reduce: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
@@ -68,6 +78,10 @@ class EngineConfig:
             raise ValueError(
                 f"admission_interval must be a whole number >= 1 (1 = waiting requests join every step), "
                 f"got {interval!r}"
+            )
+        if self.tp_all_reduce not in ALLREDUCE_CHOICES:
+            raise ValueError(
+                f"tp_all_reduce must be one of {', '.join(ALLREDUCE_CHOICES)}, got {self.tp_all_reduce!r}"
             )
         if self.async_scheduling not in (None, True, False):
             raise ValueError(

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.sampler import plain_greedy
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.core.sequence import Sequence
+from llmdeploy_engine.model.sampler import plain_greedy
 from llmdeploy_engine.sampling_params import SamplingParams
-from llmdeploy_engine.sequence import Sequence
 
 
 @dataclass

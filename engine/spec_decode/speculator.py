@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from llmdeploy_engine.core.sequence import Sequence
+from llmdeploy_engine.model.sampler import plain_greedy
 from llmdeploy_engine.outputs import Logprob
-from llmdeploy_engine.sampler import plain_greedy
-from llmdeploy_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from llmdeploy_engine.sequence import Sequence
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig
 from llmdeploy_engine.spec_decode.draft_proposer import DraftProposer, DraftRequest
 from llmdeploy_engine.spec_decode.ngram_proposer import NgramIndex
@@ -188,7 +188,8 @@ def build_speculator(config: EngineConfig, runner: Any, sampler: Any) -> Specula
     assert isinstance(spec, SpeculativeConfig)
     if spec.method == "ngram":
         return Speculator(spec, sampler)
-    from llmdeploy_engine.model_runner import ModelRunner, load_model_config
+    from llmdeploy_engine.runner.model_runner import ModelRunner
+    from llmdeploy_engine.runner.setup import load_model_config
 
     assert spec.model is not None
     target_vocab = _vocab_size(runner)
@@ -217,7 +218,7 @@ def build_speculator(config: EngineConfig, runner: Any, sampler: Any) -> Specula
             # launched ~300 kernels from Python: a small draft's step cost more host time than the 8B
             # target's whole decode step); multi-token rows: its first step feeds the 1 to k + 1
             # tokens verification appended, evened out per sequence (draft_proposer.uniform_catch_up)
-            from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+            from llmdeploy_engine.runner.cuda_graph_runner import CudaGraphRunner
 
             proposer_runner = CudaGraphRunner(
                 draft_runner, logits_max_batch=draft_runner.graph_logits_rows(), multi_token_rows=True

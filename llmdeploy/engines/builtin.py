@@ -1,5 +1,5 @@
 """The built-in engine (`llmdeploy-engine serve`, engine/): what it runs, its flags (vLLM's names),
-its memory rule (`memory.builtin_rule`, the code its allocator runs), image and metrics."""
+its memory rule (`llmdeploy_engine.facts`, the code its allocator runs), image and metrics."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from llmdeploy_engine import facts as builtin_rule
+
 from llmdeploy import __version__
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
 from llmdeploy.engines.flags import Flags, speculative_config_json, vllm_style_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
 from llmdeploy.engines.problems import knob_problems
 from llmdeploy.errors import Problem
-from llmdeploy.memory import builtin_rule
 from llmdeploy.memory.footprint import activation_bytes
 from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.memory.plan_inputs import CPU_DEFAULT_KV_GIB, GIB, PlanInputs

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmdeploy.memory import builtin_rule
+from llmdeploy_engine import facts as builtin_rule
+
 from llmdeploy.memory.footprint import CUDA_CONTEXT_GIB
 from llmdeploy.memory.kv_layout import LINEAR_STATE_BLOCKS_PER_REQUEST, KVLayout, kv_layout
 from llmdeploy.memory.memory_plan import MemoryPlan

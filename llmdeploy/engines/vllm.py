@@ -12,11 +12,13 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from llmdeploy_engine import facts as builtin_rule
+
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
 from llmdeploy.engines.flags import Flags, speculative_config_json, vllm_style_flags
 from llmdeploy.engines.plan_assembly import assemble_plan, pool_capacity
 from llmdeploy.errors import Problem
-from llmdeploy.memory import builtin_rule, cuda_graphs
+from llmdeploy.memory import cuda_graphs
 from llmdeploy.memory.footprint import (
     activation_bytes,
     non_torch_bytes,

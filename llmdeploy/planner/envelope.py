@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmdeploy.memory.builtin_rule import kv_bytes_per_token
+from llmdeploy_engine.facts import kv_bytes_per_token
+
 from llmdeploy.memory.memory_plan import MemoryPlan
 
 GB = 10**9

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmdeploy_engine.block_manager import BlockManager
+from llmdeploy_engine.core.block_manager import BlockManager
+from llmdeploy_engine.core.scheduler import Scheduler, SchedulerOutput
+from llmdeploy_engine.core.sequence import Sequence, SequenceStatus
 from llmdeploy_engine.outputs import Logprob
-from llmdeploy_engine.scheduler import Scheduler, SchedulerOutput
-from llmdeploy_engine.sequence import Sequence, SequenceStatus
+from llmdeploy_engine.runner.interface import Runner
 
 
 def fingerprints(token_ids: list[int]) -> list[int]:
@@ -142,7 +143,7 @@ class FakeDecoder:
         return ""
 
 
-class FakeRunner:
+class FakeRunner(Runner):
     """Keeps its own paged "KV cache" of (position, token) per slot and reads contexts through it."""
 
     def __init__(

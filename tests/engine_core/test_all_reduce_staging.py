@@ -1,4 +1,4 @@
-"""CPU: the plumbing both symmetric-memory all-reduces share (distributed._OneShotAllReduce), through
+"""CPU: the plumbing both symmetric-memory all-reduces share (symm_all_reduce._OneShotAllReduce), through
 P2PAllReduce's slots with its GPU sum replaced by a stand-in (two ranks holding the same partial
 sums: the sum is twice the staging view). The kernels themselves run in tests/engine_gpu."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llmdeploy_engine import ops
-from llmdeploy_engine.distributed import REDUCE_SLOTS, P2PAllReduce
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.runner.symm_all_reduce import REDUCE_SLOTS, P2PAllReduce
 
 
 class _TwoEqualRanks(P2PAllReduce):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmdeploy_engine.block_manager import BlockManager, chain_hash
+from llmdeploy_engine.core.block_manager import BlockManager, chain_hash
+from llmdeploy_engine.core.sequence import Sequence
 from llmdeploy_engine.sampling_params import SamplingParams
-from llmdeploy_engine.sequence import Sequence
 
 
 def seq_of(tokens: list[int], rid: str = "r") -> Sequence:

@@ -204,21 +204,18 @@ def gc_threshold():  # type: ignore[no-untyped-def]
     gc.set_threshold(*saved)
 
 
-def test_engine_raises_the_collectors_young_threshold(gc_threshold, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_engine_raises_the_collectors_young_threshold(gc_threshold) -> None:  # type: ignore[no-untyped-def]
     """Building an engine raises Python's young-generation GC threshold (the step loop's passes cost a
-    third of a decode window's host time); LLMDEPLOY_GC_GEN0 sets it, 0 leaves it, never lower."""
+    third of a decode window's host time); gc_gen0_threshold sets it, 0 leaves it, never lower."""
     import gc
 
-    from llmdeploy_engine.llm_engine import GC_GEN0_ENV, GC_GEN0_THRESHOLD, raise_gc_threshold
+    from llmdeploy_engine.core.gc_tuning import GC_GEN0_THRESHOLD, raise_gc_threshold
 
-    monkeypatch.delenv(GC_GEN0_ENV, raising=False)
     engine()
     assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD
-    monkeypatch.setenv(GC_GEN0_ENV, "1000")  # lower than now: left as it is
-    assert raise_gc_threshold() == GC_GEN0_THRESHOLD
+    # lower than now: left as it is
+    assert raise_gc_threshold(1000) == GC_GEN0_THRESHOLD
     gc.set_threshold(700, *gc.get_threshold()[1:])
-    monkeypatch.setenv(GC_GEN0_ENV, "0")
-    assert raise_gc_threshold() == 700
-    monkeypatch.setenv(GC_GEN0_ENV, "lots")
-    with pytest.raises(ValueError, match=GC_GEN0_ENV):
-        engine()
+    assert raise_gc_threshold(0) == 700
+    with pytest.raises(ValueError, match="gc_gen0_threshold"):
+        engine(gc_gen0_threshold=-1)

@@ -14,22 +14,16 @@ import time
 import numpy as np
 import pytest
 from core_fakes import FakeRunner, FakeSampler, FakeTokenizer, check_invariants, mixing_rule, successor_rule
-from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.core.block_manager import BlockManager
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig
+from llmdeploy_engine.core.sequence import Sequence
+from llmdeploy_engine.core.window_sizing import ARRIVAL_WINDOW_STEPS, AUTO_MAX_WINDOW_STEPS, WindowSizer
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.multi_step import (
-    ARRIVAL_WINDOW_STEPS,
-    AUTO_MAX_WINDOW_STEPS,
-    WindowSizer,
-    check_decode_window,
-    check_follow_rows,
-    step_batch,
-)
 from llmdeploy_engine.outputs import RequestOutput
+from llmdeploy_engine.runner.multi_step import check_decode_window, check_follow_rows, step_batch
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
-from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig
-from llmdeploy_engine.sequence import Sequence
 
 
 class FakeWindow:
@@ -466,7 +460,7 @@ def test_final_only_windows_take_each_sequences_tokens_at_once(monkeypatch: pyte
     tokens per sequence in one call): the same outputs, stop reasons, counters and registered
     blocks as one step per call, for EOS, stop token ids (kept with include_stop_str_in_output),
     max_tokens, max_model_len, prefix-cache hits and preemption in a small pool."""
-    from llmdeploy_engine.stop_checker import StopChecker
+    from llmdeploy_engine.core.stop_checker import StopChecker
 
     calls = []
     original = StopChecker.on_window_tokens

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from core_fakes import FakeRunner, FakeSampler, FakeTokenizer, mixing_rule, successor_rule
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.core.stop_checker import StopChecker
 from llmdeploy_engine.llm import LLM
 from llmdeploy_engine.llm_engine import LLMEngine
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
-from llmdeploy_engine.stop_checker import StopChecker
 
 CUM, DELTA, FINAL = RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-from llmdeploy_engine import ops
-from llmdeploy_engine.distributed import REDUCE_SLOTS, ParallelState, PushAllReduce
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.runner.distributed import ParallelState
+from llmdeploy_engine.runner.symm_all_reduce import REDUCE_SLOTS, PushAllReduce
 
 
 class _Recorder:
@@ -81,7 +82,7 @@ def test_the_gather_uses_the_region_after_the_slots() -> None:
 
 
 def _runner(world: int, gather_bytes: int | None, vocab: int = 1000) -> Any:
-    from llmdeploy_engine.model_runner import ModelRunner
+    from llmdeploy_engine.runner.model_runner import ModelRunner
 
     runner = ModelRunner.__new__(ModelRunner)
     fast = None if gather_bytes is None else SimpleNamespace(gather_bytes=gather_bytes)
@@ -92,7 +93,7 @@ def _runner(world: int, gather_bytes: int | None, vocab: int = 1000) -> Any:
 
 
 def test_logits_inside_the_graphs_at_tp_2_only_as_far_as_the_gather_region_goes() -> None:
-    from llmdeploy.memory.builtin_rule import CUDA_GRAPH_LOGITS_MAX_BATCH
+    from llmdeploy_engine.facts import CUDA_GRAPH_LOGITS_MAX_BATCH
 
     assert _runner(1, None).graph_logits_rows() == CUDA_GRAPH_LOGITS_MAX_BATCH
     assert _runner(2, None).graph_logits_rows() == 0  # NCCL only: eager, no graphs

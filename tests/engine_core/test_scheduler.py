@@ -6,11 +6,11 @@ import random
 
 import pytest
 from core_fakes import FakeKV, check_invariants, drive, next_token, step
-from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.core.block_manager import BlockManager
+from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig
+from llmdeploy_engine.core.sequence import Sequence, SequenceStatus
 from llmdeploy_engine.sampling_params import SamplingParams
-from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig
-from llmdeploy_engine.sequence import Sequence, SequenceStatus
 
 
 def make(

@@ -8,12 +8,12 @@ import random
 
 import pytest
 from core_fakes import check_invariants, fingerprints, next_token
-from llmdeploy_engine.block_manager import BlockManager
 from llmdeploy_engine.cli_args import serve_parser
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.core.block_manager import BlockManager
+from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from llmdeploy_engine.core.sequence import Sequence, SequenceStatus
 from llmdeploy_engine.sampling_params import SamplingParams
-from llmdeploy_engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from llmdeploy_engine.sequence import Sequence, SequenceStatus
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig
 from llmdeploy_engine.spec_decode.ngram_proposer import NgramIndex, propose_ngram
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmdeploy_engine.attention import LARGEST_BLOCK_M, default_block_m, varlen_launch, warm_query_lens
+from llmdeploy_engine.model.attention import LARGEST_BLOCK_M, default_block_m, varlen_launch, warm_query_lens
 
 
 def test_block_m_classes() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 
 def qwen_runner(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat16", **config: Any) -> ModelRunner:

@@ -7,9 +7,9 @@ import pytest
 import torch
 from gpu_engine_helpers import batch_for, qwen_runner
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.runner.cuda_graph_runner import CudaGraphRunner
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = [
     pytest.mark.gpu,
@@ -162,7 +162,7 @@ def test_start_up_compiles_every_prefill_attention_variant() -> None:
     varlen_attention's BLOCK_M classes with decode rows (paged_decode) compile no attention kernel
     (before the warm-up, the first step of a new class compiled for ~0.5 s in the middle of
     serving); the warm-up writes only the padding block."""
-    from llmdeploy_engine import attention
+    from llmdeploy_engine.model import attention
     from triton import knobs
 
     runner = qwen_runner(512, 4)

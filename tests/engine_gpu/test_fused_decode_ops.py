@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
-from llmdeploy_engine import ops
+from llmdeploy_engine.kernels import ops
 
 pytestmark = TRITON_TEST_MARKS
 DTYPES = [torch.float32] if INTERPRET else [torch.bfloat16, torch.float16, torch.float32]
@@ -22,7 +22,7 @@ def ulp(dtype: torch.dtype) -> float:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 4864), (1, 14336), (7, 896), (3, 5, 100), (0, 64)])
 def test_silu_mul_reads_the_merged_output(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_ops
 
     gen = torch.Generator().manual_seed(shape[-1])
     merged = (torch.randn(*shape[:-1], 2 * shape[-1], generator=gen) * 4).to(DEVICE, dtype)
@@ -102,8 +102,8 @@ def test_rope_and_cache_matches_rope_then_write(
     """The fused kernel against ops.py's torch path (apply_rope, then kv_cache.write_kv): the same q/k
     (within rounding), the same cache bytes in every written slot (fp8: the same quantization), the
     other slots untouched and a negative slot skipped; q/k also against a float64 rotation."""
-    from llmdeploy_engine import triton_ops
-    from llmdeploy_engine.kv_cache import read_blocks, write_kv
+    from llmdeploy_engine.kernels import triton_ops
+    from llmdeploy_engine.model.kv_cache import read_blocks, write_kv
 
     if INTERPRET and cache_dtype is not None:
         # the interpreter's float32 -> fp8 cast rounds wrongly where rounding carries into the
@@ -163,9 +163,9 @@ def test_decode_path_with_step_lengths_and_no_gather(dtype: torch.dtype) -> None
     the pure-torch path; the cache write is skipped when told it is done."""
     import dataclasses
 
-    from llmdeploy_engine.attention import _paged_attention, build_attention_metadata
-    from llmdeploy_engine.forward_batch import ForwardBatch
-    from llmdeploy_engine.triton_attention import paged_attention_triton
+    from llmdeploy_engine.core.forward_batch import ForwardBatch
+    from llmdeploy_engine.kernels.triton_attention import paged_attention_triton
+    from llmdeploy_engine.model.attention import _paged_attention, build_attention_metadata
 
     gen = torch.Generator().manual_seed(3)
     num_heads, num_kv_heads, head_dim, bs = 14, 2, 64, 16
@@ -201,7 +201,7 @@ def test_decode_path_with_step_lengths_and_no_gather(dtype: torch.dtype) -> None
 def test_rms_norm_reads_head_views_in_place(dtype: torch.dtype, heads: tuple[int, int, int]) -> None:
     """Qwen3's per-head q/k norms take [n, heads, head_dim] views of the fused QKV output: the
     kernel reads them through their strides (no copy) and matches the torch twin and float64."""
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_ops
 
     num_heads, num_kv_heads, head_dim = heads
     n = 5
@@ -227,7 +227,7 @@ def test_rms_norm_reads_head_views_in_place(dtype: torch.dtype, heads: tuple[int
 def test_rope_tables_kernel_matches_the_torch_tables(dtype: torch.dtype, n: int, half: int) -> None:
     """One launch builds cos / sin [n, 1, 2 * half] as the torch twin does (float32 product, cos / sin
     in float32, one rounding to dtype), at positions up to 130k (Llama 3.1's long contexts)."""
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_ops
 
     gen = torch.Generator().manual_seed(n + half)
     positions = torch.randint(0, 131072, (n,), generator=gen)
@@ -277,8 +277,8 @@ def test_decode_with_rope_and_store_matches_the_two_launches(
     """paged_decode with `rope` (RoPE on q and the new k, the store of k/v and attention in one
     launch) against rope_and_cache then paged_decode: the same cache bytes (the new slots written,
     every other slot untouched; a negative slot not stored) and the same output within one ulp."""
-    from llmdeploy_engine import triton_attention as ta
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_attention as ta
+    from llmdeploy_engine.kernels import triton_ops
 
     if INTERPRET and cache_dtype is not None:
         pytest.skip("fp8 casts: checked on the GPU only (see test_rope_and_cache_matches_rope_then_write)")

@@ -4,8 +4,8 @@ fall back to the eager runner. No capture happens here."""
 from __future__ import annotations
 
 import torch
-from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner, spaced_rows
-from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.runner.cuda_graph_runner import CudaGraphRunner, spaced_rows
 
 
 def picker(multi_token_rows: bool = True) -> CudaGraphRunner:
@@ -70,7 +70,7 @@ def three_decodes() -> ForwardBatch:
 
 def test_pack_decode_inputs_pads_rows_and_tables() -> None:
     import numpy as np
-    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+    from llmdeploy_engine.runner.graph_inputs import pack_decode_inputs
 
     batch = three_decodes()
     out = np.full(64, -1, dtype=np.int64)  # stale values must not survive in the table region
@@ -92,7 +92,7 @@ def test_pack_decode_inputs_sends_padding_rows_to_the_padding_block() -> None:
     """With the runner's padding block, padding rows read and write only that block: position 0, its
     first slot, one key, a table of that block; the real rows are packed as before."""
     import numpy as np
-    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+    from llmdeploy_engine.runner.graph_inputs import pack_decode_inputs
 
     batch = three_decodes()
     out = np.full(6 * 7, -1, dtype=np.int64)
@@ -143,7 +143,7 @@ def test_graphs_for_one_token_per_sequence_take_only_decodes() -> None:
 
 def test_pack_uniform_multi_token_rows() -> None:
     import numpy as np
-    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs
+    from llmdeploy_engine.runner.graph_inputs import pack_decode_inputs
 
     batch = uniform([20, 33], 2, [2, 2])
     out = np.full(8 * (4 + 4), -1, dtype=np.int64)
@@ -199,8 +199,8 @@ def test_follow_on_tables_equal_a_full_packing() -> None:
 
     import numpy as np
     from gpu_engine_helpers import batch_for
-    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, packed_tables
-    from llmdeploy_engine.multi_step import DecodeWindow
+    from llmdeploy_engine.runner.graph_inputs import pack_decode_inputs, packed_tables
+    from llmdeploy_engine.runner.multi_step import DecodeWindow
 
     rng = random.Random(5)
     bs, b = 16, 16

@@ -15,12 +15,12 @@ import pytest
 import torch
 from gpu_engine_helpers import batch_for
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
-from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.loading.tokenizer import Tokenizer
+from llmdeploy_engine.runner.cuda_graph_runner import CudaGraphRunner
+from llmdeploy_engine.runner.model_runner import ModelRunner
 from llmdeploy_engine.sampling_params import SamplingParams
-from llmdeploy_engine.tokenizer import Tokenizer
 
 pytestmark = [
     pytest.mark.gpu,

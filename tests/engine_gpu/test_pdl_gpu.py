@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_engine_helpers import batch_for, qwen_runner
-from llmdeploy_engine.cuda_graph_runner import CudaGraphRunner
+from llmdeploy_engine.runner.cuda_graph_runner import CudaGraphRunner
 
 pytestmark = [
     pytest.mark.gpu,
@@ -17,7 +17,7 @@ pytestmark = [
 
 def test_pdl_graphs_match_graphs_without_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton")
-    from llmdeploy_engine import triton_pdl
+    from llmdeploy_engine.kernels import triton_pdl
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,7 +35,7 @@ def needs_fresh_symm_mem(allreduce: str = "auto") -> None:
     """Skip a test that sets up a symmetric-memory all-reduce when this process already has one: a
     second set-up hung, so init_parallel then gives NCCL only. Run each of these tests in its own
     pytest process."""
-    from llmdeploy_engine.distributed import symm_mem_set_up
+    from llmdeploy_engine.runner.distributed import symm_mem_set_up
 
     if allreduce != "nccl" and symm_mem_set_up():
         pytest.skip("symmetric memory already set up in this process: run this test in a process of its own")
@@ -112,13 +112,11 @@ def eager_reference() -> tuple[list[torch.Tensor], int]:
 def test_tp2_logits_match_tp1_eager(
     allreduce: str, eager_reference: tuple[list[torch.Tensor], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmdeploy_engine.distributed import ALLREDUCE_ENV
-    from llmdeploy_engine.tp_worker import TensorParallelDriver
+    from llmdeploy_engine.runner.tp_worker import TensorParallelDriver
 
     needs_fresh_symm_mem(allreduce)
     ref, vocab = eager_reference
-    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)  # the worker inherits it
-    runner = ModelRunner(config(2, True))
+    runner = ModelRunner(config(2, True, tp_all_reduce=allreduce))  # the worker gets it with the config
     try:
         got = steps(TensorParallelDriver(runner, runner.workers), vocab)
     finally:
@@ -135,7 +133,7 @@ def test_tp2_bf16_logits_within_bf16_rounding_of_tp1(num_seqs: int) -> None:
     of tp=1 are further apart than that error. One sequence: its decode steps are single-row products,
     which go through the fused GEMV kernels (writing the row-parallel products into the
     symmetric-memory buffer at tp=2)."""
-    from llmdeploy_engine.tp_worker import TensorParallelDriver
+    from llmdeploy_engine.runner.tp_worker import TensorParallelDriver
 
     needs_fresh_symm_mem()
     ref_runner = ModelRunner(config(1, True, "bfloat16"))
@@ -197,12 +195,9 @@ def test_tp2_greedy_with_cuda_graphs_matches_tp1(
     """Graphs at tp 2 with the symmetric-memory all-reduce (auto picks it on CUDA); with NCCL only the
     engine runs eagerly (no collective may be captured). Same tokens as tp 1 either way, and the
     workers exit (with NCCL collectives captured, destroying the process group hung)."""
-    from llmdeploy_engine.distributed import ALLREDUCE_ENV
-
     needs_fresh_symm_mem(allreduce)
-    monkeypatch.setenv(ALLREDUCE_ENV, allreduce)
     ref = graph_reference
-    got, replays, pids = _run_engine(2)
+    got, replays, pids = _run_engine(2, tp_all_reduce=allreduce)
     if allreduce == "nccl":
         assert replays == 0
     else:
@@ -233,12 +228,14 @@ def test_tp2_auto_windows_match_tp1(
     tokens are tp 1's with single steps."""
     import functools
 
-    from llmdeploy_engine import llm_engine
-    from llmdeploy_engine.multi_step import WindowSizer
+    from llmdeploy_engine.core import decode_windows
+    from llmdeploy_engine.core.window_sizing import WindowSizer
 
     needs_fresh_symm_mem("auto")
     monkeypatch.setattr(
-        llm_engine, "WindowSizer", functools.partial(WindowSizer, span=2, grow_below=0.9999, shrink_above=1.0)
+        decode_windows,
+        "WindowSizer",
+        functools.partial(WindowSizer, span=2, grow_below=0.9999, shrink_above=1.0),
     )
     windows: dict[int, int] = {}
     got, replays, _ = _run_engine(2, windows)
@@ -257,8 +254,7 @@ def _alive(pid: int) -> bool:
 
 def _p2p_rank(rank: int, port: int, kind: str) -> None:
     """One rank of test_all_reduce_kernels_two_gpus (a spawned process; raises on a wrong sum)."""
-    os.environ["LLMDEPLOY_TP_ALLREDUCE"] = kind
-    from llmdeploy_engine.distributed import (
+    from llmdeploy_engine.runner.distributed import (
         ATTENTION_SLOT,
         EMBED_SLOT,
         MLP_SLOT,
@@ -270,7 +266,7 @@ def _p2p_rank(rank: int, port: int, kind: str) -> None:
 
     device = torch.device("cuda", rank)
     gather_bytes = 4 * 9000 * 4 if kind == "push" else 0
-    state = init_parallel(rank, 2, port, device, 64 * 4096 * 4, gather_bytes)
+    state = init_parallel(rank, 2, port, device, 64 * 4096 * 4, gather_bytes, kind)
     fast = state.fast_all_reduce
     assert type(fast).__name__ == {"p2p": "P2PAllReduce", "push": "PushAllReduce"}[kind]
     assert fast.gather_bytes == (-(-gather_bytes // 256) * 256 if kind == "push" else 0)  # rounded up
@@ -332,7 +328,7 @@ def test_all_reduce_kernels_two_gpus(kind: str) -> None:
     into a failure)."""
     import multiprocessing
 
-    from llmdeploy_engine.distributed import free_port
+    from llmdeploy_engine.runner.distributed import free_port
 
     ctx = multiprocessing.get_context("spawn")
     port = free_port()

@@ -15,7 +15,7 @@ pytestmark = TRITON_TEST_MARKS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("numel", [8, 896, 4096 * 3, 70_000])
 def test_one_shot_sums_both_buffers_and_hands_the_flags_over(dtype: torch.dtype, numel: int) -> None:
-    from llmdeploy_engine import triton_allreduce as ar
+    from llmdeploy_engine.kernels import triton_allreduce as ar
 
     world, slot_offset = 2, 128
     gen = torch.Generator().manual_seed(numel)
@@ -49,14 +49,14 @@ def test_one_shot_sums_both_buffers_and_hands_the_flags_over(dtype: torch.dtype,
 
 def _clean(numel_bytes: int) -> torch.Tensor:
     """A receive buffer as PushAllReduce leaves it: every 16-bit half the sentinel."""
-    from llmdeploy_engine import triton_allreduce as ar
+    from llmdeploy_engine.kernels import triton_allreduce as ar
 
     return torch.full((numel_bytes // 2,), ar.SENTINEL_HALF, dtype=torch.int16, device=DEVICE)
 
 
 def _sent_as_zero(x: torch.Tensor) -> torch.Tensor:
     """x as the exchange sends it: elements whose bits are the sentinel go over as +0.0."""
-    from llmdeploy_engine import triton_allreduce as ar
+    from llmdeploy_engine.kernels import triton_allreduce as ar
 
     bits, sentinel = ar.bits_dtype(x.dtype)
     b = x.view(bits)
@@ -70,7 +70,7 @@ def test_push_exchange_sums_and_leaves_both_buffers_clean(dtype: torch.dtype, nu
     0 pushes into rank 1's buffer, reads rank 1's part (pushed there beforehand, as rank 1 would) and
     cleans it; rank 1 then finds rank 0's part. Both sums have the same bits; both buffers end clean.
     Partial sums holding the sentinel's bits go over as +0.0."""
-    from llmdeploy_engine import triton_allreduce as ar
+    from llmdeploy_engine.kernels import triton_allreduce as ar
 
     world, region = 2, 256  # region in elements of dtype; parts numel apart
     bits, sentinel = ar.bits_dtype(dtype)
@@ -104,7 +104,7 @@ def test_push_exchange_sums_and_leaves_both_buffers_clean(dtype: torch.dtype, nu
 @pytest.mark.parametrize("rows,cols", [(1, 8), (1, 2000), (3, 4100), (8, 9000)])
 def test_push_exchange_gathers_rows(dtype: torch.dtype, rows: int, cols: int) -> None:
     """The all-gather form: [rows, cols] on each rank -> [rows, 2 * cols], rank 0's columns first."""
-    from llmdeploy_engine import triton_allreduce as ar
+    from llmdeploy_engine.kernels import triton_allreduce as ar
 
     world, numel = 2, rows * cols
     gen = torch.Generator().manual_seed(rows * cols)

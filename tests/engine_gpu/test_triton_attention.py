@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
-from llmdeploy_engine.attention import AttentionMetadata
+from llmdeploy_engine.model.attention import AttentionMetadata
 
 pytestmark = TRITON_TEST_MARKS
 
@@ -45,7 +45,7 @@ if INTERPRET:
 def test_paged_decode_matches_float64(
     case: tuple[int, int, int, int, int], dtype: torch.dtype, tol: float
 ) -> None:
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     if INTERPRET and dtype == torch.bfloat16:
         pytest.skip("Triton's CPU interpreter computes bf16 tl.dot wrongly (checked on a 16x16 product)")
@@ -71,8 +71,8 @@ def test_paged_decode_matches_float64(
 
 
 def test_drop_in_matches_pure_torch_decode() -> None:
-    from llmdeploy_engine.attention import paged_attention
-    from llmdeploy_engine.triton_attention import paged_attention_triton
+    from llmdeploy_engine.kernels.triton_attention import paged_attention_triton
+    from llmdeploy_engine.model.attention import paged_attention
 
     gen = torch.Generator().manual_seed(7)
     n, num_heads, num_kv_heads, head_dim, bs, max_blocks = 4, 14, 2, 64, 16, 5
@@ -125,7 +125,7 @@ if INTERPRET:
 def test_paged_decode_split_kv_and_fp8(case, dtypes) -> None:  # type: ignore[no-untyped-def]
     """Split-KV decode (flash-decoding) and fp8 caches with scales against the float64 reference."""
     from kernel_cases import make_batch, reference, rel_err
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     dtype, cache_dtype, tol = dtypes
     if INTERPRET and dtype != torch.float32:
@@ -154,7 +154,7 @@ def test_grid_orders_give_the_same_bits(case, monkeypatch: pytest.MonkeyPatch) -
     work, so the outputs are identical, with one split and with several, and with
     more sequences than the grid's second dimension may hold (the fallback order)."""
     from kernel_cases import make_batch
-    from llmdeploy_engine import triton_attention as ta
+    from llmdeploy_engine.kernels import triton_attention as ta
 
     dtype = torch.float32 if INTERPRET else torch.bfloat16
     n, num_heads, num_kv_heads, head_dim, bs, max_ctx, splits = case
@@ -172,7 +172,7 @@ def test_grid_orders_give_the_same_bits(case, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_choose_num_splits_from_shapes() -> None:
-    from llmdeploy_engine.triton_attention import MAX_SPLITS, choose_num_splits
+    from llmdeploy_engine.kernels.triton_attention import MAX_SPLITS, choose_num_splits
 
     cpu = torch.device("cpu")  # 132 SMs assumed off CUDA
     assert choose_num_splits(1, 8, 8192, cpu) == 32  # single stream, long context: all SMs
@@ -195,7 +195,7 @@ def test_choose_num_splits_from_shapes() -> None:
 def test_decode_config_by_batch_shape() -> None:
     """fp8 caches: 128-key tiles below FP8_LARGE_BATCH_PROGRAMS programs (sequences x KV heads), the
     large-batch configuration from there on; 16-bit caches: one configuration."""
-    from llmdeploy_engine import triton_attention as ta
+    from llmdeploy_engine.kernels import triton_attention as ta
 
     assert ta.decode_config(True, 32, 8) is ta.FP8_LARGE_BATCH_CONFIG
     assert ta.decode_config(True, 256, 8) is ta.FP8_LARGE_BATCH_CONFIG
@@ -221,7 +221,7 @@ def test_decode_config_by_batch_shape() -> None:
 def test_write_kv_matches_the_contract(dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
     """write_kv stores k/v at their slots (fp8: (x / scale) saturated, cast) and touches nothing else."""
     from kernel_cases import FP8, quantize
-    from llmdeploy_engine.triton_attention import write_kv
+    from llmdeploy_engine.kernels.triton_attention import write_kv
 
     if INTERPRET and (dtype != torch.float32 or cache_dtype in FP8):
         # the interpreter's float32 -> fp8 cast rounds wrongly where rounding carries into the
@@ -260,7 +260,7 @@ def test_paged_decode_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> N
     bf16-dot path, against the float64 reference, including |q| far past fp16's 65504 (the kernel
     rescales q by a power of two)."""
     from kernel_cases import make_batch, reference, rel_err
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     n, num_heads, num_kv_heads, head_dim, bs = (2, 8, 2, 32, 16) if INTERPRET else (3, 32, 8, 128, 16)
     ctxs = [150, 40] if INTERPRET else [1000, 333, 17]
@@ -299,7 +299,7 @@ def test_paged_decode_fp8_tuning_configs(
     """The fp8 decode configurations the sweep times (candidates for DECODE_CONFIG) against the
     float64 reference, bf16 query over e4m3 and e5m2, with and without split-KV."""
     from kernel_cases import make_batch, reference, rel_err
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     if INTERPRET and (tile > 32 or cvt != "to"):
         pytest.skip("large tiles and the cvt helper: checked on the GPU only")
@@ -333,7 +333,7 @@ def test_paged_decode_tile_edges(case: tuple[int, int, list[int]], fp8: bool) ->
     """Unmasked whole tiles plus one masked tail per split: context lengths at, just past and just
     before tile and block edges, with 1, 2 and 8 splits (some empty), against float64."""
     from kernel_cases import make_batch, reference, rel_err
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     bs, tile, ctxs = case
     # float32 under the interpreter; on the GPU float32 dots run in tf32, so bf16 there
@@ -355,7 +355,7 @@ def test_paged_decode_tile_edges(case: tuple[int, int, list[int]], fp8: bool) ->
 
 def test_paged_decode_rejects_bad_options() -> None:
     from kernel_cases import make_batch
-    from llmdeploy_engine.triton_attention import paged_decode
+    from llmdeploy_engine.kernels.triton_attention import paged_decode
 
     b = make_batch([1], [20], 8, 2, 32, 16, torch.float32, torch.float8_e4m3fn, DEVICE, 2)
     lengths = torch.tensor([20], device=DEVICE)

@@ -9,10 +9,11 @@ import importlib.util
 
 import pytest
 import torch
-from llmdeploy_engine import attention, ops
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.model import attention
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
-from llmdeploy_engine import ops
+from llmdeploy_engine.kernels import ops
 
 pytestmark = TRITON_TEST_MARKS
 DTYPES = [torch.float32] if INTERPRET else [torch.bfloat16, torch.float16]
@@ -48,7 +48,7 @@ def rand(*shape: int, gen: torch.Generator, dtype: torch.dtype, scale: float = 1
 @pytest.mark.parametrize(("dtype", "rows"), CASES)
 @pytest.mark.parametrize("shape", LINEAR_SHAPES)
 def test_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     n, k = shape
     gen = torch.Generator().manual_seed(n * 31 + k + rows)
@@ -65,7 +65,7 @@ def test_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
 @pytest.mark.parametrize("rows", [1, 5])
 def test_linear_float32_logits(rows: int) -> None:
     """The LM head: 16-bit weights, float32 logits accumulated and written without a 16-bit round."""
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     dtype = DTYPES[0]
     n, k = (100, 64) if INTERPRET else (151936, 896)
@@ -88,7 +88,7 @@ def test_linear_float32_logits(rows: int) -> None:
 
 @pytest.mark.parametrize("rows", [1, 8])
 def test_linear_into_a_strided_view(rows: int) -> None:
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     dtype = DTYPES[0]
     n, k = (48, 64) if INTERPRET else (4096, 4096)
@@ -106,7 +106,7 @@ def test_linear_into_a_strided_view(rows: int) -> None:
 @pytest.mark.parametrize(("dtype", "rows"), CASES)
 @pytest.mark.parametrize("shape", LINEAR_SHAPES)
 def test_add_rms_norm_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     with_residual = rows != 2  # the first layer's norm has no residual yet
 
@@ -136,7 +136,7 @@ def test_add_rms_norm_linear(dtype: torch.dtype, rows: int, shape: tuple[int, in
 @pytest.mark.parametrize(("dtype", "rows"), CASES)
 @pytest.mark.parametrize("shape", DOWN_SHAPES)
 def test_silu_mul_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) -> None:
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     n, inter = shape
     gen = torch.Generator().manual_seed(n + inter + rows)
@@ -174,7 +174,7 @@ def test_silu_mul_linear(dtype: torch.dtype, rows: int, shape: tuple[int, int]) 
 def test_config_overrides(config: dict[str, int | str | bool], rows: int, k: int) -> None:
     """Every mode and tile the sweep may pick computes the same products, with a partial last tile
     (K = 200) or whole tiles (K = 256: the prefetch past the end is masked off)."""
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     dtype = DTYPES[0]
     n = 40
@@ -195,7 +195,7 @@ def test_config_overrides(config: dict[str, int | str | bool], rows: int, k: int
 
 def test_default_configs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The heuristic for shapes the measured table does not hold."""
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     monkeypatch.setattr(triton_gemv, "TUNED", {})
     for n, k in [
@@ -216,14 +216,14 @@ def test_default_configs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_measured_configs_are_used_at_one_row() -> None:
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     for (n, k, bucket), cfg in triton_gemv.TUNED.items():
         assert triton_gemv.default_config(bucket, n, k, num_sms=132) == cfg
 
 
 def test_supported() -> None:
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     w = torch.zeros(64, 128, dtype=torch.bfloat16, device=DEVICE)
     x = torch.zeros(4, 128, dtype=torch.bfloat16, device=DEVICE)
@@ -236,7 +236,7 @@ def test_supported() -> None:
 
 
 def test_bad_input() -> None:
-    from llmdeploy_engine import triton_gemv
+    from llmdeploy_engine.kernels import triton_gemv
 
     dtype = DTYPES[0]
     x = torch.zeros(2, 64, dtype=dtype, device=DEVICE)

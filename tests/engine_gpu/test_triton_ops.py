@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
-from llmdeploy_engine import ops
+from llmdeploy_engine.kernels import ops
 
 pytestmark = TRITON_TEST_MARKS
 DTYPES = [torch.float32] if INTERPRET else [torch.bfloat16, torch.float16, torch.float32]
@@ -21,7 +21,7 @@ def ulp(dtype: torch.dtype) -> float:
 @pytest.mark.parametrize("shape", [(1, 4096), (37, 896), (5, 8, 128), (3, 100)])
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_add_rms_norm(dtype: torch.dtype, shape: tuple[int, ...], with_residual: bool) -> None:
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_ops
 
     gen = torch.Generator().manual_seed(shape[-1])
     x = (torch.randn(shape, generator=gen) * 3).to(DEVICE, dtype)
@@ -46,7 +46,7 @@ def test_add_rms_norm(dtype: torch.dtype, shape: tuple[int, ...], with_residual:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", [(14, 2, 64), (32, 8, 128), (16, 16, 32)])
 def test_apply_rope(dtype: torch.dtype, heads: tuple[int, int, int]) -> None:
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_ops
 
     num_heads, num_kv_heads, head_dim = heads
     n = 19
@@ -102,7 +102,7 @@ def test_argmax_rows_matches_torch(rows: int, vocab: int) -> None:
     """The two-stage argmax (the greedy pick) against torch.argmax on CPU copies: random rows, rows
     whose maximum repeats (the first one wins, also across chunks), all -inf rows, a NaN (ranks
     highest), float32 and bf16; into an `out` row view as the window sampler passes it."""
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_ops
 
     if INTERPRET and rows * vocab > 300_000:
         pytest.skip("large shapes only on the GPU (interpreter time)")
@@ -135,7 +135,7 @@ def test_argmax_rows_one_variant_for_every_row_count() -> None:
     """Every row count (128 down to 16 chunks a row) and an `out` row at any offset of a window's
     [steps, rows] tensor (8-byte aligned for odd row counts) reuse the first call's compiled kernels:
     no batch size compiles a variant in the middle of a run."""
-    from llmdeploy_engine import triton_ops
+    from llmdeploy_engine.kernels import triton_ops
 
     vocab = 151936
     triton_ops.argmax_rows(torch.randn(1, vocab, device=DEVICE))

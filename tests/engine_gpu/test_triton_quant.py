@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
-from llmdeploy_engine import ops
-from llmdeploy_engine.int4_formats import dequantize_int4, pack_last, quantize_int4
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.kernels.int4_formats import dequantize_int4, pack_last, quantize_int4
 
 pytestmark = TRITON_TEST_MARKS
 DTYPE = torch.float32 if INTERPRET else torch.bfloat16
@@ -44,7 +44,7 @@ def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("fmt", ["int4", "fp8"])
 def test_gemv_plain_norm_silu(shape: tuple[int, int], rows: int, fmt: str) -> None:
-    from llmdeploy_engine import triton_quant
+    from llmdeploy_engine.kernels import triton_quant
 
     n, k = shape
     gen = torch.Generator().manual_seed(n + k + rows)
@@ -75,7 +75,7 @@ def test_gemv_plain_norm_silu(shape: tuple[int, int], rows: int, fmt: str) -> No
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("rows", [9, 64] if INTERPRET else [9, 64, 256, 2048])
 def test_int4_gemm_and_dequantize(shape: tuple[int, int], rows: int) -> None:
-    from llmdeploy_engine import triton_quant
+    from llmdeploy_engine.kernels import triton_quant
 
     n, k = shape
     (qw, s, z), ref_w = _int4(n, k, 128, n * 3 + k)
@@ -89,9 +89,9 @@ def test_int4_gemm_and_dequantize(shape: tuple[int, int], rows: int) -> None:
 @pytest.mark.skipif(INTERPRET, reason="the layers dispatch to the kernels on CUDA only")
 @pytest.mark.parametrize("method", ["awq", "gptq-act-order", "fp8"])
 def test_quantized_layers_on_cuda_match_their_cpu_reference(method: str) -> None:
-    from llmdeploy_engine.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
-    from llmdeploy_engine.quant_checkpoint import quantization_config, quantize_tensors
-    from llmdeploy_engine.quant_config import quant_spec_from_dict
+    from llmdeploy_engine.loading.quant_checkpoint import quantization_config, quantize_tensors
+    from llmdeploy_engine.loading.quant_config import quant_spec_from_dict
+    from llmdeploy_engine.model.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
 
     name, opts = method.split("-")[0], ({"desc_act": True} if "act" in method else {})
     qcfg = quantization_config(name, **opts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import DEVICE, FP8, INTERPRET, TRITON_TEST_MARKS, make_batch, reference, rel_err
-from llmdeploy_engine.attention import VarlenMetadata
+from llmdeploy_engine.model.attention import VarlenMetadata
 
 pytestmark = TRITON_TEST_MARKS
 
@@ -50,7 +50,7 @@ DTYPES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"q{c[0]}-ctx{c[1]}-h{c[2]}x{c[3]}-d{c[4]}-bs{c[5]}")
 @pytest.mark.parametrize("dtypes", DTYPES, ids=lambda d: f"{d[0]}-{d[1]}".replace("torch.", ""))
 def test_varlen_matches_float64(case, dtypes) -> None:  # type: ignore[no-untyped-def]
-    from llmdeploy_engine.triton_varlen import varlen_attention
+    from llmdeploy_engine.kernels.triton_varlen import varlen_attention
 
     dtype, cache_dtype, tol = dtypes
     if INTERPRET and dtype != torch.float32:
@@ -72,7 +72,7 @@ def test_varlen_matches_float64(case, dtypes) -> None:  # type: ignore[no-untype
 @pytest.mark.parametrize("block_m", [16, 64, 128])
 def test_varlen_row_tiles_cover_long_queries(block_m: int) -> None:
     """The same batch with small and large row tiles (many tiles per sequence, partial last tiles)."""
-    from llmdeploy_engine.triton_varlen import varlen_attention
+    from llmdeploy_engine.kernels.triton_varlen import varlen_attention
 
     qlens, ctxs = ([7, 1, 13], [7, 130, 140]) if INTERPRET else ([129, 1, 77], [129, 1500, 300])
     dtype = torch.float32 if INTERPRET else torch.bfloat16
@@ -90,8 +90,8 @@ def test_paged_attention_dispatch_mixed_batch(cache_dtype: torch.dtype) -> None:
     3-token verification: writes the cache like the contract says and matches the float64 reference
     over the written cache; for a bf16 cache it also matches the pure-torch path."""
     from kernel_cases import quantize
-    from llmdeploy_engine.attention import _paged_attention, build_attention_metadata, paged_attention
-    from llmdeploy_engine.forward_batch import ForwardBatch
+    from llmdeploy_engine.core.forward_batch import ForwardBatch
+    from llmdeploy_engine.model.attention import _paged_attention, build_attention_metadata, paged_attention
 
     gen = torch.Generator().manual_seed(11)
     bs, num_heads, num_kv_heads, head_dim = 16, 32, 8, 128
@@ -170,7 +170,7 @@ def test_paged_attention_dispatch_mixed_batch(cache_dtype: torch.dtype) -> None:
 def test_varlen_fp8_fp16_dots(cache_dtype: torch.dtype, q_mul: float) -> None:
     """bf16 query over an fp8 cache: fp16 dots (the default) and bf16 dots against the float64
     reference, including |q| far past fp16's 65504 (the kernel rescales q by a power of two)."""
-    from llmdeploy_engine.triton_varlen import varlen_attention
+    from llmdeploy_engine.kernels.triton_varlen import varlen_attention
 
     qlens, ctxs = ([9, 1, 3], [9, 20, 150]) if INTERPRET else ([37, 1, 120, 4], [37, 200, 161, 40])
     shape = (8, 2, 32, 16) if INTERPRET else (32, 8, 128, 16)

@@ -5,8 +5,8 @@ CUDA batches with prefill chunks."""
 from __future__ import annotations
 
 import torch
-from llmdeploy_engine.attention import build_attention_metadata, build_varlen_metadata
-from llmdeploy_engine.forward_batch import ForwardBatch
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.model.attention import build_attention_metadata, build_varlen_metadata
 
 
 def batch() -> ForwardBatch:

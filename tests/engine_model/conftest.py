@@ -9,8 +9,8 @@ import pytest
 import torch
 from engine_model_helpers import default_gguf
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.model_runner import ModelRunner
-from llmdeploy_engine.tokenizer import Tokenizer
+from llmdeploy_engine.loading.tokenizer import Tokenizer
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 TEST_KV_CACHE_BYTES = 256 * 2**20
 

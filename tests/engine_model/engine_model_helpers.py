@@ -10,9 +10,9 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import ModelRunner
-from llmdeploy_engine.sampler import Sampler
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.model.sampler import Sampler
+from llmdeploy_engine.runner.model_runner import ModelRunner
 from llmdeploy_engine.sampling_params import SamplingParams
 
 

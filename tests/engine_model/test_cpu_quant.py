@@ -10,11 +10,11 @@ import torch
 from engine_model_helpers import BlockPlan, greedy_generate, make_batch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from llmdeploy_engine import cpu_quant
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.gguf_compact import decode_int4, use_compact
-from llmdeploy_engine.model_runner import ModelRunner
-from llmdeploy_engine.tokenizer import Tokenizer
+from llmdeploy_engine.kernels import cpu_quant
+from llmdeploy_engine.loading.gguf_compact import decode_int4, use_compact
+from llmdeploy_engine.loading.tokenizer import Tokenizer
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not cpu_quant.int4pack_available(), reason="no vectorized int4 CPU kernel")
 
@@ -144,7 +144,7 @@ def test_tiny_llama_gguf_compact_matches_float32(
     tmp_path: Path, qtype: GGMLQuantizationType, kernel: type
 ) -> None:
     """An untied Llama (Q/K rows permuted by llama.cpp's converter) in each type, both weight paths."""
-    from llmdeploy_engine.forward_batch import ForwardBatch
+    from llmdeploy_engine.core.forward_batch import ForwardBatch
     from test_gguf_loader import tiny_llama, write_gguf
 
     path = tmp_path / f"tiny-{qtype.name}.gguf"
@@ -160,8 +160,9 @@ def test_tiny_llama_gguf_compact_matches_float32(
         batch = ForwardBatch(ids, list(range(n)), list(range(n)), [0], [n], [n], [[0, 1, 2]], [0])
         logits[mode] = runner.execute(batch)[0]
     # the planner's rule for the stored bytes agrees with what this runner holds
+    from llmdeploy_engine.facts import compact_gguf_weights_bytes
+
     from llmdeploy.catalog.gguf_spec import spec_from_gguf
-    from llmdeploy.memory.builtin_rule import compact_gguf_weights_bytes
 
     table = list(spec_from_gguf(path).gguf_tensors)
     assert compact_gguf_weights_bytes(table) == runner.startup_report.weights_bytes

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from llmdeploy_engine import ops
-from llmdeploy_engine.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.model.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
 
 
 def _rand(*shape: int, seed: int) -> torch.Tensor:

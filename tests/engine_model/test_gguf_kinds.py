@@ -4,7 +4,7 @@ shapes (in_features, out_features)."""
 from __future__ import annotations
 
 import pytest
-from llmdeploy_engine.gguf_kinds import projection_storage
+from llmdeploy_engine.loading.gguf_kinds import projection_storage
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from llmdeploy_engine.gguf_loader import load_gguf, load_gguf_config
+from llmdeploy_engine.loading.gguf_loader import load_gguf, load_gguf_config
 
 HEADS, KV_HEADS, HIDDEN, LAYERS, VOCAB, FFN = 4, 2, 64, 2, 256, 96
 NAMES = {
@@ -103,9 +103,9 @@ def write_gguf(
 @pytest.mark.parametrize("llama3_rope", [False, True])
 def test_f32_gguf_logits_match_the_original_model(tmp_path: Path, llama3_rope: bool) -> None:
     from llmdeploy_engine.config import EngineConfig, RopeScaling
-    from llmdeploy_engine.forward_batch import ForwardBatch
-    from llmdeploy_engine.model import rope_inv_freq
-    from llmdeploy_engine.model_runner import ModelRunner
+    from llmdeploy_engine.core.forward_batch import ForwardBatch
+    from llmdeploy_engine.model.model import rope_inv_freq
+    from llmdeploy_engine.runner.model_runner import ModelRunner
 
     hf = tiny_llama(LLAMA3_ROPE if llama3_rope else None)
     path = tmp_path / "tiny.gguf"
@@ -157,9 +157,9 @@ def test_quantized_tensors_dequantize_to_the_original(
 def test_an_engine_start_parses_its_gguf_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Config, weights and chat template share one parse inside the scope (gguf-py's reader takes
     seconds on a real vocabulary); outside it nothing is kept."""
-    from llmdeploy_engine import gguf_loader
     from llmdeploy_engine.config import EngineConfig
-    from llmdeploy_engine.model_runner import ModelRunner
+    from llmdeploy_engine.loading import gguf_loader
+    from llmdeploy_engine.runner.model_runner import ModelRunner
 
     path = tmp_path / "tiny.gguf"
     write_gguf(path, tiny_llama(), GGMLQuantizationType.F32)

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from llmdeploy_engine import gguf_tokenizer
-from llmdeploy_engine.gguf_loader import tokenizer_fields
-from llmdeploy_engine.tokenizer import Tokenizer
+from llmdeploy_engine.loading import gguf_tokenizer
+from llmdeploy_engine.loading.gguf_loader import tokenizer_fields
+from llmdeploy_engine.loading.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.hf_loader import load_hf_config, safetensors_files
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.loading.hf_loader import load_hf_config, safetensors_files
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 TINY: dict[str, Any] = {
     "vocab_size": 320,

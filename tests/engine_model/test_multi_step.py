@@ -14,11 +14,11 @@ import torch
 from engine_model_helpers import BlockPlan, make_batch
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.model_runner import ModelRunner
-from llmdeploy_engine.multi_step import step_batch
+from llmdeploy_engine.loading.tokenizer import Tokenizer
 from llmdeploy_engine.outputs import RequestOutput
+from llmdeploy_engine.runner.model_runner import ModelRunner
+from llmdeploy_engine.runner.multi_step import step_batch
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
-from llmdeploy_engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
 
@@ -207,8 +207,8 @@ def test_graph_window_packing_equals_each_steps_packing(
     a cap on positions (max_model_len - 1), the first row's steps past it repeat position 15 (slot,
     length)."""
     import numpy as np
-    from llmdeploy_engine.cuda_graph_runner import pack_decode_inputs, pack_decode_window, window_size
-    from llmdeploy_engine.multi_step import NO_CAP
+    from llmdeploy_engine.runner.graph_inputs import pack_decode_inputs, pack_decode_window, window_size
+    from llmdeploy_engine.runner.multi_step import NO_CAP
 
     cap = NO_CAP if max_position is None else max_position
     bs, b, nb, num_steps = 4, 4, 6, 5
@@ -237,7 +237,7 @@ def test_graph_window_packing_equals_each_steps_packing(
 
 
 def make_batch_from_tables(tables: list[list[int]], positions: list[int], ids: list[int], bs: int) -> Any:
-    from llmdeploy_engine.forward_batch import ForwardBatch
+    from llmdeploy_engine.core.forward_batch import ForwardBatch
 
     n = len(tables)
     return ForwardBatch(
@@ -275,7 +275,7 @@ class _NoEvent:
 def cpu_graph_runner(runner: ModelRunner, logits_max_batch: int, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A CudaGraphRunner over the CPU runner whose graphs replay eagerly (batch sizes 1, 2, 4, 8;
     context buckets of 8, 16, 32 blocks); everything else is the class's own code."""
-    from llmdeploy_engine import cuda_graph_runner as cgr
+    from llmdeploy_engine.runner import cuda_graph_runner as cgr
 
     class CpuGraphRunner(cgr.CudaGraphRunner):
         def _window_buffer(self, size: int) -> Any:  # unpinned: no CUDA here
@@ -378,7 +378,7 @@ CHI2_DF5_P001 = 20.515  # chi-square critical value, 5 degrees of freedom, signi
 
 
 def test_window_sampler_draws_from_the_samplers_distribution() -> None:
-    from llmdeploy_engine.sampler import Sampler, WindowSampler
+    from llmdeploy_engine.model.sampler import Sampler, WindowSampler
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 6, generator=gen) * 2

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llmdeploy_engine import cuda_graph_runner as cgr
-from llmdeploy_engine.attention import default_block_m, warm_query_lens
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.model.attention import default_block_m, warm_query_lens
+from llmdeploy_engine.runner import cuda_graph_runner as cgr
+from llmdeploy_engine.runner.model_runner import ModelRunner
 
 
 def test_warm_up_prompts_write_only_the_padding_block(runner: ModelRunner) -> None:

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from llmdeploy_engine import ops
-from llmdeploy_engine.hf_loader import normalize_quantized
-from llmdeploy_engine.int4_formats import (
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.kernels.int4_formats import (
     AWQ_ORDER,
     dequantize_int4,
     pack_awq,
@@ -19,9 +18,10 @@ from llmdeploy_engine.int4_formats import (
     unpack_awq,
     unpack_gptq,
 )
-from llmdeploy_engine.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
-from llmdeploy_engine.quant_checkpoint import quantization_config, quantize_tensors
-from llmdeploy_engine.quant_config import quant_spec_from_dict
+from llmdeploy_engine.loading.hf_loader import normalize_quantized
+from llmdeploy_engine.loading.quant_checkpoint import quantization_config, quantize_tensors
+from llmdeploy_engine.loading.quant_config import quant_spec_from_dict
+from llmdeploy_engine.model.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
 
 # (method, options): every layout the loader reads
 LAYOUTS: list[tuple[str, dict[str, Any]]] = [

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.int4_formats import dequantize_int4, unpack_awq, unpack_gptq
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.kernels.int4_formats import dequantize_int4, unpack_awq, unpack_gptq
 from llmdeploy_engine.llm import LLM
-from llmdeploy_engine.model_runner import ModelRunner
-from llmdeploy_engine.quant_checkpoint import hf_config_dict, write_quantized
-from llmdeploy_engine.quant_config import load_quant_spec
+from llmdeploy_engine.loading.quant_checkpoint import hf_config_dict, write_quantized
+from llmdeploy_engine.loading.quant_config import load_quant_spec
+from llmdeploy_engine.runner.model_runner import ModelRunner
 from llmdeploy_engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
@@ -33,7 +33,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.fixture(scope="module")
 def source(gguf_path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    from llmdeploy_engine.gguf_loader import load_gguf
+    from llmdeploy_engine.loading.gguf_loader import load_gguf
 
     mc, weights = load_gguf(gguf_path)
     return hf_config_dict(mc), weights

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from llmdeploy_engine.model import CausalLM
-from llmdeploy_engine.random_weights import init_random_weights, random_model_config
+from llmdeploy_engine.loading.random_weights import config_from_spec, init_random_weights, random_model_config
+from llmdeploy_engine.model.model import CausalLM
+from random_models_gen import TABLE
 
 
 @pytest.mark.parametrize(
@@ -44,3 +47,18 @@ def test_random_init_fills_every_parameter() -> None:
             assert bool((p == 1).all()), name
         else:
             assert 0.01 < float(p.std()) < 0.03, name
+
+
+def test_engine_table_matches_the_catalog() -> None:
+    from random_models_gen import table
+
+    assert json.loads(TABLE.read_text()) == json.loads(json.dumps(table())), (
+        "engine/random_models.json is out of date: python tests/engine_model/random_models_gen.py"
+    )
+
+
+@pytest.mark.parametrize("name", ["meta-llama/Llama-3.2-1B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+def test_fine_tunes_resolve_like_the_catalog(name: str) -> None:
+    from llmdeploy.catalog.models import resolve_model
+
+    assert random_model_config(f"random:{name}") == config_from_spec(resolve_model(name))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llmdeploy_engine import ops
-from llmdeploy_engine.attention import build_attention_metadata, paged_attention
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.kv_cache import write_kv
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.kernels import ops
+from llmdeploy_engine.model.attention import build_attention_metadata, paged_attention
+from llmdeploy_engine.model.kv_cache import write_kv
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])

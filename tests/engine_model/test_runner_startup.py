@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from llmdeploy_engine import facts as builtin_rule
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.model_runner import ModelRunner
-from llmdeploy_engine.startup_report import StartupReport
-
-from llmdeploy.memory import builtin_rule
+from llmdeploy_engine.runner.model_runner import ModelRunner
+from llmdeploy_engine.runner.startup_report import StartupReport
 
 
 def test_kv_pool_follows_the_builtin_rule(runner: ModelRunner) -> None:

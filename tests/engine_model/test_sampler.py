@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from llmdeploy_engine.sampler import Sampler
+from llmdeploy_engine.model.sampler import Sampler
 from llmdeploy_engine.sampling_params import SamplingParams
 
 V = 8

@@ -11,12 +11,12 @@ import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.model_runner import ModelRunner
+from llmdeploy_engine.loading.tokenizer import Tokenizer
 from llmdeploy_engine.outputs import RequestOutput
+from llmdeploy_engine.runner.model_runner import ModelRunner
 from llmdeploy_engine.sampling_params import SamplingParams
 from llmdeploy_engine.spec_decode.draft_proposer import MAX_UNIFORM_CATCH_UP, uniform_catch_up
 from llmdeploy_engine.spec_decode.rejection_sampler import verify_greedy, verify_sampled
-from llmdeploy_engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores
 

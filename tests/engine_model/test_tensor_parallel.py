@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.distributed import ParallelState
-from llmdeploy_engine.forward_batch import ForwardBatch
-from llmdeploy_engine.hf_loader import load_hf_config
-from llmdeploy_engine.model_runner import ModelRunner, check_tensor_parallel
-from llmdeploy_engine.parallel_layers import QKVParallelLinear
+from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.loading.hf_loader import load_hf_config
+from llmdeploy_engine.model.parallel_layers import QKVParallelLinear
+from llmdeploy_engine.runner.distributed import ParallelState
+from llmdeploy_engine.runner.model_runner import ModelRunner
+from llmdeploy_engine.runner.setup import check_tensor_parallel
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +167,7 @@ def test_tp_that_does_not_divide_heads_is_refused(checkpoints: dict[str, Path]) 
 def test_tp_beyond_visible_gpus_is_refused(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import llmdeploy_engine.model_runner as model_runner
+    import llmdeploy_engine.runner.model_runner as model_runner
 
     monkeypatch.setattr(model_runner, "resolve_device", lambda name: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -194,7 +195,7 @@ def test_qkv_shards_pick_the_right_heads() -> None:
 # ---- two processes ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(MODELS))
 def test_tp2_logits_match_tp1(checkpoints: dict[str, Path], name: str) -> None:
-    from llmdeploy_engine.tp_worker import TensorParallelDriver
+    from llmdeploy_engine.runner.tp_worker import TensorParallelDriver
 
     vocab = MODELS[name]["vocab_size"]
     ref_runner = ModelRunner(engine_config(checkpoints[name], 1))
@@ -246,7 +247,7 @@ def test_workers_exit_when_rank0_dies(checkpoints: dict[str, Path], tmp_path: Pa
             f"""
             import sys
             from llmdeploy_engine.config import EngineConfig
-            from llmdeploy_engine.model_runner import ModelRunner
+            from llmdeploy_engine.runner.model_runner import ModelRunner
             runner = ModelRunner(EngineConfig(model={str(checkpoints["llama-kv1"])!r}, device="cpu",
                 dtype="float32", tensor_parallel_size=2, max_model_len=256,
                 kv_cache_memory_bytes=2 * 2**20, max_num_batched_tokens=256))
@@ -274,7 +275,7 @@ def test_workers_exit_when_rank0_dies(checkpoints: dict[str, Path], tmp_path: Pa
 def test_workers_stopped_when_rank0_start_up_fails(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmdeploy_engine import tp_worker
+    from llmdeploy_engine.runner import tp_worker
 
     started: list[tp_worker.WorkerGroup] = []
     real_start = tp_worker.WorkerGroup.start

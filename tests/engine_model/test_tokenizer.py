@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmdeploy_engine.tokenizer import IncrementalDecoder, Tokenizer
+from llmdeploy_engine.loading.tokenizer import IncrementalDecoder, Tokenizer
 
 TEXTS = [
     "Hello, world! How are you today?",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from llmdeploy_engine import triton_pdl
+from llmdeploy_engine.kernels import triton_pdl
 
 
 @pytest.fixture(autouse=True)

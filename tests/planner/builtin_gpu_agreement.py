@@ -19,7 +19,7 @@ GIB = 2**30
 def compare(model_id: str, max_model_len: int = 8192, utilization: float = 0.9) -> tuple[str, float]:
     import torch
     from llmdeploy_engine.config import EngineConfig
-    from llmdeploy_engine.model_runner import ModelRunner
+    from llmdeploy_engine.runner.model_runner import ModelRunner
 
     from llmdeploy.catalog.models import resolve_model
     from llmdeploy.planner import PlanInputs, plan_from_inputs

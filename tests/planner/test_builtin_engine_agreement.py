@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not GGUF.exists(), reason="ll
 def test_plan_matches_engine_startup_on_cpu() -> None:
     pytest.importorskip("torch")
     from llmdeploy_engine.config import EngineConfig
-    from llmdeploy_engine.model_runner import ModelRunner
+    from llmdeploy_engine.runner.model_runner import ModelRunner
 
     budget_gib = 0.25
     runner = ModelRunner(

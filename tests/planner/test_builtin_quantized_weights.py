@@ -5,10 +5,10 @@ one byte, the embedding, LM head and norms 16-bit; GGUF files dequantized to 16-
 from __future__ import annotations
 
 import pytest
+from llmdeploy_engine import facts as builtin_rule
 
 from llmdeploy.catalog import resolve_model
 from llmdeploy.catalog.gpus import resolve_gpu
-from llmdeploy.memory import builtin_rule
 from llmdeploy.memory.plan_inputs import PlanInputs
 from llmdeploy.planner.plan import plan_for
 

@@ -1,6 +1,6 @@
 import itertools
 
-from llmdeploy.memory.builtin_rule import kv_bytes_per_token, kv_cache_bytes, max_concurrency, num_kv_blocks
+from llmdeploy_engine.facts import kv_bytes_per_token, kv_cache_bytes, max_concurrency, num_kv_blocks
 
 GIB = 2**30
 
@@ -25,7 +25,7 @@ def test_blocks_floor_and_concurrency() -> None:
 
 
 def test_cuda_graph_shapes() -> None:
-    from llmdeploy.memory.builtin_rule import cuda_graph_batch_sizes, cuda_graph_context_buckets
+    from llmdeploy_engine.facts import cuda_graph_batch_sizes, cuda_graph_context_buckets
 
     sizes = cuda_graph_batch_sizes(256)
     assert sizes[:11] == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64) and sizes[-3:] == (224, 240, 256)
@@ -55,7 +55,7 @@ LLAMA_8B_GRAPH_SHAPE = dict(
 
 
 def test_cuda_graph_bytes_terms() -> None:
-    from llmdeploy.memory.builtin_rule import CUDA_GRAPH_FIXED_BYTES, cuda_graph_bytes
+    from llmdeploy_engine.facts import CUDA_GRAPH_FIXED_BYTES, cuda_graph_bytes
 
     shape = LLAMA_8B_GRAPH_SHAPE
     triton = cuda_graph_bytes(**shape, gathered_kv=False)
@@ -71,8 +71,9 @@ def test_cuda_graph_bytes_terms() -> None:
 def test_builtin_plan_sets_graph_memory_aside_like_the_engine() -> None:
     from dataclasses import replace
 
+    from llmdeploy_engine.facts import cuda_graph_bytes
+
     from llmdeploy.catalog.models import resolve_model
-    from llmdeploy.memory.builtin_rule import cuda_graph_bytes
     from llmdeploy.planner import PlanInputs, plan_from_inputs
 
     inputs = PlanInputs(

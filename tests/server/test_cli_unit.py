@@ -9,13 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from llmdeploy_engine.cli_args import (
-    build_parser,
-    config_from_args,
-    flag_catalogue,
-    human_readable_int,
-    resolve_api_key,
-)
+from llmdeploy_engine.cli_args import build_parser, config_from_args, flag_catalogue, resolve_api_key
+from llmdeploy_engine.cli_values import human_readable_int
 
 VLLM_FLAGS = (
     "--model",

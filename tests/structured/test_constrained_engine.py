@@ -16,9 +16,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine_core"))
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.llm_engine import LLMEngine
-from llmdeploy_engine.sampler import Sampler
+from llmdeploy_engine.loading.tokenizer import Tokenizer
+from llmdeploy_engine.model.sampler import Sampler
 from llmdeploy_engine.sampling_params import SamplingParams, StructuredOutputsParams
-from llmdeploy_engine.tokenizer import Tokenizer
 from test_multi_step_core import MultiStepFakeRunner
 
 pytest.importorskip("xgrammar")

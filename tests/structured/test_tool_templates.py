@@ -11,11 +11,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
+from llmdeploy_engine.loading.tokenizer import Tokenizer
 from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest
 from llmdeploy_engine.server.tool_calls import plan_tools, template_messages, template_tool_format
 from llmdeploy_engine.server.tool_parser import parse_tool_calls
 from llmdeploy_engine.structured_output import GrammarCompiler, fill_grammar_mask
-from llmdeploy_engine.tokenizer import Tokenizer
 from tool_templates import HERMES_TEMPLATE, LLAMA31_TEMPLATE
 
 pytest.importorskip("xgrammar")

@@ -1,0 +1,1 @@
+"""Triton kernels and the ops that pick them (and their CPU fallbacks)."""

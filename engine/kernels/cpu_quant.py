@@ -1,0 +1,203 @@
+"""CPU kernels for quantized weights: the `QuantWeight`s (quant_linear.py) that a GGUF file's tensors
+become on `--device cpu` when they are kept compact (`--cpu-weights`, gguf_compact.py).
+
+- `Int4PackWeight`: 4-bit codes q in groups along the input features with a float scale s and zero
+  z per (output feature, group), w = (q - 8) * s + z, multiplied through torch's
+  `_weight_int4pack_mm_for_cpu`. Its vectorized (AVX2 / AVX-512) kernel takes bfloat16 activations,
+  scales and zeros, so the activations are rounded to bfloat16 on the way in (the product is
+  accumulated in float32). GGUF Q4_0 (w = d * (q - 8)), Q4_1 (w = d * q + m: z = m + 8d) and Q4_K
+  (sub-blocks of 32 with 6-bit scales and mins: s = d * sc, z = 8 * d * sc - dmin * mn) map to it
+  with groups of 32 and nothing but the bfloat16 rounding of s and z.
+- `Fp16PackWeight`: a float16 copy multiplied through fbgemm's fp16 GEMM
+  (`quantized::linear_dynamic_fp16`, float32 activations): for quantized types no torch CPU kernel
+  takes exactly (Q8_0 and Q6_K have one scale per 32 or 16 weights, `_weight_int8pack_mm` one per
+  output feature), at half the bytes of float32 and within float16 rounding of the GGUF weight.
+- `RowTable`: an embedding table kept compact (Q8_0: int8 codes and one float32 scale per 32;
+  others float16) from which the looked-up rows are dequantized.
+
+Batches of `CPU_DEQUANT_ROWS` rows or more (prefill) dequantize the weight once and use the float32
+GEMM: the int4 kernel dequantizes per tile and is compute-bound there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from llmdeploy_engine.model.quant_linear import QuantWeight
+
+# from this many rows on, one dequantization plus the float32 GEMM beats the int4 kernel
+CPU_DEQUANT_ROWS = 32
+INT4PACK_GROUPS = (32, 64, 128, 256)
+
+
+def int4pack_available() -> bool:
+    """Whether torch has the int4 CPU kernel with a vectorized path on this CPU."""
+    vectorized = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return vectorized and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def fp16pack_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+@functools.lru_cache(maxsize=16)
+def _int4pack_order(n: int, k: int) -> torch.Tensor:
+    """For a packed [n, k] weight: the flat index (row * k + col) of the code each nibble holds, nibble
+    2b the low and 2b + 1 the high half of byte b. The layout depends on the CPU's vector width; it
+    is read off the packing op itself by packing the base-16 digits of every position."""
+    index = torch.arange(n * k, dtype=torch.int64)
+    source = torch.zeros(n * k, dtype=torch.int64)
+    shift = 0
+    while (1 << shift) < n * k:
+        digit = ((index >> shift) & 0xF).to(torch.int32).reshape(n, k)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(digit, 1).reshape(-1)
+        source |= _nibbles(packed).to(torch.int64) << shift
+        shift += 4
+    assert torch.equal(torch.sort(source).values, index), "int4pack is not a permutation of nibbles"
+    return torch.argsort(source).to(torch.int32)  # natural position -> nibble position
+
+
+@functools.lru_cache(maxsize=16)
+def _int4pack_blocked(n: int, k: int) -> bool:
+    """Whether the packed [n, k] weight is in blocks of 64 output features, each column of a block
+    32 bytes whose low nibbles hold the block's rows 0-31 and high nibbles rows 32-63 (the AVX2
+    layout), so that dequantization unpacks it with strided copies instead of a gather."""
+    if n % 64:
+        return False
+    b, c, r = torch.meshgrid(torch.arange(n // 64), torch.arange(k), torch.arange(64), indexing="ij")
+    nibble = b * (k * 64) + c * 64 + 2 * (r % 32) + r // 32  # [block, column, row in block]
+    natural = nibble.permute(0, 2, 1).reshape(-1)  # natural (row, column) order
+    return torch.equal(_int4pack_order(n, k).long(), natural)
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [m] -> uint8 [2m]: low nibble, then high nibble of each byte."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(-1)
+
+
+class Int4PackWeight(QuantWeight):
+    """int4pack codes (uint8 [N, K/2] in the CPU kernel's layout) and bfloat16 scales and zeros
+    [K/G, N, 2]; w = (q - 8) * scale + zero."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype):
+        """codes uint8 [N, K] (0..15), scales and offsets float [N, K/G]: w = codes * scales + offsets."""
+        super().__init__()
+        n, k = codes.shape
+        groups = scales.shape[1]
+        group = k // groups
+        if group not in INT4PACK_GROUPS or k % group or n % 16:
+            raise ValueError(
+                f"int4pack needs groups of {INT4PACK_GROUPS} and a multiple of 16 output features "
+                f"(got [{n}, {k}] in groups of {group})"
+            )
+        self.out_features, self.in_features, self.group_size = n, k, group
+        self.activation_dtype = dtype
+        zeros = offsets.float() + 8 * scales.float()
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+        self.register_buffer("packed", packed)
+        self.register_buffer(
+            "scale_zeros",
+            torch.stack((scales.float().t(), zeros.t()), dim=-1).to(torch.bfloat16).contiguous(),
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.activation_dtype
+
+    def codes(self) -> torch.Tensor:
+        """uint8 [N, K] codes in natural order."""
+        nibbles = _nibbles(self.packed.reshape(-1))
+        order = _int4pack_order(self.out_features, self.in_features)
+        return nibbles[order.long()].reshape(self.out_features, self.in_features)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        n, k, g = self.out_features, self.in_features, self.group_size
+        sz = self.scale_zeros.float()  # [G, N, 2]
+        scales, zeros = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]  # [N, G, 1]
+        if _int4pack_blocked(n, k):
+            # the prefill path runs this once per layer and step: strided copies, in place, no gather
+            packed = self.packed.view(n // 64, k, 32).transpose(1, 2)  # [block, byte, column]
+            w = torch.empty(n // 64, 64, k)
+            w[:, :32].copy_(packed & 0xF)
+            w[:, 32:].copy_(packed >> 4)
+            w = w.view(n, k // g, g).sub_(8).mul_(scales).add_(zeros)
+        else:
+            w = (self.codes().reshape(n, k // g, g).float() - 8) * scales + zeros
+        return w.reshape(n, k).to(dtype)
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if x.shape[0] >= CPU_DEQUANT_ROWS or x.device.type != "cpu":
+            # activations rounded as the kernel rounds them: a row's result does not depend on the batch
+            y = F.linear(x.to(torch.bfloat16).to(x.dtype), self.dequantize(x.dtype))
+        else:
+            xb = x.to(torch.bfloat16).contiguous()
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, self.group_size, self.scale_zeros)
+            y = y.to(x.dtype)
+        return self._output(y, bias, out)  # the bias added alike on both paths
+
+
+class Fp16PackWeight(QuantWeight):
+    """A float16 weight in fbgemm's packed layout (an opaque object, not a buffer)."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.activation_dtype = dtype
+        self.pack = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.activation_dtype
+
+    def stored_bytes(self) -> int:
+        return self.out_features * self.in_features * 2
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        weight: torch.Tensor = torch.ops.quantized.linear_unpack_fp16(self.pack)[0]
+        return weight.to(dtype)
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x.float().contiguous(), self.pack)
+        return self._output(y.to(x.dtype), bias, out)
+
+
+class RowTable(QuantWeight):
+    """Embedding rows kept compact: int8 codes [N, K] with float32 scales [N, K/32] (GGUF Q8_0, exact),
+    or float16 values [N, K] (scales empty). `forward(ids)` looks rows up (the embedding)."""
+
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = values.shape
+        self.activation_dtype = dtype
+        self.register_buffer("values", values.contiguous())
+        self.register_buffer(
+            "scales", (scales if scales is not None else torch.zeros(0)).float().contiguous()
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.activation_dtype
+
+    def _rows(self, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        if self.scales.numel() == 0:
+            return values.float()
+        k = self.in_features
+        groups = scales.shape[-1]
+        w = values.float().reshape(*values.shape[:-1], groups, k // groups) * scales[..., None]
+        return w.reshape(*values.shape[:-1], k)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return self._rows(self.values, self.scales).to(dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        values = self.values.index_select(0, flat)
+        scales = self.scales.index_select(0, flat) if self.scales.numel() else self.scales
+        rows = self._rows(values, scales).to(self.activation_dtype)
+        return rows.reshape(*ids.shape, self.in_features)

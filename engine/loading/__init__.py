@@ -1,0 +1,1 @@
+"""Checkpoints in: GGUF files, Hugging Face folders, quantized formats, random weights, tokenizers."""

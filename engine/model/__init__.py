@@ -1,0 +1,1 @@
+"""The decoder model, its attention, tensor-parallel layers, KV cache and sampler."""

@@ -1,0 +1,93 @@
+"""ModelRunner's start-up checks and choices that need no model: the device, the dtype, the
+quantization flag against the checkpoint, the tensor-parallel split, the model's shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from llmdeploy_engine.config import ModelConfig
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# --quantization values: None / auto read the checkpoint's config; the others must agree with it
+QUANTIZATION_FLAGS = (None, "auto", "gguf", "awq", "gptq", "fp8", "compressed-tensors")
+
+
+def check_quantization(flag: str | None, model: ModelConfig, device: torch.device) -> None:
+    """The flag agrees with the checkpoint's stored format; fp8 weights need an fp8-capable GPU."""
+    spec = model.quantization
+    stored = spec.method if spec is not None else None
+    if flag not in (None, "auto", "gguf") and stored != ("fp8" if flag == "compressed-tensors" else flag):
+        raise ValueError(
+            f"--quantization {flag} but the checkpoint is "
+            + (f"{stored}-quantized" if stored else "not quantized")
+            + "; leave --quantization unset to use the checkpoint's own format"
+        )
+    if stored == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ValueError(
+            "fp8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+            "use a 16-bit or int4 (AWQ/GPTQ) checkpoint on this GPU"
+        )
+
+
+def load_model_config(model: str) -> ModelConfig:
+    """Shape of a GGUF file, a checkpoint folder or `random:<catalog id>`, without loading weights."""
+    from llmdeploy_engine.loading import random_weights
+
+    if random_weights.is_random(model):
+        return random_weights.random_model_config(model)
+    if Path(model).is_file() and model.endswith(".gguf"):
+        from llmdeploy_engine.loading.gguf_loader import load_gguf_config
+
+        return load_gguf_config(model)
+    if Path(model).is_dir():
+        from llmdeploy_engine.loading.hf_loader import load_hf_config
+
+        return load_hf_config(model)
+    raise ValueError(f"model {model!r}: not a .gguf file, a checkpoint folder or random:<catalog id>")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda requested but no CUDA GPU is visible")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r}: use auto, float16, bfloat16 or float32")
+    return _DTYPES[name]
+
+
+def default_max_num_batched_tokens(max_model_len: int) -> int:
+    return min(max(max_model_len, 2048), 8192)
+
+
+def check_tensor_parallel(mc: ModelConfig, tp: int) -> None:
+    """Clear errors for a tensor_parallel_size the model's shape cannot be split by."""
+    if tp < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+    problems = []
+    if mc.num_attention_heads % tp:
+        problems.append(f"the {mc.num_attention_heads} attention heads")
+    kv = mc.num_key_value_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        problems.append(f"the {kv} KV heads (nor is it a multiple of them)")
+    if mc.intermediate_size % tp:
+        problems.append(f"the MLP width {mc.intermediate_size}")
+    if problems:
+        raise ValueError(
+            f"tensor_parallel_size {tp} does not divide {' and '.join(problems)}; "
+            "pick a tensor_parallel_size that divides the attention heads"
+        )
+
+
+def local_kv_heads(num_kv_heads: int, tp: int) -> int:
+    """KV heads each rank holds: a share of them, or one replicated head when tp > num_kv_heads."""
+    return max(1, num_kv_heads // tp)
