@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmdeploy_engine.core.gc_tuning import GC_GEN0_THRESHOLD
-from llmdeploy_engine.loading.quant_config import QuantSpec
+from llmdeploy_engine.model.quant_config import QuantSpec
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 # the all-reduces tensor parallelism can use for decode-sized tensors (distributed.init_parallel)

@@ -19,7 +19,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 
-# bytes the engine stores per parameter of a quantized decoder projection (engine/model/quant_linear.py):
+# bytes the engine stores per parameter of a quantized decoder projection (engine/kernels/quant_linear.py):
 # int4 codes, plus per group of 128 inputs one scale in the model dtype and one uint8 zero point
 # (added in weights_bytes); fp8 one byte (a float32 scale per output row is negligible)
 INT4_GROUP_SIZE = 128

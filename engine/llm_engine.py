@@ -28,11 +28,11 @@ from llmdeploy_engine.core.decode_windows import DecodeWindows
 from llmdeploy_engine.core.gc_tuning import raise_gc_threshold
 from llmdeploy_engine.core.output_processor import OutputProcessor
 from llmdeploy_engine.core.request_state import EngineStats, RequestState, window_kind
+from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig
 from llmdeploy_engine.core.sequence import Sequence
 from llmdeploy_engine.core.stop_checker import StopChecker
 from llmdeploy_engine.outputs import RequestMetrics, RequestOutput
-from llmdeploy_engine.runner.interface import Runner
 from llmdeploy_engine.runner.stack import build_runner
 from llmdeploy_engine.sampling_params import SamplingParams
 

@@ -193,7 +193,6 @@ def _engine_imports_of_the_toolkit() -> list[str]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="removed by the engine facts module")
 def test_the_engine_never_imports_the_toolkit() -> None:
     found = _engine_imports_of_the_toolkit()
     assert not found, "the engine imports the toolkit (pydantic, PyYAML come with it):\n" + "\n".join(found)

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.core.scheduler import Scheduler, SchedulerOutput
 from llmdeploy_engine.core.sequence import Sequence
 from llmdeploy_engine.core.window_sizing import ARRIVAL_HOLD_S, ARRIVAL_WINDOW_STEPS, WindowSizer
 from llmdeploy_engine.outputs import RequestOutput
-from llmdeploy_engine.runner.interface import Runner
 
 if TYPE_CHECKING:
     from llmdeploy_engine.core.request_state import RequestState

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from llmdeploy_engine.model.kv_cache import FP8_DTYPES, write_kv
-from llmdeploy_engine.model.quant_linear import QuantWeight
+from llmdeploy_engine.kernels.kv_cache import FP8_DTYPES, write_kv
+from llmdeploy_engine.kernels.quant_linear import QuantWeight
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 _triton_ops: Any = None  # engine.triton_ops once imported; False when triton is missing

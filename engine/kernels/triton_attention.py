@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 from llmdeploy_engine.kernels import triton_pdl
-from llmdeploy_engine.model.attention import AttentionMetadata
+from llmdeploy_engine.kernels.attention import AttentionMetadata
 
 TILE_TOKENS = 64
 MAX_SPLITS = 32

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from llmdeploy_engine.kernels.attention import VarlenMetadata, default_block_m, varlen_launch
 from llmdeploy_engine.kernels.triton_attention import _fp8_to_f16, _fp16_query, check_cache, fp8_cvt_available
-from llmdeploy_engine.model.attention import VarlenMetadata, default_block_m, varlen_launch
 
 
 @triton.jit

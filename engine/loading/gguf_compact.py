@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from llmdeploy_engine.kernels import cpu_quant
 from llmdeploy_engine.loading.gguf_kinds import DENSE_TYPES, projection_storage
 from llmdeploy_engine.loading.gguf_loader import (
     _PERMUTED_QK,
@@ -33,6 +32,7 @@ from llmdeploy_engine.loading.gguf_loader import (
     gguf_reader,
     weight_tensors,
 )
+from llmdeploy_engine.model import cpu_quant
 from torch import nn
 
 logger = logging.getLogger("llmdeploy_engine")

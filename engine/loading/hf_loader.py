@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.config import ModelConfig, RopeScaling
-from llmdeploy_engine.loading.quant_config import QuantSpec, load_quant_spec
+from llmdeploy_engine.model.quant_config import QuantSpec, load_quant_spec
 
 logger = logging.getLogger(__name__)
 

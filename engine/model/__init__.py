@@ -1,1 +1,3 @@
-"""The decoder model, its attention, tensor-parallel layers, KV cache and sampler."""
+"""The decoder model, its tensor-parallel layers, quantized-layer construction, the CPU weight packs
+and the sampler (built on kernels/ and parallel/).
+"""

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import torch
 from llmdeploy_engine.config import ModelConfig, RopeScaling
 from llmdeploy_engine.kernels import ops
-from llmdeploy_engine.model.attention import AttentionMetadata, fused_rope_decode, paged_attention
-from llmdeploy_engine.model.kv_cache import KVAmaxObserver
+from llmdeploy_engine.kernels.attention import AttentionMetadata, fused_rope_decode, paged_attention
+from llmdeploy_engine.kernels.kv_cache import KVAmaxObserver
 from llmdeploy_engine.model.parallel_layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -24,7 +24,7 @@ from llmdeploy_engine.model.parallel_layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from llmdeploy_engine.runner.distributed import ATTENTION_SLOT, MLP_SLOT, SINGLE, ParallelState
+from llmdeploy_engine.parallel.distributed import ATTENTION_SLOT, MLP_SLOT, SINGLE, ParallelState
 from torch import nn
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine.kernels import ops
-from llmdeploy_engine.loading.quant_config import QuantSpec
-from llmdeploy_engine.loading.quant_loading import PartLoader, make_weight, quant_shapes
-from llmdeploy_engine.runner.distributed import EMBED_SLOT, SINGLE, ParallelState, all_gather, all_reduce
+from llmdeploy_engine.model.quant_config import QuantSpec
+from llmdeploy_engine.model.quant_loading import PartLoader, make_weight, quant_shapes
+from llmdeploy_engine.parallel.distributed import EMBED_SLOT, SINGLE, ParallelState, all_gather, all_reduce
 from torch import nn
 
 

@@ -1,3 +1,3 @@
-"""Runners: the interface the engine calls (interface.Runner), the model runner, CUDA graphs,
-decode windows on the device, tensor parallelism.
+"""Runners: the model runner, CUDA graphs, decode windows on the device, tensor-parallel workers;
+each implements core.runner_interface.Runner, the one interface the engine calls.
 """

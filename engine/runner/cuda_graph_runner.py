@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.facts import (
     CUDA_GRAPH_LOGITS_MAX_BATCH,
     cuda_graph_batch_sizes,
@@ -66,7 +67,6 @@ from llmdeploy_engine.model.sampler import fast_argmax_rows
 from llmdeploy_engine.runner.decode_graph import CaptureReport, _DecodeGraph
 from llmdeploy_engine.runner.graph_inputs import PackedTables, pack_decode_inputs, spaced_rows, warm_up_batch
 from llmdeploy_engine.runner.graph_windows import GraphWindows
-from llmdeploy_engine.runner.interface import Runner
 
 PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")
@@ -249,7 +249,7 @@ class CudaGraphRunner(GraphWindows, Runner):
         rank runs the same steps (their all-reduces pair up). Returns the prompt lengths."""
         if self.padding_block is None:
             return []
-        from llmdeploy_engine.model.attention import warm_query_lens
+        from llmdeploy_engine.kernels.attention import warm_query_lens
 
         mc = self.runner.model_config
         group = max(1, mc.num_attention_heads // max(1, mc.num_key_value_heads))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from llmdeploy_engine.model.attention import AttentionMetadata
+from llmdeploy_engine.kernels.attention import AttentionMetadata
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,12 @@ from typing import Any
 import torch
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model import kv_cache
-from llmdeploy_engine.model.attention import build_attention_metadata, build_profile_metadata, pack_aligned
+from llmdeploy_engine.core.runner_interface import Runner
+from llmdeploy_engine.kernels import kv_cache
+from llmdeploy_engine.kernels.attention import build_attention_metadata, build_profile_metadata, pack_aligned
+from llmdeploy_engine.kernels.quant_linear import QuantWeight
 from llmdeploy_engine.model.model import CausalLM
-from llmdeploy_engine.model.quant_linear import QuantWeight
-from llmdeploy_engine.runner.distributed import (
+from llmdeploy_engine.parallel.distributed import (
     SINGLE,
     ParallelState,
     all_reduce_min,
@@ -30,7 +31,6 @@ from llmdeploy_engine.runner.distributed import (
     init_parallel,
 )
 from llmdeploy_engine.runner.graph_sizing import GraphSizing
-from llmdeploy_engine.runner.interface import Runner
 from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
     check_quantization,
@@ -211,7 +211,7 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         elif self.device.type != "cpu":
             raise ValueError(f"tensor parallelism runs on cuda or cpu, not {self.device.type}")
         if rank == 0:
-            from llmdeploy_engine.runner import distributed
+            from llmdeploy_engine.parallel import distributed
             from llmdeploy_engine.runner.tp_worker import WorkerGroup
 
             port = distributed.free_port()

@@ -8,7 +8,7 @@ import gc
 import logging
 
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.runner.interface import Runner
+from llmdeploy_engine.core.runner_interface import Runner
 
 logger = logging.getLogger("llmdeploy_engine")
 

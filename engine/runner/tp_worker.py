@@ -32,8 +32,8 @@ import time
 from typing import IO, Any
 
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.runner.distributed import SAFE_NCCL_ENV
-from llmdeploy_engine.runner.interface import Runner
+from llmdeploy_engine.core.runner_interface import Runner
+from llmdeploy_engine.parallel.distributed import SAFE_NCCL_ENV
 
 logger = logging.getLogger("llmdeploy_engine")
 
@@ -230,7 +230,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format=f"[tp rank {rank}] %(levelname)s %(message)s")
 
     import torch
-    from llmdeploy_engine.runner.distributed import destroy_parallel
+    from llmdeploy_engine.parallel.distributed import destroy_parallel
     from llmdeploy_engine.runner.model_runner import ModelRunner
 
     if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model.attention import build_attention_metadata
+from llmdeploy_engine.kernels.attention import build_attention_metadata
 from llmdeploy_engine.model.sampler import WindowSampler
 from llmdeploy_engine.runner.multi_step import (
     DecodeWindow,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmdeploy_engine.core.block_manager import BlockManager
+from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.core.scheduler import Scheduler, SchedulerOutput
 from llmdeploy_engine.core.sequence import Sequence, SequenceStatus
 from llmdeploy_engine.outputs import Logprob
-from llmdeploy_engine.runner.interface import Runner
 
 
 def fingerprints(token_ids: list[int]) -> list[int]:

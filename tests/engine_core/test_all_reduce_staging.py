@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from llmdeploy_engine.kernels import ops
-from llmdeploy_engine.runner.symm_all_reduce import REDUCE_SLOTS, P2PAllReduce
+from llmdeploy_engine.parallel.symm_all_reduce import REDUCE_SLOTS, P2PAllReduce
 
 
 class _TwoEqualRanks(P2PAllReduce):

@@ -18,7 +18,7 @@ ALLOWED_OUTSIDE = {
     "llmdeploy_engine.facts",
     "llmdeploy_engine.outputs",
     "llmdeploy_engine.sampling_params",
-    "llmdeploy_engine.runner.interface",
+    "llmdeploy_engine.core.runner_interface",
 }
 TENSOR_LIBRARIES = ("torch", "numpy", "triton")
 # what the subprocess refuses to import: the tensor libraries, and the toolkit's pydantic / PyYAML

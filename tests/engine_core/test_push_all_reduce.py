@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 from llmdeploy_engine.kernels import ops
-from llmdeploy_engine.runner.distributed import ParallelState
-from llmdeploy_engine.runner.symm_all_reduce import REDUCE_SLOTS, PushAllReduce
+from llmdeploy_engine.parallel.distributed import ParallelState
+from llmdeploy_engine.parallel.symm_all_reduce import REDUCE_SLOTS, PushAllReduce
 
 
 class _Recorder:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from llmdeploy_engine.model.attention import LARGEST_BLOCK_M, default_block_m, varlen_launch, warm_query_lens
+from llmdeploy_engine.kernels.attention import (
+    LARGEST_BLOCK_M,
+    default_block_m,
+    varlen_launch,
+    warm_query_lens,
+)
 
 
 def test_block_m_classes() -> None:

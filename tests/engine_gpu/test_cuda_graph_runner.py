@@ -162,7 +162,7 @@ def test_start_up_compiles_every_prefill_attention_variant() -> None:
     varlen_attention's BLOCK_M classes with decode rows (paged_decode) compile no attention kernel
     (before the warm-up, the first step of a new class compiled for ~0.5 s in the middle of
     serving); the warm-up writes only the padding block."""
-    from llmdeploy_engine.model import attention
+    from llmdeploy_engine.kernels import attention
     from triton import knobs
 
     runner = qwen_runner(512, 4)

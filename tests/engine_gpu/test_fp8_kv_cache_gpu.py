@@ -9,8 +9,8 @@ import pytest
 import torch
 from gpu_engine_helpers import batch_for
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.model import kv_cache
-from llmdeploy_engine.model.attention import build_attention_metadata, paged_attention
+from llmdeploy_engine.kernels import kv_cache
+from llmdeploy_engine.kernels.attention import build_attention_metadata, paged_attention
 from llmdeploy_engine.runner.cuda_graph_runner import CudaGraphRunner
 from llmdeploy_engine.runner.model_runner import ModelRunner
 

@@ -103,7 +103,7 @@ def test_rope_and_cache_matches_rope_then_write(
     (within rounding), the same cache bytes in every written slot (fp8: the same quantization), the
     other slots untouched and a negative slot skipped; q/k also against a float64 rotation."""
     from llmdeploy_engine.kernels import triton_ops
-    from llmdeploy_engine.model.kv_cache import read_blocks, write_kv
+    from llmdeploy_engine.kernels.kv_cache import read_blocks, write_kv
 
     if INTERPRET and cache_dtype is not None:
         # the interpreter's float32 -> fp8 cast rounds wrongly where rounding carries into the
@@ -164,8 +164,8 @@ def test_decode_path_with_step_lengths_and_no_gather(dtype: torch.dtype) -> None
     import dataclasses
 
     from llmdeploy_engine.core.forward_batch import ForwardBatch
+    from llmdeploy_engine.kernels.attention import _paged_attention, build_attention_metadata
     from llmdeploy_engine.kernels.triton_attention import paged_attention_triton
-    from llmdeploy_engine.model.attention import _paged_attention, build_attention_metadata
 
     gen = torch.Generator().manual_seed(3)
     num_heads, num_kv_heads, head_dim, bs = 14, 2, 64, 16

@@ -35,7 +35,7 @@ def needs_fresh_symm_mem(allreduce: str = "auto") -> None:
     """Skip a test that sets up a symmetric-memory all-reduce when this process already has one: a
     second set-up hung, so init_parallel then gives NCCL only. Run each of these tests in its own
     pytest process."""
-    from llmdeploy_engine.runner.distributed import symm_mem_set_up
+    from llmdeploy_engine.parallel.distributed import symm_mem_set_up
 
     if allreduce != "nccl" and symm_mem_set_up():
         pytest.skip("symmetric memory already set up in this process: run this test in a process of its own")
@@ -254,7 +254,7 @@ def _alive(pid: int) -> bool:
 
 def _p2p_rank(rank: int, port: int, kind: str) -> None:
     """One rank of test_all_reduce_kernels_two_gpus (a spawned process; raises on a wrong sum)."""
-    from llmdeploy_engine.runner.distributed import (
+    from llmdeploy_engine.parallel.distributed import (
         ATTENTION_SLOT,
         EMBED_SLOT,
         MLP_SLOT,
@@ -328,7 +328,7 @@ def test_all_reduce_kernels_two_gpus(kind: str) -> None:
     into a failure)."""
     import multiprocessing
 
-    from llmdeploy_engine.runner.distributed import free_port
+    from llmdeploy_engine.parallel.distributed import free_port
 
     ctx = multiprocessing.get_context("spawn")
     port = free_port()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import DEVICE, INTERPRET, TRITON_TEST_MARKS
-from llmdeploy_engine.model.attention import AttentionMetadata
+from llmdeploy_engine.kernels.attention import AttentionMetadata
 
 pytestmark = TRITON_TEST_MARKS
 
@@ -71,8 +71,8 @@ def test_paged_decode_matches_float64(
 
 
 def test_drop_in_matches_pure_torch_decode() -> None:
+    from llmdeploy_engine.kernels.attention import paged_attention
     from llmdeploy_engine.kernels.triton_attention import paged_attention_triton
-    from llmdeploy_engine.model.attention import paged_attention
 
     gen = torch.Generator().manual_seed(7)
     n, num_heads, num_kv_heads, head_dim, bs, max_blocks = 4, 14, 2, 64, 16, 5

@@ -11,8 +11,7 @@ import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.kernels import ops
-from llmdeploy_engine.model import attention
+from llmdeploy_engine.kernels import attention, ops
 from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = [

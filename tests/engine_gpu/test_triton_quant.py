@@ -90,8 +90,8 @@ def test_int4_gemm_and_dequantize(shape: tuple[int, int], rows: int) -> None:
 @pytest.mark.parametrize("method", ["awq", "gptq-act-order", "fp8"])
 def test_quantized_layers_on_cuda_match_their_cpu_reference(method: str) -> None:
     from llmdeploy_engine.loading.quant_checkpoint import quantization_config, quantize_tensors
-    from llmdeploy_engine.loading.quant_config import quant_spec_from_dict
     from llmdeploy_engine.model.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
+    from llmdeploy_engine.model.quant_config import quant_spec_from_dict
 
     name, opts = method.split("-")[0], ({"desc_act": True} if "act" in method else {})
     qcfg = quantization_config(name, **opts)

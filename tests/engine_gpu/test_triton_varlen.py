@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import DEVICE, FP8, INTERPRET, TRITON_TEST_MARKS, make_batch, reference, rel_err
-from llmdeploy_engine.model.attention import VarlenMetadata
+from llmdeploy_engine.kernels.attention import VarlenMetadata
 
 pytestmark = TRITON_TEST_MARKS
 
@@ -91,7 +91,7 @@ def test_paged_attention_dispatch_mixed_batch(cache_dtype: torch.dtype) -> None:
     over the written cache; for a bf16 cache it also matches the pure-torch path."""
     from kernel_cases import quantize
     from llmdeploy_engine.core.forward_batch import ForwardBatch
-    from llmdeploy_engine.model.attention import _paged_attention, build_attention_metadata, paged_attention
+    from llmdeploy_engine.kernels.attention import _paged_attention, build_attention_metadata, paged_attention
 
     gen = torch.Generator().manual_seed(11)
     bs, num_heads, num_kv_heads, head_dim = 16, 32, 8, 128

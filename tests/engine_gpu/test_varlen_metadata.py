@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model.attention import build_attention_metadata, build_varlen_metadata
+from llmdeploy_engine.kernels.attention import build_attention_metadata, build_varlen_metadata
 
 
 def batch() -> ForwardBatch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model.attention import AttentionMetadata, build_attention_metadata
+from llmdeploy_engine.kernels.attention import AttentionMetadata, build_attention_metadata
 
 BLOCK_SIZE = 4
 
@@ -80,7 +80,7 @@ def test_lengths_fall_back_to_the_mask() -> None:
 def test_pack_aligned_parts_start_on_16_byte_boundaries() -> None:
     """Triton specialises pointer arguments on 16-byte alignment: every part of a packed metadata
     buffer must be aligned whatever the part lengths, or kernels compile new variants mid-serving."""
-    from llmdeploy_engine.model.attention import pack_aligned
+    from llmdeploy_engine.kernels.attention import pack_aligned
 
     for dtype in (torch.int32, torch.long):
         for n in range(1, 10):
@@ -91,7 +91,7 @@ def test_pack_aligned_parts_start_on_16_byte_boundaries() -> None:
 
 
 def test_varlen_metadata_pointers_aligned_for_every_batch_size() -> None:
-    from llmdeploy_engine.model.attention import build_varlen_metadata
+    from llmdeploy_engine.kernels.attention import build_varlen_metadata
 
     for n in range(1, 10):
         batch = make_batch([(3 * i, 2 + i % 3) for i in range(n)])

@@ -11,9 +11,9 @@ from engine_model_helpers import BlockPlan, greedy_generate, make_batch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.kernels import cpu_quant
 from llmdeploy_engine.loading.gguf_compact import decode_int4, use_compact
 from llmdeploy_engine.loading.tokenizer import Tokenizer
+from llmdeploy_engine.model import cpu_quant
 from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not cpu_quant.int4pack_available(), reason="no vectorized int4 CPU kernel")

@@ -1,4 +1,4 @@
-"""fp8 KV cache storage (engine/model/kv_cache.py) and the pure-torch attention path over it, on random data.
+"""fp8 KV cache storage (engine/kernels/kv_cache.py) and the pure-torch attention path over it, on random data.
 
 References are float64: the round trip is bounded by the format's mantissa width, and attention over
 an fp8 cache must equal float64 attention over the dequantized cache contents.
@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model import kv_cache
-from llmdeploy_engine.model.attention import build_attention_metadata, paged_attention
+from llmdeploy_engine.kernels import kv_cache
+from llmdeploy_engine.kernels.attention import build_attention_metadata, paged_attention
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 # (mantissa bits, smallest subnormal) of each format

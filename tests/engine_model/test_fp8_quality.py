@@ -20,9 +20,9 @@ import pytest
 import torch
 from engine_model_helpers import BlockPlan, greedy_generate, make_batch
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.kernels.attention import build_profile_metadata
+from llmdeploy_engine.kernels.kv_cache import KVAmaxObserver
 from llmdeploy_engine.loading.tokenizer import Tokenizer
-from llmdeploy_engine.model.attention import build_profile_metadata
-from llmdeploy_engine.model.kv_cache import KVAmaxObserver
 from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_model_helpers import BlockPlan, greedy_generate, hf_greedy, make_batch
+from llmdeploy_engine.kernels.attention import build_attention_metadata
 from llmdeploy_engine.loading.tokenizer import Tokenizer
-from llmdeploy_engine.model.attention import build_attention_metadata
 from llmdeploy_engine.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.slow  # the model is loaded: seconds a test on 2 cores

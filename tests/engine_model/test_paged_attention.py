@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model.attention import build_attention_metadata, paged_attention
+from llmdeploy_engine.kernels.attention import build_attention_metadata, paged_attention
 
 MIXED = [(5, 1), (0, 7), (9, 3), (12, 1), (0, 1), (30, 1)]
 # every row a decode, in order: the decode-only path, which attends straight into its output

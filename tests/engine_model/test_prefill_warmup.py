@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llmdeploy_engine.model.attention import default_block_m, warm_query_lens
+from llmdeploy_engine.kernels.attention import default_block_m, warm_query_lens
 from llmdeploy_engine.runner import cuda_graph_runner as cgr
 from llmdeploy_engine.runner.model_runner import ModelRunner
 

@@ -20,8 +20,8 @@ from llmdeploy_engine.kernels.int4_formats import (
 )
 from llmdeploy_engine.loading.hf_loader import normalize_quantized
 from llmdeploy_engine.loading.quant_checkpoint import quantization_config, quantize_tensors
-from llmdeploy_engine.loading.quant_config import quant_spec_from_dict
 from llmdeploy_engine.model.parallel_layers import MergedColumnParallelLinear, RowParallelLinear
+from llmdeploy_engine.model.quant_config import quant_spec_from_dict
 
 # (method, options): every layout the loader reads
 LAYOUTS: list[tuple[str, dict[str, Any]]] = [

@@ -16,7 +16,7 @@ from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.kernels.int4_formats import dequantize_int4, unpack_awq, unpack_gptq
 from llmdeploy_engine.llm import LLM
 from llmdeploy_engine.loading.quant_checkpoint import hf_config_dict, write_quantized
-from llmdeploy_engine.loading.quant_config import load_quant_spec
+from llmdeploy_engine.model.quant_config import load_quant_spec
 from llmdeploy_engine.runner.model_runner import ModelRunner
 from llmdeploy_engine.sampling_params import SamplingParams
 

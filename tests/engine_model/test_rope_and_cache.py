@@ -7,8 +7,8 @@ import pytest
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.kernels import ops
-from llmdeploy_engine.model.attention import build_attention_metadata, paged_attention
-from llmdeploy_engine.model.kv_cache import write_kv
+from llmdeploy_engine.kernels.attention import build_attention_metadata, paged_attention
+from llmdeploy_engine.kernels.kv_cache import write_kv
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])

@@ -22,7 +22,7 @@ from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.loading.hf_loader import load_hf_config
 from llmdeploy_engine.model.parallel_layers import QKVParallelLinear
-from llmdeploy_engine.runner.distributed import ParallelState
+from llmdeploy_engine.parallel.distributed import ParallelState
 from llmdeploy_engine.runner.model_runner import ModelRunner
 from llmdeploy_engine.runner.setup import check_tensor_parallel
 

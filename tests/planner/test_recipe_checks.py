@@ -190,7 +190,7 @@ def test_builtin_fp8_kv_validates_and_plans_one_byte_per_element(tmp_path: Path,
 
 
 def test_builtin_kv_dtypes_match_the_engine() -> None:
-    kv_cache = pytest.importorskip("llmdeploy_engine.model.kv_cache")
+    kv_cache = pytest.importorskip("llmdeploy_engine.kernels.kv_cache")
     assert set(BUILTIN_KV_DTYPES) - {"auto"} <= set(kv_cache.KV_CACHE_DTYPES)
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from llmdeploy_engine.runner.distributed import ParallelState
+    from llmdeploy_engine.parallel.distributed import ParallelState
 
 SYMM_MEM_MAX_BYTES = 1 << 20
 # the p2p and push all-reduces' buffer slots, by caller: two all-reduces in a row never share one (a forward runs

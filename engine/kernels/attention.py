@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model.kv_cache import read_blocks, write_kv
+from llmdeploy_engine.kernels.kv_cache import read_blocks, write_kv
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # cuDNN attention builds a graph per new shape; decode contexts change shape every step, so leave it out

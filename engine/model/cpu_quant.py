@@ -25,7 +25,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from llmdeploy_engine.model.quant_linear import QuantWeight
+from llmdeploy_engine.kernels.quant_linear import QuantWeight
 
 # from this many rows on, one dequantization plus the float32 GEMM beats the int4 kernel
 CPU_DEQUANT_ROWS = 32

@@ -18,16 +18,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from llmdeploy_engine.config import ALLREDUCE_CHOICES
-from llmdeploy_engine.runner.symm_all_reduce import (
+from llmdeploy_engine.parallel.symm_all_reduce import (
     ATTENTION_SLOT as ATTENTION_SLOT,  # the slots callers name (model.py, parallel_layers.py)
 )
-from llmdeploy_engine.runner.symm_all_reduce import (
+from llmdeploy_engine.parallel.symm_all_reduce import (
     EMBED_SLOT as EMBED_SLOT,
 )
-from llmdeploy_engine.runner.symm_all_reduce import (
+from llmdeploy_engine.parallel.symm_all_reduce import (
     MLP_SLOT as MLP_SLOT,
 )
-from llmdeploy_engine.runner.symm_all_reduce import (
+from llmdeploy_engine.parallel.symm_all_reduce import (
     SYMM_MEM_MAX_BYTES,
     P2PAllReduce,
     PushAllReduce,
@@ -200,7 +200,7 @@ def _refuse_in_capture(what: str, x: torch.Tensor) -> None:
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             f"NCCL {what} of {tuple(x.shape)} {x.dtype} inside a CUDA graph capture: the process group "
-            "could not be destroyed afterwards (see engine/runner/distributed.py); the symmetric-memory buffer "
+            "could not be destroyed afterwards (see engine/parallel/distributed.py); the symmetric-memory buffer "
             "must cover every captured all-reduce"
         )
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 from llmdeploy_engine.kernels.int4_formats import unpack_awq, unpack_gptq
-from llmdeploy_engine.loading.quant_config import QuantSpec
-from llmdeploy_engine.model.quant_linear import Fp8Weight, Int4Weight, QuantWeight
+from llmdeploy_engine.kernels.quant_linear import Fp8Weight, Int4Weight, QuantWeight
+from llmdeploy_engine.model.quant_config import QuantSpec
 
 
 def make_weight(spec: QuantSpec, out_features: int, in_features: int) -> QuantWeight:
