@@ -236,7 +236,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="torch threads of the model's steps on --device cpu (default: torch's own, OMP_NUM_THREADS or "
         "the cores). One fewer than the cores leaves the HTTP event loop that streams each token a core "
         "of its own: on 2 cores, 1 thread decodes a single stream ~40%% faster but prefills 512-token "
-        "prompts ~25%% slower (docs/benchmarks-cpu.md)",
+        "prompts ~25%% slower (docs/performance.md)",
     )
 
 
