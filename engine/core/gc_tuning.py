@@ -2,7 +2,7 @@
 
 Python runs a young-generation pass every 700 new container objects by default; the engine's step
 loop creates that many in well under a millisecond, and the passes (with the older-generation passes
-they trigger) took a third of the host time of a decode window (benchmarks/host_overhead.py: 2.0 ->
+they trigger) took a third of the host time of a decode window (`git show c2170a2:benchmarks/host_overhead.py`: 2.0 ->
 1.4 us a token at 256 x (560 + 560) with 8-step windows). So the engine raises the threshold to
 `EngineConfig.gc_gen0_threshold` (`--gc-gen0-threshold`) for the process, never lowering it; 0 leaves
 Python's setting alone.

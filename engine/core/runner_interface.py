@@ -57,3 +57,25 @@ class Runner:
 
     def close(self) -> None:
         """Release what the runner holds (tensor-parallel workers, graphs); unusable after."""
+
+
+class WrappedRunner(Runner):
+    """A runner around another one (CUDA graphs, tensor-parallel workers): what it does not define
+    itself is the wrapped runner's."""
+
+    runner: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    @property
+    def device(self) -> Any:  # type: ignore[override]
+        return self.runner.device
+
+    @property
+    def max_num_batched_tokens(self) -> int | None:  # type: ignore[override]
+        return self.runner.max_num_batched_tokens  # type: ignore[no-any-return]
+
+    @property
+    def model_config(self) -> Any:
+        return self.runner.model_config

@@ -175,13 +175,13 @@ def default_block_m(rows: int) -> int:
     a step. H200, bf16: 4-token verification (16 rows with GQA 4) ran 2x faster at 16 than at 128;
     prefills ran faster at 64 rows with 4 warps (`varlen_launch`) than at 128 with 8, 1.07-1.31x
     (8,192-token chunks of 100-1,024-token prompts 1.21x, 1 x 8,192 1.07x, 32 x 256 1.31x; fp8 cache
-    1.35x; `benchmarks/gpu_varlen_sweep.py`)."""
+    1.35x; `git show c2170a2:benchmarks/gpu_varlen_sweep.py`)."""
     return 16 if rows <= 16 else 32 if rows <= 32 else LARGEST_BLOCK_M
 
 
 def varlen_launch(block_m: int, fp8: bool) -> tuple[int, int, int]:
     """(BLOCK_N keys per inner tile, num_warps, num_stages) of the varlen kernel for block_m rows per
-    program and the cache's dtype: the fastest of `benchmarks/gpu_varlen_sweep.py` for 64 rows (bf16 cache: 32 keys, 3
+    program and the cache's dtype: the fastest of `git show c2170a2:benchmarks/gpu_varlen_sweep.py` for 64 rows (bf16 cache: 32 keys, 3
     stages; fp8: 64 keys, 2 stages, where 32 keys ran 1.1-1.3x slower), as before for the rest."""
     if block_m <= 32:
         return 64, 4, 2

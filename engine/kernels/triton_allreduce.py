@@ -117,7 +117,7 @@ SENTINEL_WORD = -2147450880  # 0x80008000 as int32: the same fill read as 32-bit
 
 def push_shape(n: int) -> tuple[int, int]:
     """(elements per program and round, warps) of a push exchange of n elements. Measured alone on 2
-    H200s (benchmarks/gpu_allreduce.py, us per all-reduce of bf16 [rows, 4096]): 1 row 2.00 at
+    H200s (`git show c2170a2:benchmarks/gpu_allreduce.py`, us per all-reduce of bf16 [rows, 4096]): 1 row 2.00 at
     (512, 4) against 2.46 at (2048, 8); 8 rows 2.40 at (1024, 4) against 2.68. Larger exchanges (the
     logits' all-gather, big batches) keep (2048, 8)."""
     if n <= 4096:

@@ -40,7 +40,7 @@ from llmdeploy_engine.kernels.attention import AttentionMetadata
 TILE_TOKENS = 64
 MAX_SPLITS = 32
 # splits of at least 64 tokens, and none below a 256-token context: single-sequence decode on the
-# H200 inside a CUDA graph (benchmarks/gpu_decode_small.py) ran fastest with
+# H200 inside a CUDA graph (`git show c2170a2:benchmarks/gpu_decode_small.py`) ran fastest with
 # 64-token splits from 256 tokens on (0.5B layer at 512: 6.7 -> 4.4 us; 8B: 8.4 -> 5.3 us), while at
 # 128 tokens one program per KV head beat any split (the merge costs more than it saves)
 MIN_SPLIT_TOKENS = 64
@@ -50,7 +50,7 @@ MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
 # DECODE_GRID_ORDER: paged_decode's grid is (KV heads, sequences, splits), so the GPU, which starts
 # programs about in grid order, runs a sequence's KV heads together: they read the same block-table
 # row and the neighbouring 256-byte head slices of each cached token. Measured on the H200 at the
-# 8B's 256-request shapes (benchmarks/gpu_batch_diag.py): 1-3 % faster than
+# 8B's 256-request shapes (`git show c2170a2:benchmarks/gpu_batch_diag.py`): 1-3 % faster than
 # sequences fastest, and up to 10 % with rows sorted longest context first; in the engine under the
 # board's power limit, sorting the rows gained nothing, so the scheduler does not sort them.
 
@@ -69,7 +69,7 @@ class DecodeConfig:
 
 
 FP8_CONVERSIONS = ("to", "v", "kv")
-# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), kernel only (benchmarks/gpu_fp8_sweep.py).
+# H200, Llama-3.1-8B layer (32 q / 8 KV heads, head_dim 128), kernel only (`git show c2170a2:benchmarks/gpu_fp8_sweep.py`).
 # bf16 cache: 4 programs an SM (128 registers,
 # 39 KB shared; without the cap the one-split variant takes 130-150 registers and only 3 fit).
 # fp8 cache: 128-key tiles, 4 warps, 2 programs an SM (108 KB shared: two fp8 K/V buffers and the
@@ -206,7 +206,7 @@ def _fp8_to_f16(x, E5M2: tl.constexpr):
     dot operand, so the fp8 bytes (not fp16 pairs) get re-laid out, and V (the transposed operand
     of P @ V) is then read from shared memory one byte at a time (LDS.U8, 128 a thread per
     128-key tile). Converted here, the fp16 tile goes through shared memory once and ldmatrix
-    reads it back (SASS of both: benchmarks/decode_sass.py)."""
+    reads it back (SASS of both: `git show c2170a2:benchmarks/decode_sass.py`)."""
     if E5M2:
         return tl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e5m2x2 $0, lo; cvt.rn.f16x2.e5m2x2 $1, hi; }",

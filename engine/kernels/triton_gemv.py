@@ -14,7 +14,7 @@ are read once, the accumulation stays in float32 registers and nothing is reduce
 The fused prologues read the activations again in every program (a few KB, from L2): the norm's
 variance is recomputed per program and only program 0 writes the residual sum.
 
-Launch parameters come from `TUNED` (filled from benchmarks/gpu_gemv.py's sweep on the H200) or a
+Launch parameters come from `TUNED` (filled from `git show c2170a2:benchmarks/gpu_gemv.py`'s sweep on the H200) or a
 heuristic; every function takes `block_n`, `block_k`, `num_warps`, `num_stages`, `mode`, `prefetch`
 keywords (the GemvConfig fields) to override them. `mode`: "reduce" (reduce over K every step, for each row), "defer"
 (keep [BLOCK_N, BLOCK_K] partial sums, reduce once at the end; with more than one row the
@@ -57,8 +57,8 @@ class GemvConfig:
 
 
 # (N, K, row bucket) -> config; row bucket: 1 for M == 1, 4 for M <= 4, 8 for M <= 8.
-# Paste the "best config" lines that benchmarks/gpu_gemv.py prints here.
-# H200, benchmarks/gpu_gemv.py: the fastest correct
+# The "best config" lines of the GEMV sweep (`git show c2170a2:benchmarks/gpu_gemv.py`) go here.
+# H200, `git show c2170a2:benchmarks/gpu_gemv.py`: the fastest correct
 # configuration per shape at one row, us a launch inside a CUDA graph, weights cycled out of L2
 TUNED: dict[tuple[int, int, int], GemvConfig] = {
     # Qwen2.5-0.5B: qkv 2.98, o_proj 2.42, gate_up 7.40, down 5.77, lm_head 65.95

@@ -24,7 +24,7 @@ from llmdeploy_engine.kernels.triton_gemv import add_residual, norm_times_weight
 
 MAX_GEMV_ROWS = 8
 # (weight format 0 int4 | 1 fp8, rows bucket 1 | 8) -> (BLOCK_N, BLOCK_K, num_warps, deferred
-# reduction), read at each launch (benchmarks/gpu_quant.py --sweep replaces entries to time candidates)
+# reduction), read at each launch (`git show c2170a2:benchmarks/gpu_quant.py` --sweep replaces entries to time candidates)
 # single-row entries: the fastest over Llama-3.1-8B's gate_up and down shapes on an H200 (int4
 # ~480-530 GB/s of weight bytes: bound by the nibble unpacking, not by HBM; fp8 ~2.0-2.7 TB/s)
 GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int, bool]] = {

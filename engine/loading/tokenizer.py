@@ -143,7 +143,7 @@ class Tokenizer:
     def _backend(self) -> Any:
         """The fast tokenizer's Rust tokenizer when decoding through it gives what `hf.decode` gives
         (no clean-up of tokenization spaces): `hf.decode` first checks every id's type in Python,
-        which was ~40 % of the engine's final detokenization (benchmarks/host_overhead.py)."""
+        which was ~40 % of the engine's final detokenization (`git show c2170a2:benchmarks/host_overhead.py`)."""
         backend = getattr(self.hf, "_tokenizer", None)
         if (
             backend is None

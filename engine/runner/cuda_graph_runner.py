@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.core.runner_interface import Runner
+from llmdeploy_engine.core.runner_interface import WrappedRunner
 from llmdeploy_engine.facts import (
     CUDA_GRAPH_LOGITS_MAX_BATCH,
     cuda_graph_batch_sizes,
@@ -72,7 +72,7 @@ PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")
 
 
-class CudaGraphRunner(GraphWindows, Runner):
+class CudaGraphRunner(GraphWindows, WrappedRunner):
     """Wraps a CUDA ModelRunner; `execute` has the runner's contract. The Runner interface's values are
     the wrapped runner's; other attributes pass through."""
 
@@ -134,21 +134,6 @@ class CudaGraphRunner(GraphWindows, Runner):
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
         self.warm_prefill_lens = self._warm_eager_prefill()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runner, name)
-
-    @property
-    def device(self) -> Any:  # type: ignore[override]
-        return self.runner.device
-
-    @property
-    def max_num_batched_tokens(self) -> int | None:  # type: ignore[override]
-        return self.runner.max_num_batched_tokens
-
-    @property
-    def model_config(self) -> Any:
-        return self.runner.model_config
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (before a tensor-parallel group is destroyed); execute runs eagerly

@@ -32,7 +32,7 @@ import time
 from typing import IO, Any
 
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.core.runner_interface import Runner
+from llmdeploy_engine.core.runner_interface import WrappedRunner
 from llmdeploy_engine.parallel.distributed import SAFE_NCCL_ENV
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -145,7 +145,7 @@ class WorkerGroup:
         return [p.pid for p in self.procs]
 
 
-class TensorParallelDriver(Runner):
+class TensorParallelDriver(WrappedRunner):
     """Rank 0's outermost runner: hands each step to the workers, then runs it here.
 
     `execute` has ModelRunner's contract; the Runner interface's values are the wrapped runner's,
@@ -156,24 +156,9 @@ class TensorParallelDriver(Runner):
         self.runner = runner
         self.workers = workers
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runner, name)
-
-    @property
-    def device(self) -> Any:  # type: ignore[override]
-        return self.runner.device
-
-    @property
-    def max_num_batched_tokens(self) -> int | None:  # type: ignore[override]
-        return self.runner.max_num_batched_tokens
-
     @property
     def multi_step_sampling(self) -> bool:  # type: ignore[override]
         return self.runner.multi_step_sampling
-
-    @property
-    def model_config(self) -> Any:
-        return self.runner.model_config
 
     @property
     def startup_report(self) -> Any:
