@@ -116,8 +116,7 @@ def llamacpp_python(venv: Path) -> Path:
 
 def recipe_command(system: str, port: int, vllm_venv: Path) -> tuple[list[str], dict[str, str], str]:
     """(argv, extra env, GGUF path) for the built-in engine or vLLM, as `llmdeploy apply` starts it."""
-    from llmdeploy.render.local_command import local_engine_command
-
+    from llmdeploy.apply.local_command import local_engine_command
     from llmdeploy.apply.local_engine import find_local_engine
     from llmdeploy.apply.model_source import prepare_model
     from llmdeploy.planner import make_plan
