@@ -16,8 +16,14 @@ import argparse
 import importlib
 import importlib.metadata
 import json
+import os
 import sys
 from typing import Any
+
+# Run as a script, its own folder (which holds vllm.py and sglang.py) would come first on sys.path and
+# shadow the engines' packages it imports.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
 
 
 def _kind(action: argparse.Action) -> str:
