@@ -70,6 +70,7 @@ def test_toolkit_never_imports_torch() -> None:
     assert offenders == []
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_templates_and_renders_without_the_source_tree(
     built_wheel: Path, tmp_path: Path
 ) -> None:

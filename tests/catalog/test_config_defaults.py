@@ -107,6 +107,7 @@ QWEN3_NEXT_SMALL = {
 
 
 @pytest.mark.parametrize("with_transformers", [True, False])
+@pytest.mark.slow
 def test_linear_attention_layers_are_recorded(
     with_transformers: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

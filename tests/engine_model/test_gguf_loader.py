@@ -101,6 +101,7 @@ def write_gguf(
 
 
 @pytest.mark.parametrize("llama3_rope", [False, True])
+@pytest.mark.slow
 def test_f32_gguf_logits_match_the_original_model(tmp_path: Path, llama3_rope: bool) -> None:
     from llmdeploy_engine.config import EngineConfig, RopeScaling
     from llmdeploy_engine.core.forward_batch import ForwardBatch

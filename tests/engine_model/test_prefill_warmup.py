@@ -11,6 +11,7 @@ from llmdeploy_engine.runner import cuda_graph_runner as cgr
 from llmdeploy_engine.runner.model_runner import ModelRunner
 
 
+@pytest.mark.slow
 def test_warm_up_prompts_write_only_the_padding_block(runner: ModelRunner) -> None:
     g_runner = object.__new__(cgr.CudaGraphRunner)  # no graphs: only the warm-up is exercised
     g_runner.runner = runner

@@ -88,6 +88,7 @@ def test_startup_report_cuda_graph_lines() -> None:
         ({"dtype": "float64"}, "dtype"),
     ],
 )
+@pytest.mark.slow
 def test_impossible_settings_are_refused(gguf_path: Path, overrides: dict[str, object], message: str) -> None:
     settings: dict[str, object] = {"model": str(gguf_path), "device": "cpu", "kv_cache_memory_bytes": 2**24}
     settings.update(overrides)

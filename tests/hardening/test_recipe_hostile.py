@@ -69,6 +69,7 @@ def test_alias_bomb_is_refused_quickly(tmp_path: Path, kind: str) -> None:
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(levels=st.integers(1, 10), width=st.integers(1, 10), kind=st.sampled_from(["list", "merge"]))
+@pytest.mark.slow
 def test_alias_trees_of_any_shape(tmp_path: Path, levels: int, width: int, kind: str) -> None:
     path = tmp_path / "tree.yaml"
     path.write_text(_bomb(levels, width, kind))
@@ -85,6 +86,7 @@ def test_self_merging_mapping(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("depth", [65, 500, 5000, 50_000])
 @pytest.mark.parametrize("opener", ["[", "{a: ", "- "])
+@pytest.mark.slow
 def test_deep_nesting(tmp_path: Path, depth: int, opener: str) -> None:
     if opener == "- ":
         text = "model: {id: x}\nx-d:\n" + "".join("  " * i + "- \n" for i in range(min(depth, 2000)))

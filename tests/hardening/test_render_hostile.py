@@ -52,6 +52,7 @@ def _recipe(tmp_path: Path, target: str, model: str, served: str, value: str) ->
 
 @FUZZ
 @given(model=hostile, served=hostile, value=hostile)
+@pytest.mark.slow
 def test_launch_script(tmp_path: Path, model: str, served: str, value: str) -> None:
     made = _recipe(tmp_path, "local", model, served, value)
     if made is None:
@@ -95,6 +96,7 @@ def test_compose_file(tmp_path: Path, model: str, served: str, value: str) -> No
 
 @FUZZ
 @given(model=hostile, served=hostile, value=hostile)
+@pytest.mark.slow
 def test_manifests(tmp_path: Path, model: str, served: str, value: str) -> None:
     made = _recipe(tmp_path, "kubernetes", model, served, value)
     if made is None:

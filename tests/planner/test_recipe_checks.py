@@ -238,6 +238,7 @@ def test_validate_cli_points_rule_problems_at_their_line(tmp_path: Path) -> None
     assert "tp.yaml:4: parallelism.tensor: tensor parallelism 3 does not divide" in done.stderr
 
 
+@pytest.mark.slow
 def test_every_shipped_recipe_validates() -> None:
     recipes = sorted(str(p) for p in (ROOT / "recipes").glob("*.yaml"))
     done = subprocess.run(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,6 +63,7 @@ VALUES = [
         max_size=25,
     )
 )
+@pytest.mark.slow
 def test_loader_on_nested_mappings(tmp_path: Path, lines: list[tuple[int, str, str, bool]]) -> None:
     text = "model:\n  id: x\n" + "".join(
         "  " * depth + ("- " if dash else "") + f"{key}: {value}\n" for depth, key, value, dash in lines

@@ -122,6 +122,7 @@ def test_editor_schema_rejects_what_the_loader_rejects(text: str, fragment: str)
         jsonschema.validate(yaml.safe_load(text), json.loads(SCHEMA_FILE.read_text()))
 
 
+@pytest.mark.slow
 def test_schema_command_prints_the_schema(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from render.recipe_factory import REPO_ROOT
 
 RECIPE = REPO_ROOT / "recipes" / "quickstart.yaml"
@@ -22,6 +24,7 @@ def _render(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_render_writes_then_leaves_unchanged(tmp_path: Path) -> None:
     first = _render(str(RECIPE), "-o", str(tmp_path))
     assert first.returncode == 0, first.stderr
@@ -30,6 +33,7 @@ def test_render_writes_then_leaves_unchanged(tmp_path: Path) -> None:
     assert second.returncode == 0 and "written" not in second.stdout
 
 
+@pytest.mark.slow
 def test_unsupported_knob_exits_2_naming_engine_and_knob(tmp_path: Path) -> None:
     done = _render(str(RECIPE), "-o", str(tmp_path), "--set", "parallelism.pipeline=2")
     assert done.returncode == 2

@@ -143,6 +143,7 @@ def test_serve_help_lists_flags() -> None:
         assert flag in out.stdout
 
 
+@pytest.mark.slow
 def test_llmdeploy_serve_dry_run(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
@@ -176,6 +177,7 @@ def test_llmdeploy_serve_dry_run(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "exactly one of RECIPE and --model" in bad.stderr
 
 
+@pytest.mark.slow
 def test_busy_port_fails_before_loading(tmp_path: Path) -> None:
     import socket
 
@@ -196,6 +198,7 @@ def run_llmdeploy(*argv: str, env: dict[str, str] | None = None) -> subprocess.C
     )
 
 
+@pytest.mark.slow
 def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
     gguf = (
         Path(sys.prefix)

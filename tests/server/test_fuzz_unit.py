@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -108,6 +109,7 @@ def body_from(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[di
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]), body=body_from(OPENAI_FIELDS))
+@pytest.mark.slow
 def test_openai_routes_survive_random_bodies(path: str, body: dict[str, Any]) -> None:
     check(CLIENT.post(path, json=body))
 
@@ -119,6 +121,7 @@ def test_openai_routes_survive_random_bodies(path: str, body: dict[str, Any]) ->
     params=st.one_of(body_from(TGI_PARAMS), values),
     stream=st.one_of(st.booleans(), values),
 )
+@pytest.mark.slow
 def test_tgi_routes_survive_random_bodies(path: str, inputs: Any, params: Any, stream: Any) -> None:
     check(CLIENT.post(path, json={"inputs": inputs, "parameters": params, "stream": stream}))
 
