@@ -133,8 +133,8 @@ def plan_command(
     """
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.cli.plan_fit import FitFlags, recipe_fit_inputs, run_fit, show_plan
-    from llmdeploy.memory.plan_inputs import PlanInputs, inputs_from_recipe
-    from llmdeploy.planner.plan import plan_from_inputs
+    from llmdeploy.memory.plan_inputs import PlanInputs
+    from llmdeploy.planner.plan import plan_from_inputs, recipe_inputs
 
     if len(gpu_names) > 1 and not fit:
         raise click.UsageError("--gpu names one GPU (repeat it only with --fit)")
@@ -186,7 +186,7 @@ def plan_command(
     if recipe is not None:
         from llmdeploy.recipe import load_recipe
 
-        inputs = inputs_from_recipe(load_recipe(recipe, overrides))
+        inputs = recipe_inputs(load_recipe(recipe, overrides))
         show_plan(inputs, plan_from_inputs(inputs), calibration, output)
         return
     if params_b is not None:

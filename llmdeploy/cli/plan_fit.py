@@ -42,7 +42,7 @@ def _either(flag: T | None, recipe_value: T | None) -> T | None:
 
 def recipe_fit_inputs(recipe: Recipe) -> PlanInputs:
     """The recipe's model and engine settings; the GPU is left to --fit to choose."""
-    from llmdeploy.memory.plan_inputs import inputs_from_recipe
+    from llmdeploy.planner.plan import recipe_inputs
 
     if recipe.hardware.device != "cuda":
         raise UserError.one(
@@ -56,7 +56,7 @@ def recipe_fit_inputs(recipe: Recipe) -> PlanInputs:
         recipe = recipe.model_copy(
             update={"hardware": recipe.hardware.model_copy(update={"gpu": "H100-SXM"})}
         )
-    return inputs_from_recipe(recipe)
+    return recipe_inputs(recipe)
 
 
 def run_fit(base: PlanInputs, flags: FitFlags, recipe: Recipe | None, output: str) -> None:

@@ -87,15 +87,14 @@ def smoke_command(
 
 
 def _record_calibration(recipe: Recipe, report: SmokeReport, path: Path) -> None:
-    from llmdeploy.memory.plan_inputs import inputs_from_recipe
     from llmdeploy.planner.calibration import new_record, record_measurement
-    from llmdeploy.planner.plan import plan_from_inputs
+    from llmdeploy.planner.plan import plan_from_inputs, recipe_inputs
 
     actual = report.kv.actual if report.kv is not None else None
     if actual is None:
         click.echo(f"calibration: the engine reported no KV cache size; nothing recorded in {path}", err=True)
         return
-    inputs = inputs_from_recipe(recipe)
+    inputs = recipe_inputs(recipe)
     record = new_record(inputs, plan_from_inputs(inputs), actual.tokens, actual.source)
     records = record_measurement(path, record)
     click.echo(

@@ -154,6 +154,11 @@ class Engine(Protocol):
         it cannot honour goes to `flags.unsupported`, never dropped."""
         ...
 
+    def plan_inputs(self, recipe: Recipe) -> PlanInputs:
+        """What the memory plan reads from `recipe`: the engine-neutral inputs plus the engine's own
+        (vLLM: the sampler backend its environment picks)."""
+        ...
+
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
         """The engine's start-up memory accounting for `inputs` (problems included, no suggestions)."""
         ...
@@ -214,6 +219,11 @@ class EngineDefaults:
 
     def notes(self, recipe: Recipe, gpu: GPUSpec | None) -> list[str]:
         return []
+
+    def plan_inputs(self, recipe: Recipe) -> PlanInputs:
+        from llmdeploy.memory.plan_inputs import inputs_from_recipe  # the catalog loads on first use
+
+        return inputs_from_recipe(recipe)
 
     def kv_capacity_from_metrics(self, samples: list[MetricSample]) -> KVCapacity | None:
         return None

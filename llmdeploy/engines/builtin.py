@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from llmdeploy_engine import facts as builtin_rule
@@ -145,6 +146,8 @@ class BuiltinEngine(EngineDefaults):
                 )
 
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
+        if inputs.device == "cpu" and inputs.dtype == "auto":
+            inputs = replace(inputs, dtype="float32")  # it computes in float32 on CPU
         seqs = inputs.max_num_seqs or 256
         batched = inputs.max_num_batched_tokens or min(max(inputs.context_len, 2048), 8192)
         weights = _weights_bytes(inputs)

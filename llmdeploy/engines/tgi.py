@@ -207,7 +207,7 @@ class TGIEngine(EngineDefaults):
         usable = int(total * inputs.gpu_memory_utilization)  # TGI's --cuda-memory-fraction
         weights = footprint.weights_bytes_per_gpu(inputs)
         act = footprint.activation_bytes(inputs, prefill, min(seqs, prefill))
-        non_torch = footprint.non_torch_bytes(inputs) + int(footprint.CUDA_CONTEXT_GIB * GIB)
+        non_torch = footprint.fixed_non_torch_bytes(inputs) + int(footprint.CUDA_CONTEXT_GIB * GIB)
         graphs = footprint.cuda_graph_bytes(inputs, min(seqs, 128))
         free = usable - weights - act - non_torch - graphs
         kv = int(free * WIGGLE_ROOM) if free > 0 else free

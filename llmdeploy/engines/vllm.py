@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from llmdeploy_engine import facts as builtin_rule
@@ -17,13 +18,14 @@ from llmdeploy_engine import facts as builtin_rule
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
 from llmdeploy.engines.flags import Flags, speculative_config_json, vllm_style_flags
 from llmdeploy.engines.plan_assembly import assemble_plan, pool_capacity
-from llmdeploy.errors import Problem
+from llmdeploy.errors import Problem, UserError
 from llmdeploy.memory import cuda_graphs
 from llmdeploy.memory.footprint import (
     activation_bytes,
-    non_torch_bytes,
     release,
     vllm_load_overhead_bytes,
+    vllm_mxfp4_marlin,
+    vllm_non_torch_bytes,
     weights_bytes_per_gpu,
 )
 from llmdeploy.memory.kv_layout import KVLayout, kv_layout
@@ -35,6 +37,7 @@ if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model
     from llmdeploy.recipe.schema import Recipe
 
 CPU_BLOCK_MULTIPLE = 32
+FLASHINFER_SAMPLER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"  # the engine.env entry the plan reads
 KV_TOKENS_FROM_CONCURRENCY_SINCE = (0, 21)
 _KV_DTYPES = {
     "fp16": "float16",
@@ -123,18 +126,22 @@ class VLLMEngine(EngineDefaults):
         if recipe.speculative is not None:
             flags.add("--speculative-config", speculative_config_json(recipe, recipe.speculative.draft_model))
 
+    def plan_inputs(self, recipe: Recipe) -> PlanInputs:
+        sampler = flashinfer_sampler_from_env(recipe.engine.env.get(FLASHINFER_SAMPLER_ENV))
+        return replace(super().plan_inputs(recipe), flashinfer_sampler=sampler)
+
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
         batched, seqs = vllm_defaults(inputs)
-        weights = weights_bytes_per_gpu(inputs) + vllm_load_overhead_bytes(inputs)
+        weights = weights_bytes_per_gpu(inputs, vllm_mxfp4_marlin(inputs)) + vllm_load_overhead_bytes(inputs)
         if inputs.device == "cpu":
             kv = int((inputs.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB) * GIB)
-            act = activation_bytes(inputs, batched, seqs)
+            act = vllm_activation_bytes(inputs, batched, seqs)
             note = ("vLLM CPU backend: KV space is fixed (VLLM_CPU_KVCACHE_SPACE), not a share of memory",)
             return assemble_plan(inputs, kv, weights, act, 0, 0, kv, batched, seqs, note, kv_capacity)
         total = int(inputs.total_memory_gib * GIB)
         usable = int(total * inputs.gpu_memory_utilization)
-        act = activation_bytes(inputs, batched, seqs)
-        non_torch = non_torch_bytes(inputs)
+        act = vllm_activation_bytes(inputs, batched, seqs)
+        non_torch = vllm_non_torch_bytes(inputs)
         graphs = cuda_graphs.vllm_graph_bytes(inputs, batched, seqs)
         explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
         kv = builtin_rule.kv_cache_bytes(
@@ -184,6 +191,26 @@ class VLLMEngine(EngineDefaults):
 def _int_label(labels: dict[str, str], key: str) -> int | None:
     value = labels.get(key, "")
     return int(value) if value.isdigit() else None
+
+
+def flashinfer_sampler_from_env(value: str | None) -> bool | None:
+    """The sampler a `VLLM_USE_FLASHINFER_SAMPLER` value picks, read as vLLM's envs.py reads it
+    (an integer, non-zero = FlashInfer); None when unset (the release's default)."""
+    if value is None:
+        return None
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise UserError.one(
+            f"{FLASHINFER_SAMPLER_ENV} must be 0 or 1, got {value!r}",
+            path=f"engine.env.{FLASHINFER_SAMPLER_ENV}",
+            fix="set it to 1 (FlashInfer top-k/top-p sampling) or 0 (PyTorch), or leave it out",
+        ) from None
+
+
+def vllm_activation_bytes(inputs: PlanInputs, batched: int, seqs: int, sampler_stage: bool = True) -> int:
+    """The profiling peak with vLLM's own mechanisms: its fused-MoE workspace and V1 sampler warm-up."""
+    return activation_bytes(inputs, batched, seqs, sampler_stage, moe_workspace=True, v1_sampler=True)
 
 
 def graphs_in_budget(inputs: PlanInputs) -> bool:

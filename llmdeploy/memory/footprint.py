@@ -127,12 +127,12 @@ def expert_matrix_params(spec: ModelSpec) -> int:
     return spec.num_moe_layers * spec.num_experts * per_expert
 
 
-def mxfp4_marlin(inputs: PlanInputs) -> bool:
+def vllm_mxfp4_marlin(inputs: PlanInputs) -> bool:
     """vLLM runs MXFP4 MoE experts with its Marlin kernels on GPUs before Hopper (compute capability
     < 9), and on Hopper when the triton_kernels package is missing, as with the 0.10 and 0.11 wheels
     (v0.11.0 quantization/mxfp4.py `get_mxfp4_backend`; the 0.10.1 gpt-oss-120b H100 log loads the
     Marlin-sized 65.97 GiB). Later Hopper releases: the 256-padded layout of the other backends."""
-    if inputs.engine != "vllm" or inputs.gpu is None:
+    if inputs.gpu is None:
         return False
     major = int(inputs.gpu.compute_capability.split(".")[0])
     version = release(inputs.engine_version)
@@ -169,20 +169,21 @@ def weights_bytes_total(
     return math.ceil(p.linear * bits / 8) + rest * dtype_bytes
 
 
-def weights_bytes_per_gpu(inputs: PlanInputs) -> int:
+def weights_bytes_per_gpu(inputs: PlanInputs, mxfp4_marlin: bool = False) -> int:
     """Tensor parallelism shards every matrix and the (vocab-parallel) embedding and head; pipeline
     parallelism splits the layers, and the heaviest stage (embedding or head on it) counts. A draft
-    model for speculative decoding is loaded next to the target (same TP)."""
+    model for speculative decoding is loaded next to the target (same TP). `mxfp4_marlin`: MXFP4
+    experts in the Marlin layout (`vllm_mxfp4_marlin`)."""
     draft = 0
     if inputs.draft is not None:
         draft = math.ceil(inputs.draft.num_params * inputs.model_dtype_bytes / inputs.tensor_parallel_size)
-    return draft + _target_weights_per_gpu(inputs)
+    return draft + _target_weights_per_gpu(inputs, mxfp4_marlin)
 
 
-def _target_weights_per_gpu(inputs: PlanInputs) -> int:
+def _target_weights_per_gpu(inputs: PlanInputs, mxfp4_marlin: bool) -> int:
     spec, tp, pp = inputs.spec, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
     total = weights_bytes_total(
-        spec, inputs.effective_quantization, inputs.model_dtype_bytes, tp, mxfp4_marlin(inputs)
+        spec, inputs.effective_quantization, inputs.model_dtype_bytes, tp, mxfp4_marlin
     )
     if pp == 1 or spec.num_layers == 0:
         return math.ceil(total / tp)
@@ -290,8 +291,7 @@ def moe_workspace_bytes(inputs: PlanInputs, num_batched_tokens: int) -> int:
     spec = inputs.spec
     version = release(inputs.engine_version)
     if (
-        inputs.engine != "vllm"
-        or inputs.device != "cuda"
+        inputs.device != "cuda"
         or not spec.is_moe
         or inputs.effective_quantization != "none"
         or spec.torch_dtype == "mxfp4"  # gpt-oss' experts take the MXFP4 kernels instead
@@ -314,17 +314,24 @@ def moe_workspace_bytes(inputs: PlanInputs, num_batched_tokens: int) -> int:
 
 
 def activation_bytes(
-    inputs: PlanInputs, num_batched_tokens: int, num_seqs: int, sampler_stage: bool = True
+    inputs: PlanInputs,
+    num_batched_tokens: int,
+    num_seqs: int,
+    sampler_stage: bool = True,
+    *,
+    moe_workspace: bool = False,
+    v1_sampler: bool = False,
 ) -> int:
     """Peak of the profiling pass: the widest per-token tensors of one layer for `num_batched_tokens`
     tokens, or the sampler warm-up on `num_seqs` rows of logits (`sampler_peak` for vLLM V1, per
-    release), whichever is larger (`sampler_stage` False: a pipeline stage before the last, where
-    vLLM's profile_run skips the sampler warm-up); plus vLLM's persistent fused-MoE workspace where it has one
-    (`moe_workspace_bytes`: the MoE intermediates live there, and it stays through the sampler run)."""
+    release, with `v1_sampler`), whichever is larger (`sampler_stage` False: a pipeline stage before
+    the last, where vLLM's profile_run skips the sampler warm-up); plus, with `moe_workspace`, vLLM's
+    persistent fused-MoE workspace where it has one (`moe_workspace_bytes`: the MoE intermediates
+    live there, and it stays through the sampler run)."""
     spec, tp = inputs.spec, inputs.tensor_parallel_size
     act = inputs.model_dtype_bytes
     h = spec.hidden_size
-    workspace = moe_workspace_bytes(inputs, num_batched_tokens)
+    workspace = moe_workspace_bytes(inputs, num_batched_tokens) if moe_workspace else 0
     if workspace:
         mlp = 3 * spec.intermediate_size // tp if spec.num_moe_layers < spec.num_layers else 0
         if spec.shared_expert_intermediate_size:
@@ -340,7 +347,7 @@ def activation_bytes(
     if not sampler_stage:
         return int(forward) + workspace
     version = release(inputs.engine_version)
-    if inputs.engine == "vllm" and (version is None or version >= V1_SAMPLER_SINCE):
+    if v1_sampler and (version is None or version >= V1_SAMPLER_SINCE):
         logits = sampler_peak.sampler_peak_bytes(
             version, num_seqs, spec.vocab_size, act, inputs.flashinfer_sampler, num_sms=DEFAULT_NUM_SMS
         )
@@ -351,13 +358,16 @@ def activation_bytes(
     return int(max(forward, sampler)) + workspace
 
 
-def non_torch_bytes(inputs: PlanInputs) -> int:
-    """Non-torch memory inside the engine's budget: vLLM's per-release figure (`NON_TORCH_RULES`),
-    the older single constant for other engines."""
+def vllm_non_torch_bytes(inputs: PlanInputs) -> int:
+    """Non-torch memory inside vLLM's budget: its per-release figure (`NON_TORCH_RULES`)."""
     parallel = inputs.tensor_parallel_size * inputs.pipeline_parallel_size > 1
-    if inputs.engine == "vllm":
-        rule = non_torch_rule(inputs.engine_version)
-        return int((rule.multi_gpu_gib if parallel else rule.single_gpu_gib) * GIB)
+    rule = non_torch_rule(inputs.engine_version)
+    return int((rule.multi_gpu_gib if parallel else rule.single_gpu_gib) * GIB)
+
+
+def fixed_non_torch_bytes(inputs: PlanInputs) -> int:
+    """Non-torch memory of an engine without its own measured figure: the single constant."""
+    parallel = inputs.tensor_parallel_size * inputs.pipeline_parallel_size > 1
     extra = OTHER_ENGINE_NON_TORCH_PARALLEL_GIB if parallel else 0.0
     return int((OTHER_ENGINE_NON_TORCH_GIB + extra) * GIB)
 

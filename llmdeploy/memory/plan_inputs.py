@@ -19,7 +19,6 @@ GIB = 2**30
 KV_DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 MODEL_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 CPU_DEFAULT_KV_GIB = 4.0  # vLLM's CPU backend default KV space (VLLM_CPU_KVCACHE_SPACE)
-FLASHINFER_SAMPLER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"  # the engine.env entry the plan reads
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,7 @@ class PlanInputs:
     def model_dtype_bytes(self) -> int:
         if self.dtype != "auto":
             return MODEL_DTYPE_BYTES[self.dtype]
-        if self.device == "cpu" and self.engine == "builtin":
-            return 4  # the built-in engine runs float32 on CPU
-        return 2  # vLLM's auto: bf16 (fp32 checkpoints are cast down too)
+        return 2  # auto: bf16 (fp32 checkpoints are cast down too); an engine that differs resolves dtype
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -81,22 +78,8 @@ class PlanInputs:
         return self.max_model_len or self.spec.max_position_embeddings
 
 
-def flashinfer_sampler_from_env(value: str | None) -> bool | None:
-    """The sampler a `VLLM_USE_FLASHINFER_SAMPLER` value picks, read as vLLM's envs.py reads it
-    (an integer, non-zero = FlashInfer); None when unset (the release's default)."""
-    if value is None:
-        return None
-    try:
-        return bool(int(value))
-    except ValueError:
-        raise UserError.one(
-            f"{FLASHINFER_SAMPLER_ENV} must be 0 or 1, got {value!r}",
-            path=f"engine.env.{FLASHINFER_SAMPLER_ENV}",
-            fix="set it to 1 (FlashInfer top-k/top-p sampling) or 0 (PyTorch), or leave it out",
-        ) from None
-
-
 def inputs_from_recipe(recipe: Recipe) -> PlanInputs:
+    """The engine-neutral inputs of a recipe; an engine adds its own (`Engine.plan_inputs`)."""
     hw, lim = recipe.hardware, recipe.limits
     spec = resolve_model(recipe.model)
     gpu = resolve_gpu(hw.gpu) if hw.gpu else None
@@ -107,9 +90,6 @@ def inputs_from_recipe(recipe: Recipe) -> PlanInputs:
             fix="set hardware.gpu (e.g. 'A100-80GB') or hardware.gpu_memory_gib",
         )
     eager = "--enforce-eager" in recipe.engine.extra_args
-    flashinfer_sampler = None
-    if recipe.engine.type == "vllm":
-        flashinfer_sampler = flashinfer_sampler_from_env(recipe.engine.env.get(FLASHINFER_SAMPLER_ENV))
     spec_dec = recipe.speculative
     draft = None
     if spec_dec is not None and spec_dec.method == "draft" and spec_dec.draft_model:
@@ -133,6 +113,5 @@ def inputs_from_recipe(recipe: Recipe) -> PlanInputs:
         max_num_seqs=lim.max_num_seqs,
         kv_cache_memory_gib=lim.kv_cache_memory_gib,
         enforce_eager=eager,
-        flashinfer_sampler=flashinfer_sampler,
         draft=draft,
     )

@@ -26,15 +26,9 @@ from typing import Any
 
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
-from llmdeploy.engines.vllm import graphs_in_budget, kv_capacity, vllm_defaults
+from llmdeploy.engines.vllm import graphs_in_budget, kv_capacity, vllm_activation_bytes, vllm_defaults
 from llmdeploy.errors import UserError
-from llmdeploy.memory.footprint import (
-    NON_TORCH_RULES,
-    NonTorchRule,
-    activation_bytes,
-    non_torch_bytes,
-    non_torch_rule,
-)
+from llmdeploy.memory.footprint import NON_TORCH_RULES, NonTorchRule, non_torch_rule, vllm_non_torch_bytes
 from llmdeploy.memory.plan_inputs import GIB, PlanInputs
 from llmdeploy.planner.accuracy_result import HYBRID, LEGACY, TARGET, LogCheck, percent
 from llmdeploy.planner.accuracy_table import markdown
@@ -154,7 +148,7 @@ def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = Non
         stage_act = plan.activation_gib
         if earlier_stage:
             batched, seqs = vllm_defaults(inputs)
-            stage_act = activation_bytes(inputs, batched, seqs, sampler_stage=False) / GIB
+            stage_act = vllm_activation_bytes(inputs, batched, seqs, sampler_stage=False) / GIB
         if logged.get("activation_gib") is not None:
             act_err = stage_act - logged["activation_gib"]
         if logged.get("kv_cache_gib") is not None:
@@ -165,7 +159,7 @@ def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = Non
                 1 if parallel else 0
             ]
             if refit is not None:
-                shipped = non_torch_bytes(inputs)
+                shipped = vllm_non_torch_bytes(inputs)
                 heldout_kv = int(raw_kv * GIB) + shipped - int(refit * GIB)
                 heldout_tokens = _tokens_for(heldout_kv, inputs) if heldout_kv > 0 else 0
                 heldout_error = (heldout_tokens - reference) / reference

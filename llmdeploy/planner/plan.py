@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from llmdeploy.catalog.gpus import list_gpus
 from llmdeploy.engines import get_engine
 from llmdeploy.memory.memory_plan import MemoryPlan
-from llmdeploy.memory.plan_inputs import PlanInputs, inputs_from_recipe
+from llmdeploy.memory.plan_inputs import PlanInputs
 
 if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan --model` needs none
     from llmdeploy.recipe.schema import Recipe
@@ -25,8 +25,13 @@ def plan_for(inputs: PlanInputs) -> MemoryPlan:
     return plan
 
 
+def recipe_inputs(recipe: Recipe) -> PlanInputs:
+    """What the memory model reads from `recipe`, as its engine reads it."""
+    return get_engine(recipe.engine.type).plan_inputs(recipe)
+
+
 def make_plan(recipe: Recipe) -> MemoryPlan:
-    return plan_from_inputs(inputs_from_recipe(recipe))
+    return plan_from_inputs(recipe_inputs(recipe))
 
 
 def plan_from_inputs(inputs: PlanInputs) -> MemoryPlan:

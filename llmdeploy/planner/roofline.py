@@ -49,8 +49,9 @@ def _rates(gpu: GPUSpec) -> tuple[float, float]:
 
 
 def _weights_read_per_gpu(inputs: PlanInputs, batch: int) -> float:
-    """Weight bytes one step reads on one GPU: all of them for a dense model; for a MoE model the
-    non-expert part plus the share of experts that `batch` tokens route to (uniform routing)."""
+    """Weight bytes one step reads on one GPU, in the checkpoint's layout (no engine's padding): all
+    of them for a dense model; for a MoE model the non-expert part plus the share of experts that
+    `batch` tokens route to (uniform routing)."""
     total = float(weights_bytes_per_gpu(inputs))
     spec = inputs.spec
     if not spec.is_moe or spec.num_experts_per_tok <= 0:

@@ -13,7 +13,7 @@ from llmdeploy.engines.catalogue import catalogue_path
 from llmdeploy.errors import UserError
 from llmdeploy.recipe.schema import EngineType
 
-STAGES = ("recipe", "planner", "render", "apply", "smoke", "bench", "cli")
+STAGES = ("recipe", "memory", "planner", "render", "apply", "smoke", "bench", "cli")
 PACKAGE = Path(__file__).resolve().parents[2] / "llmdeploy"
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from llmdeploy.catalog.gpus import resolve_gpu
 from llmdeploy.catalog.models import resolve_model
+from llmdeploy.engines.vllm import vllm_activation_bytes as activation_bytes
 from llmdeploy.memory import sampler_peak
-from llmdeploy.memory.footprint import activation_bytes
 from llmdeploy.memory.plan_inputs import GIB, PlanInputs
 
 PRODUCTION_H100 = Path(__file__).resolve().parents[2] / "recipes" / "production-h100.yaml"
@@ -78,8 +78,8 @@ def test_v1_activation_peak_uses_the_release_formula() -> None:
 
 def test_recipe_env_picks_the_sampler_backend() -> None:
     from llmdeploy.errors import UserError
-    from llmdeploy.memory.plan_inputs import inputs_from_recipe
     from llmdeploy.planner.plan import plan_for
+    from llmdeploy.planner.plan import recipe_inputs as inputs_from_recipe
     from llmdeploy.recipe import load_recipe
 
     base = ["engine.version=0.10.1"]

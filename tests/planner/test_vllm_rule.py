@@ -206,15 +206,15 @@ def test_hybrid_kv_tokens_as_each_release_prints_them() -> None:
 def test_mxfp4_experts_take_the_marlin_layout_before_hopper() -> None:
     from llmdeploy.catalog.gpus import resolve_gpu
     from llmdeploy.catalog.models import resolve_model
-    from llmdeploy.memory.footprint import mxfp4_marlin, weights_bytes_per_gpu
+    from llmdeploy.memory.footprint import vllm_mxfp4_marlin as mxfp4_marlin
+    from llmdeploy.memory.footprint import weights_bytes_per_gpu
     from llmdeploy.memory.plan_inputs import PlanInputs
 
     spec = resolve_model("openai/gpt-oss-120b")
 
     def gib(gpu: str, version: str) -> float:
-        return (
-            weights_bytes_per_gpu(PlanInputs(spec=spec, gpu=resolve_gpu(gpu), engine_version=version)) / 2**30
-        )
+        inputs = PlanInputs(spec=spec, gpu=resolve_gpu(gpu), engine_version=version)
+        return weights_bytes_per_gpu(inputs, mxfp4_marlin(inputs)) / 2**30
 
     a100 = PlanInputs(spec=spec, gpu=resolve_gpu("A100-80GB"), engine_version="0.19.0")
     assert mxfp4_marlin(a100)
@@ -245,6 +245,7 @@ def test_rotary_caches_as_vllm_builds_them() -> None:
 
 
 def test_fused_moe_workspace_per_release() -> None:
+    from llmdeploy.engines.vllm import vllm_activation_bytes
     from llmdeploy.memory.footprint import MIB, activation_bytes, moe_workspace_bytes
 
     h100 = resolve_gpu("H100")
@@ -266,7 +267,9 @@ def test_fused_moe_workspace_per_release() -> None:
     from llmdeploy.memory.sampler_peak import sampler_peak_bytes
 
     sampler = sampler_peak_bytes((0, 19, 0), 1024, qwen3.spec.vocab_size) + 8192 * 2048 * 2
-    assert activation_bytes(qwen3, 8192, 1024) == sampler + 2 * 256 * MIB
+    assert vllm_activation_bytes(qwen3, 8192, 1024) == sampler + 2 * 256 * MIB
+    # an engine without the persistent workspace: the MoE intermediates stay inside the forward peak
+    assert activation_bytes(qwen3, 8192, 1024, v1_sampler=True) == sampler
 
 
 def test_plan_names_the_allreduce_fusion_workspace_it_leaves_out() -> None:
