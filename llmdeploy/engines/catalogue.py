@@ -86,8 +86,12 @@ def _takes_values(spec: FlagSpec) -> int | None:
     return None if spec.nargs in ("+", "*") else 1
 
 
-def check_flags(engine: str, argv: list[str], version: str | None = None) -> list[Problem]:
-    """Every option in `argv` (entry point included or not) checked against the engine's catalogue."""
+def check_flags(
+    engine: str, argv: list[str], version: str | None = None, extra_args_from: int | None = None
+) -> list[Problem]:
+    """Every option in `argv` (entry point included or not) checked against the engine's catalogue.
+    `extra_args_from`: the index in `argv` where the recipe's `engine.extra_args` begin, so their
+    problems name the entry (`engine.extra_args.N`) rather than the engine."""
     version = version or get_engine(engine).pinned_version
     catalogue = load_catalogue(engine, version)
     if catalogue is None:
@@ -103,18 +107,28 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
             )
         ]
     args = list(argv)
+    skipped = 0
     if tuple(args[: len(catalogue.entrypoint)]) == catalogue.entrypoint:
-        args = args[len(catalogue.entrypoint) :]
+        skipped = len(catalogue.entrypoint)
+        args = args[skipped:]
+    first_extra = None if extra_args_from is None else extra_args_from - skipped
+
+    def field(at: int) -> str:
+        if first_extra is None or at < first_extra:
+            return "engine"
+        return f"engine.extra_args.{at - first_extra}"
+
     problems: list[Problem] = []
     i = 0
     while i < len(args):
         token = args[i]
+        at = i
         i += 1
         if not token.startswith("-"):
             problems.append(
                 Problem(
                     f"{engine} {version}: unexpected positional argument",
-                    path="engine.extra_args",
+                    path=field(at) if first_extra is not None else "engine.extra_args",
                     value=token,
                     has_value=True,
                     fix="pass every value after its flag",
@@ -129,7 +143,7 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
             problems.append(
                 Problem(
                     f"{engine} {version} has no flag {option}",
-                    path="engine",
+                    path=field(at),
                     value=option,
                     has_value=True,
                     fix=f"{hint} (catalogue from {catalogue.source})",
@@ -153,7 +167,7 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
             problems.append(
                 Problem(
                     f"{engine} {version}: {option} needs a value",
-                    path="engine",
+                    path=field(at),
                     value=option,
                     has_value=True,
                     fix=f"give {option} VALUE",
@@ -165,7 +179,7 @@ def check_flags(engine: str, argv: list[str], version: str | None = None) -> lis
                     problems.append(
                         Problem(
                             f"{engine} {version}: {option} does not accept this value",
-                            path="engine",
+                            path=field(at),
                             value=value,
                             has_value=True,
                             fix=f"one of: {', '.join(spec.choices)}",

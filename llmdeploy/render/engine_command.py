@@ -64,7 +64,8 @@ def engine_command(
     engine.map_flags(recipe, plan_figures(plan), flags)
     secrets = _secrets(recipe, engine, flags)
     argv = [*engine.entrypoint, *flags.argv, *recipe.engine.extra_args]
-    problems = flags.problems or check_flags(engine.name, argv, engine_version(recipe))
+    extra_from = len(argv) - len(recipe.engine.extra_args)
+    problems = flags.problems or check_flags(engine.name, argv, engine_version(recipe), extra_from)
     if problems:
         raise UserError(problems)
     env = {**flags.env, **recipe.engine.env}

@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from llmdeploy.engines.catalogue import PINNED_VERSIONS, catalogue_path
 from llmdeploy.engines.catalogue_gen import builtin_catalogue
+from llmdeploy.errors import UserError
+from llmdeploy.recipe import load_recipe
 from llmdeploy.render import check_flags
+from llmdeploy.render.engine_command import engine_command
 
 
 def test_renamed_flag_is_a_problem_with_a_suggestion() -> None:
     problems = check_flags("vllm", ["--max-model-length", "4096"])
     assert len(problems) == 1 and "--max-model-len" in (problems[0].fix or "")
+
+
+def test_extra_args_problems_name_their_entry() -> None:
+    quickstart = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
+    recipe = load_recipe(quickstart, ['engine.extra_args=["--max-num-seqs", "4", "--bogus-flag"]'])
+    with pytest.raises(UserError) as caught:
+        engine_command(recipe, None)
+    assert [p.path for p in caught.value.problems] == ["engine.extra_args.2"]
+    # a rendered flag outside the recipe's extra_args is the engine's (its mapping's) problem
+    assert check_flags("vllm", ["--bogus", "--model", "m"], extra_args_from=1)[0].path == "engine"
 
 
 def test_value_outside_choices_is_a_problem() -> None:
