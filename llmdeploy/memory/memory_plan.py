@@ -40,10 +40,16 @@ class MemoryPlan:
     problems: tuple[str, ...] = ()
     suggestions: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    # what the table says beside "usable" and "activations" when the engine's budget reads otherwise
+    # (SGLang: a static pool for weights + KV, activations reserved outside it); not in the JSON
+    usable_label: str | None = None
+    activation_label: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
+            if name in ("usable_label", "activation_label"):
+                continue
             value = getattr(self, name)
             if isinstance(value, float):
                 value = round(value, 2 if name.endswith("_gib") or name == "max_concurrency" else 4)
@@ -79,9 +85,13 @@ class MemoryPlan:
         return [
             f"  per GPU{'':<15}{'':>9}",
             row("total", self.total_gib),
-            row("usable", self.usable_gib, f"x gpu_memory_utilization {self.gpu_memory_utilization}"),
+            row(
+                "usable",
+                self.usable_gib,
+                self.usable_label or f"x gpu_memory_utilization {self.gpu_memory_utilization}",
+            ),
             row("weights", self.weights_gib),
-            row("activations", self.activation_gib, "profile-run peak"),
+            row("activations", self.activation_gib, self.activation_label or "profile-run peak"),
             row("non-torch", self.non_torch_gib),
             row("CUDA graphs", self.cuda_graph_gib),
             row("KV cache", self.kv_cache_gib),

@@ -94,6 +94,10 @@ def test_plan_charges_weights_against_the_static_pool() -> None:
     assert plan.kv_cache_tokens == int(plan.kv_cache_gib * GIB) // 28672 // 16 * 16
     assert plan.max_concurrency == pytest.approx(plan.kv_cache_tokens / 32768)
     assert plan.fits
+    # the table names SGLang's own budget, not vLLM's utilization share; the JSON keys stay the same
+    assert "--mem-fraction-static 0.729" in plan.to_table()
+    assert "gpu_memory_utilization 0.9" not in plan.to_table()
+    assert "usable_label" not in plan.to_json()
 
 
 def test_explicit_kv_budget_caps_the_pool() -> None:
