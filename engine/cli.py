@@ -7,6 +7,7 @@ serving.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -55,16 +56,16 @@ def _check_port_free(host: str, port: int, parser: argparse.ArgumentParser) -> N
             parser.error(f"--host {host} --port {port}: cannot listen there ({e.strerror})")
 
 
-def _set_cpu_threads(requested: int | None, device: str, logger: logging.Logger) -> None:
-    """`--cpu-threads`: the torch threads of the model's CPU steps (unset: torch's own choice)."""
-    if requested is None:
-        return
+def _serving_cpu_threads(config: EngineConfig) -> EngineConfig:
+    """The served engine's CPU decode threads: unless given, one fewer than torch's threads, so the
+    event loop that streams each token keeps a core (runner/cpu_threads.py)."""
+    if config.device == "cuda" or config.cpu_threads is not None or config.cpu_decode_threads is not None:
+        return config
     import torch
 
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
-        return
-    torch.set_num_threads(requested)
-    logger.info("CPU steps run on %d torch thread(s) (--cpu-threads)", requested)
+    if config.device == "auto" and torch.cuda.is_available():
+        return config
+    return dataclasses.replace(config, cpu_decode_threads=max(1, torch.get_num_threads() - 1))
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -103,7 +104,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
     _check_port_free(args.host, args.port, serve_cli)
     logger = logging.getLogger("llmdeploy_engine")
-    _set_cpu_threads(args.cpu_threads, config.device, logger)
+    config = _serving_cpu_threads(config)
     logger.info("loading %s for http://%s:%d", config.model, args.host, args.port)
     try:
         engine = async_engine.AsyncLLMEngine.from_config(config)

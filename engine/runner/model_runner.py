@@ -30,6 +30,7 @@ from llmdeploy_engine.parallel.distributed import (
     destroy_parallel,
     init_parallel,
 )
+from llmdeploy_engine.runner.cpu_threads import CpuThreads
 from llmdeploy_engine.runner.graph_sizing import GraphSizing
 from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
@@ -98,8 +99,8 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         held_bytes = 0
         if self.device.type == "cuda":
             # an engine dropped earlier in this process may wait for the cyclic collector (the engine
-            # raises its threshold): collect it now, before memory is measured (v13, run 61: the
-            # planner's GPU tests found ~12 GiB of such engines on fresh machines)
+            # raises its threshold): collect it now, before memory is measured (the planner's GPU
+            # tests found ~12 GiB of such engines on fresh machines)
             gc.collect()
             torch.cuda.empty_cache()
             # GPU memory this process still holds (a live engine, the caller's tensors): the KV cache is
@@ -110,6 +111,12 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         check_quantization(config.quantization, self.model_config, self.device)
         check_tensor_parallel(self.model_config, tp)
         self.rank = rank
+        self.cpu_threads: CpuThreads | None = None
+        if self.device.type == "cpu" and tp == 1:
+            self.cpu_threads = CpuThreads.from_config(config.cpu_threads, config.cpu_decode_threads)
+            logger.info("CPU steps run on %s", self.cpu_threads.describe())
+        elif self.device.type == "cpu" and config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)  # tensor-parallel workers split these (tp_worker.py)
         self.parallel: ParallelState = SINGLE
         if tp > 1:
             self._start_parallel(tp, rank, port)
@@ -368,6 +375,8 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""
         n = batch.num_tokens
+        if self.cpu_threads is not None:
+            self.cpu_threads.apply(n)
         rows = batch.logit_rows()
         # ids, positions and logit rows in one host-to-device copy, each 16-byte aligned (Triton
         # kernels reading positions would otherwise compile a variant per parity of n)

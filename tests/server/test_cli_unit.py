@@ -241,22 +241,25 @@ def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "runs the built-in engine" in refused.stderr
 
 
-def test_cpu_threads_sets_the_cpu_steps_threads_only_when_asked() -> None:
-    import logging
+def test_serve_leaves_the_event_loop_a_core_of_cpu_decode_steps_unless_told() -> None:
+    import dataclasses
 
     import torch
     from llmdeploy_engine import cli
+    from llmdeploy_engine.config import EngineConfig
 
     before = torch.get_num_threads()
-    log = logging.getLogger("test")
+    base = EngineConfig(model="random:x", device="cpu")
     try:
-        torch.set_num_threads(2)
-        cli._set_cpu_threads(None, "cpu", log)
-        assert torch.get_num_threads() == 2  # unset: torch's own choice stays
-        cli._set_cpu_threads(1, "cpu", log)
-        assert torch.get_num_threads() == 1
-        torch.set_num_threads(2)
-        cli._set_cpu_threads(1, "cuda", log)
-        assert torch.get_num_threads() == 2  # CUDA runs are not touched
+        torch.set_num_threads(3)
+        assert cli._serving_cpu_threads(base).cpu_decode_threads == 2
+        torch.set_num_threads(1)
+        assert cli._serving_cpu_threads(base).cpu_decode_threads == 1  # never 0
+        fixed = dataclasses.replace(base, cpu_threads=2)
+        assert cli._serving_cpu_threads(fixed) == fixed  # --cpu-threads fixes every step
+        told = dataclasses.replace(base, cpu_decode_threads=4)
+        assert cli._serving_cpu_threads(told) == told
+        gpu = dataclasses.replace(base, device="cuda")
+        assert cli._serving_cpu_threads(gpu) == gpu  # CUDA runs are not touched
     finally:
         torch.set_num_threads(before)
