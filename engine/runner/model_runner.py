@@ -385,9 +385,16 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         )
         meta = build_attention_metadata(batch, self.block_size, self.device)
         if len(rows) == n and rows == list(range(n)):
-            return self.model.compute_logits(self.model(ids, positions, meta, self.kv_caches))
-        # the last layer's output projection and MLP run on the logit rows only (CausalLM.forward);
-        # a step that samples nothing (a long prompt's middle chunk) keeps one row, not zero
-        keep = row_index if rows else torch.arange(n - 1, n, device=self.device)
-        hidden = self.model(ids, positions, meta, self.kv_caches, keep)
-        return self.model.compute_logits(hidden if rows else hidden[:0])
+            hidden = self.model(ids, positions, meta, self.kv_caches)
+        else:
+            # the last layer's output projection and MLP run on the logit rows only (CausalLM.forward);
+            # a step that samples nothing (a long prompt's middle chunk) keeps one row, not zero
+            keep = row_index if rows else torch.arange(n - 1, n, device=self.device)
+            hidden = self.model(ids, positions, meta, self.kv_caches, keep)
+            hidden = hidden if rows else hidden[:0]
+        if self.cpu_threads is None:
+            return self.model.compute_logits(hidden)
+        self.cpu_threads.apply_all()  # the LM head: one large GEMM, worth every core in any step
+        logits = self.model.compute_logits(hidden)
+        self.cpu_threads.apply(n)  # sampling: small ops, run as the step's body ran
+        return logits

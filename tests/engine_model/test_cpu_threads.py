@@ -25,6 +25,8 @@ def test_decode_sized_steps_take_the_decode_count_and_larger_ones_all(restore_th
     assert torch.get_num_threads() == 2
     policy.apply(8)
     assert torch.get_num_threads() == 1
+    policy.apply_all()  # the LM head of any step
+    assert torch.get_num_threads() == 2
 
 
 def test_a_fixed_count_holds_for_every_step_and_unset_keeps_torchs(restore_threads) -> None:
