@@ -7,7 +7,6 @@ serving.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import socket
@@ -56,18 +55,6 @@ def _check_port_free(host: str, port: int, parser: argparse.ArgumentParser) -> N
             parser.error(f"--host {host} --port {port}: cannot listen there ({e.strerror})")
 
 
-def _serving_cpu_threads(config: EngineConfig) -> EngineConfig:
-    """The served engine's CPU decode threads: unless given, one fewer than torch's threads, so the
-    event loop that streams each token keeps a core (runner/cpu_threads.py)."""
-    if config.device == "cuda" or config.cpu_threads is not None or config.cpu_decode_threads is not None:
-        return config
-    import torch
-
-    if config.device == "auto" and torch.cuda.is_available():
-        return config
-    return dataclasses.replace(config, cpu_decode_threads=max(1, torch.get_num_threads() - 1))
-
-
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     serve_cli = serve_parser()  # its usage line names the `serve` command
     config = config_from_args(args, serve_cli)
@@ -104,7 +91,6 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
     _check_port_free(args.host, args.port, serve_cli)
     logger = logging.getLogger("llmdeploy_engine")
-    config = _serving_cpu_threads(config)
     logger.info("loading %s for http://%s:%d", config.model, args.host, args.port)
     try:
         engine = async_engine.AsyncLLMEngine.from_config(config)

@@ -233,17 +233,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="torch threads of every model step on --device cpu (default: torch's own, OMP_NUM_THREADS or "
-        "the cores, with --cpu-decode-threads for decode-sized steps)",
-    )
-    server.add_argument(
-        "--cpu-decode-threads",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="torch threads of steps under 32 tokens (decode) on --device cpu when --cpu-threads is unset "
-        "(default: one fewer than the cores, at least 1, so the HTTP event loop that streams each token "
-        "keeps a core; prompts of 32 tokens or more prefill on every core)",
+        help="torch threads of the model's steps on --device cpu (default: torch's own, OMP_NUM_THREADS or "
+        "the cores)",
     )
 
 
@@ -357,5 +348,4 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         gc_gen0_threshold=args.gc_gen0_threshold,
         tp_all_reduce=args.tp_all_reduce,
         cpu_threads=args.cpu_threads,
-        cpu_decode_threads=args.cpu_decode_threads,
     )

@@ -64,12 +64,8 @@ class EngineConfig:
     # the all-reduce of decode-sized tensors with tensor_parallel_size > 1 (distributed.py):
     # auto | nccl | symm_mem | p2p | push
     tp_all_reduce: str = "auto"
-    # torch threads of CPU steps (runner/cpu_threads.py): cpu_threads fixes every step's count (None:
-    # torch's own, OMP_NUM_THREADS or the cores); cpu_decode_threads is the count of steps under 32
-    # tokens when cpu_threads is unset (None: the same as the others; `serve` leaves a core to its
-    # event loop)
+    # torch threads of the model's steps on the CPU (None: torch's own, OMP_NUM_THREADS or the cores)
     cpu_threads: int | None = None
-    cpu_decode_threads: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
@@ -89,10 +85,11 @@ class EngineConfig:
             raise ValueError(
                 f"tp_all_reduce must be one of {', '.join(ALLREDUCE_CHOICES)}, got {self.tp_all_reduce!r}"
             )
-        for name in ("cpu_threads", "cpu_decode_threads"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a whole number >= 1 or null (auto), got {value!r}")
+        threads = self.cpu_threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(
+                f"cpu_threads must be a whole number >= 1 or null (torch's own), got {threads!r}"
+            )
         if self.async_scheduling not in (None, True, False):
             raise ValueError(
                 f"async_scheduling must be true, false or null (auto), got {self.async_scheduling!r}"

@@ -30,7 +30,6 @@ from llmdeploy_engine.parallel.distributed import (
     destroy_parallel,
     init_parallel,
 )
-from llmdeploy_engine.runner.cpu_threads import CpuThreads
 from llmdeploy_engine.runner.graph_sizing import GraphSizing
 from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
@@ -111,12 +110,10 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         check_quantization(config.quantization, self.model_config, self.device)
         check_tensor_parallel(self.model_config, tp)
         self.rank = rank
-        self.cpu_threads: CpuThreads | None = None
-        if self.device.type == "cpu" and tp == 1:
-            self.cpu_threads = CpuThreads.from_config(config.cpu_threads, config.cpu_decode_threads)
-            logger.info("CPU steps run on %s", self.cpu_threads.describe())
-        elif self.device.type == "cpu" and config.cpu_threads is not None:
+        if self.device.type == "cpu" and config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)  # tensor-parallel workers split these (tp_worker.py)
+        if self.device.type == "cpu":
+            logger.info("CPU steps run on %d torch thread(s)", torch.get_num_threads())
         self.parallel: ParallelState = SINGLE
         if tp > 1:
             self._start_parallel(tp, rank, port)
@@ -375,8 +372,6 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""
         n = batch.num_tokens
-        if self.cpu_threads is not None:
-            self.cpu_threads.apply(n)
         rows = batch.logit_rows()
         # ids, positions and logit rows in one host-to-device copy, each 16-byte aligned (Triton
         # kernels reading positions would otherwise compile a variant per parity of n)
@@ -392,9 +387,4 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
             keep = row_index if rows else torch.arange(n - 1, n, device=self.device)
             hidden = self.model(ids, positions, meta, self.kv_caches, keep)
             hidden = hidden if rows else hidden[:0]
-        if self.cpu_threads is None:
-            return self.model.compute_logits(hidden)
-        self.cpu_threads.apply_all()  # the LM head: one large GEMM, worth every core in any step
-        logits = self.model.compute_logits(hidden)
-        self.cpu_threads.apply(n)  # sampling: small ops, run as the step's body ran
-        return logits
+        return self.model.compute_logits(hidden)

@@ -211,3 +211,32 @@ def test_async_loop_errors_reach_every_request() -> None:
 
     asyncio.run(main())
     assert not eng.is_running and isinstance(eng.dead_error, RuntimeError)
+
+
+def test_from_config_builds_the_engine_on_the_loop_thread_and_raises_its_errors(monkeypatch) -> None:
+    """All torch work of a served engine starts from one thread (async_engine.from_config)."""
+    import threading
+
+    from llmdeploy_engine import async_engine
+
+    built_on: list[str] = []
+
+    def build(config: EngineConfig) -> LLMEngine:
+        built_on.append(threading.current_thread().name)
+        if config.model == "broken":
+            raise ValueError("no such model")
+        return fake_engine()
+
+    monkeypatch.setattr(async_engine, "LLMEngine", build)
+    eng = AsyncLLMEngine.from_config(EngineConfig(model="fake"))
+    try:
+        assert built_on == [async_engine.LOOP_THREAD_NAME] and eng.is_running
+
+        async def main() -> list[RequestOutput]:
+            return await collect(eng.generate("a", SamplingParams(max_tokens=2), "r"))
+
+        assert asyncio.run(main())[-1].finished
+    finally:
+        eng.shutdown()
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncLLMEngine.from_config(EngineConfig(model="broken"))

@@ -241,25 +241,11 @@ def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "runs the built-in engine" in refused.stderr
 
 
-def test_serve_leaves_the_event_loop_a_core_of_cpu_decode_steps_unless_told() -> None:
-    import dataclasses
-
-    import torch
-    from llmdeploy_engine import cli
+def test_cpu_threads_reaches_the_engine_config_and_must_be_positive() -> None:
     from llmdeploy_engine.config import EngineConfig
 
-    before = torch.get_num_threads()
-    base = EngineConfig(model="random:x", device="cpu")
-    try:
-        torch.set_num_threads(3)
-        assert cli._serving_cpu_threads(base).cpu_decode_threads == 2
-        torch.set_num_threads(1)
-        assert cli._serving_cpu_threads(base).cpu_decode_threads == 1  # never 0
-        fixed = dataclasses.replace(base, cpu_threads=2)
-        assert cli._serving_cpu_threads(fixed) == fixed  # --cpu-threads fixes every step
-        told = dataclasses.replace(base, cpu_decode_threads=4)
-        assert cli._serving_cpu_threads(told) == told
-        gpu = dataclasses.replace(base, device="cuda")
-        assert cli._serving_cpu_threads(gpu) == gpu  # CUDA runs are not touched
-    finally:
-        torch.set_num_threads(before)
+    assert parse("--model", "random:x", "--cpu-threads", "1")[1].cpu_threads == 1
+    assert parse("--model", "random:x")[1].cpu_threads is None  # torch's own count
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="cpu_threads must be a whole number"):
+            EngineConfig(model="random:x", cpu_threads=bad)  # type: ignore[arg-type]
