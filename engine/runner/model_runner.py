@@ -380,11 +380,9 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         )
         meta = build_attention_metadata(batch, self.block_size, self.device)
         if len(rows) == n and rows == list(range(n)):
-            hidden = self.model(ids, positions, meta, self.kv_caches)
-        else:
-            # the last layer's output projection and MLP run on the logit rows only (CausalLM.forward);
-            # a step that samples nothing (a long prompt's middle chunk) keeps one row, not zero
-            keep = row_index if rows else torch.arange(n - 1, n, device=self.device)
-            hidden = self.model(ids, positions, meta, self.kv_caches, keep)
-            hidden = hidden if rows else hidden[:0]
-        return self.model.compute_logits(hidden)
+            return self.model.compute_logits(self.model(ids, positions, meta, self.kv_caches))
+        # the last layer's output projection and MLP run on the logit rows only (CausalLM.forward);
+        # a step that samples nothing (a long prompt's middle chunk) keeps one row, not zero
+        keep = row_index if rows else torch.arange(n - 1, n, device=self.device)
+        hidden = self.model(ids, positions, meta, self.kv_caches, keep)
+        return self.model.compute_logits(hidden if rows else hidden[:0])
