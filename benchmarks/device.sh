@@ -16,7 +16,7 @@ if [ -z "${LLMDEPLOY_COMMIT:-}" ] && git -C "$repo" rev-parse --short HEAD >/dev
   export LLMDEPLOY_COMMIT="$(git -C "$repo" rev-parse --short HEAD)"
 fi
 if [ "$#" -eq 0 ]; then
-  echo "usage: benchmarks/device.sh 'SCRIPT [FLAGS]' ...  (SCRIPT: latency, throughput, kernels, serving)" >&2
+  echo "usage: benchmarks/device.sh 'SCRIPT [FLAGS]' ...  (SCRIPT: latency, throughput, decode_kernels, serving)" >&2
   exit 2
 fi
 python3 -c 'import torch; print("torch", torch.__version__, "GPUs:", torch.cuda.device_count())'

@@ -25,7 +25,7 @@ FIGURES = {
         "gb_per_token",
     ),
     "throughput": ("tok_s", "seconds", "peer_useful_tok_s", "x_peer"),
-    "kernels": ("us", "gb_s", "copy_pct"),
+    "decode_kernels": ("us", "gb_s", "copy_pct"),
     "serving": ("tok_s", "ttft_ms", "tpot_ms", "out_tokens"),
 }
 

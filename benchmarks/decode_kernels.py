@@ -1,5 +1,8 @@
 """Micro-benchmarks of the engine's decode-step kernels at the reference models' shapes.
 
+(Not named `kernels.py`: a script's folder leads sys.path, and transformers imports the PyPI
+`kernels` package whenever one is found, so the suite's other scripts failed to build a config.)
+
 Each case is timed with `triton.testing.do_bench` (CUDA events, median; on the CPU, `--quick`, a
 host timer) and reported as time, bandwidth (the fewest bytes the op must move: inputs read once,
 outputs written once) against the measured copy bandwidth, and TFLOP/s for the matrix products.
@@ -10,9 +13,9 @@ Cases per model: RMSNorm, residual add + RMSNorm, SiLU(gate) * up at one row and
 QKV, gate_up and down projections at one row (the engine's fused GEMV for 16-bit CUDA rows) and at
 256 rows (cuBLAS), all through the engine's `ops` module.
 
-    python benchmarks/kernels.py                     # both reference models on the GPU
-    python benchmarks/kernels.py --models llama-3.1-8b --rows 1,64,256
-    python benchmarks/kernels.py --quick             # CPU, tiny, seconds
+    python benchmarks/decode_kernels.py                     # both reference models on the GPU
+    python benchmarks/decode_kernels.py --models llama-3.1-8b --rows 1,64,256
+    python benchmarks/decode_kernels.py --quick             # CPU, tiny, seconds
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ def main() -> None:
                     "tflop_s": flops / seconds / 1e12 if flops else None,
                 }
             )
-    common.report("kernels", head, rows, COLUMNS, args)
+    common.report("decode_kernels", head, rows, COLUMNS, args)
 
 
 if __name__ == "__main__":
