@@ -257,7 +257,7 @@ def main() -> None:
     p = common.parser(__doc__.split("\n")[0])
     p.add_argument("--systems", default="engine", help=f"comma-separated, from {', '.join(SYSTEMS)}")
     p.add_argument("--workloads", default="short,long", help="comma-separated: short, long")
-    p.add_argument("--requests", type=int, default=4, help="requests of the single-stream phase")
+    p.add_argument("--requests", type=int, default=8, help="requests of the single-stream phase")
     p.add_argument("--output-len", type=int, default=128)
     llamacpp = os.environ.get("LLMDEPLOY_LLAMACPP_VENV") or REPO / ".venv-llamacpp"
     p.add_argument("--llamacpp-venv", type=Path, default=Path(llamacpp))
