@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from llmdeploy_engine.kernels.quant_linear import QuantWeight
 
-# from this many rows on, one dequantization plus the float32 GEMM beats the int4 kernel
+# from this many rows on, one dequantization plus a dense GEMM beats the int4 kernel
 CPU_DEQUANT_ROWS = 32
 INT4PACK_GROUPS = (32, 64, 128, 256)
 # bfloat16 prefill GEMMs only where they beat float32 by this much (oneDNN emulates them elsewhere)

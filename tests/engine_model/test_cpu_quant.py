@@ -66,6 +66,24 @@ def test_int4pack_linear_matches_float64_within_bfloat16(rows: int) -> None:
     assert float((got - ref).abs().max() / ref.abs().max()) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_batches_match_float64_whichever_gemm_this_cpu_picks(dtype, monkeypatch) -> None:
+    """Both dense GEMMs of a prefill batch (prefill_gemm_dtype picks one per CPU, so one of them is
+    never taken on a given machine unless forced) stay within the bfloat16 rounding bound."""
+    assert cpu_quant.prefill_gemm_dtype() in (torch.float32, torch.bfloat16)
+    monkeypatch.setattr(cpu_quant, "prefill_gemm_dtype", lambda: dtype)
+    torch.manual_seed(1)
+    n, k = 96, 320
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    scales, offsets = torch.rand(n, k // 32) * 0.05 + 0.01, -torch.rand(n, k // 32) * 0.4
+    weight = cpu_quant.Int4PackWeight(codes, scales, offsets, torch.float32)
+    x = torch.randn(cpu_quant.CPU_DEQUANT_ROWS * 2, k)
+    ref = x.double() @ _reference(codes, scales, offsets).t()
+    got = weight.linear(x)
+    assert got.dtype == torch.float32
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-2
+
+
 @pytest.mark.parametrize("n", [96, 128])  # 128: whole blocks of 64 features, unpacked without a gather
 def test_int4pack_dequantize_is_the_weight_in_natural_order(n: int) -> None:
     torch.manual_seed(0)
