@@ -16,6 +16,7 @@ from llmdeploy_engine.config import ModelConfig, RopeScaling
 from llmdeploy_engine.kernels import ops
 from llmdeploy_engine.kernels.attention import AttentionMetadata, fused_rope_decode, paged_attention
 from llmdeploy_engine.kernels.kv_cache import KVAmaxObserver
+from llmdeploy_engine.model.cpu_decode import CpuDecodePath
 from llmdeploy_engine.model.parallel_layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -242,6 +243,9 @@ class CausalLM(nn.Module):
         with torch.device("cpu"):
             inv_freq = self._inv_freq()
         self.register_buffer("inv_freq", inv_freq.to(self.model.norm.weight.device), persistent=False)
+        # cpu_decode.py's path, built at the first CPU decode step (None there: it does not apply)
+        self._cpu_decode: CpuDecodePath | None = None
+        self._cpu_decode_built = False
 
     def _inv_freq(self) -> torch.Tensor:
         c = self.config
@@ -269,7 +273,26 @@ class CausalLM(nn.Module):
         tensor) only those rows, in that order. Nothing reads the other rows' last-layer output, so
         the last layer computes and stores every row's K/V and attention, then runs its output
         projection, MLP and the final norm on the kept rows only (for the 8B, 88 % of that layer's
-        GEMM FLOPs skipped for a prompt token that needs no logits)."""
+        GEMM FLOPs skipped for a prompt token that needs no logits). CPU decode-only steps of int4pack
+        weights take cpu_decode.py's path instead (the same math in fewer ops)."""
+        if input_ids.device.type == "cpu" and CpuDecodePath.applies(input_ids, meta, kv_caches, keep_rows):
+            if not self._cpu_decode_built:
+                self._cpu_decode = CpuDecodePath.build(self)  # from the loaded weights, once
+                self._cpu_decode_built = True
+            if self._cpu_decode is not None:
+                assert kv_caches is not None
+                return self._cpu_decode.forward(input_ids, positions, meta, kv_caches)
+        return self.module_forward(input_ids, positions, meta, kv_caches, keep_rows)
+
+    def module_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        keep_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`forward` through the layer modules: the reference, and every step cpu_decode.py does not take."""
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rope_tables(positions, h.dtype)
         residual: torch.Tensor | None = None
@@ -312,6 +335,7 @@ class CausalLM(nn.Module):
     def load_hf_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]], retie: bool = True) -> None:
         """Copy this rank's slice of each full Hugging Face tensor in (names from `hf_shapes`). retie:
         first share the embedding with a tied LM head again (False where they were replaced apart)."""
+        self._cpu_decode_built = False  # rebuilt from the new weights at the next CPU decode step
         if retie and self.config.tie_word_embeddings:  # `to_empty` unties shared parameters
             self.lm_head.weight = self.model.embed_tokens.weight
         slots = self._hf_slots()
