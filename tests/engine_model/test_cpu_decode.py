@@ -42,11 +42,25 @@ def _prefilled(runner: ModelRunner) -> tuple[BlockPlan, list[list[int]]]:
     return plan, prompts
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1])
+@pytest.mark.parametrize(
+    "qtype,qkv_bias",
+    [
+        (GGMLQuantizationType.Q4_0, False),
+        (GGMLQuantizationType.Q4_1, False),
+        (GGMLQuantizationType.Q4_1, True),
+    ],
+)
 @pytest.mark.slow
-def test_decode_steps_match_the_module_path(tmp_path: Path, qtype: GGMLQuantizationType) -> None:
+def test_decode_steps_match_the_module_path(
+    tmp_path: Path, qtype: GGMLQuantizationType, qkv_bias: bool
+) -> None:
     runner = _runner(tmp_path, qtype)
     model = runner.model
+    if qkv_bias:  # Qwen2's q/k/v bias, on the Llama layers (both paths read the projection's bias)
+        g = torch.Generator().manual_seed(1)
+        for layer in model.model.layers:
+            proj = layer.self_attn.qkv_proj
+            proj.bias = torch.nn.Parameter(torch.randn(proj.weight.shape[0], generator=g) * 0.5)
     path = CpuDecodePath.build(model)
     assert path is not None, "every projection of a Q4 GGUF is an int4pack weight"
     plan, prompts = _prefilled(runner)
