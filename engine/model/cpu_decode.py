@@ -97,14 +97,7 @@ class CpuDecodePath:
             qkv, o, gate_up, down = weights
             if qkv is None or o is None or gate_up is None or down is None:
                 return None
-            if (
-                getattr(attn.o_proj, "bias", None) is not None
-                or getattr(mlp.down_proj, "bias", None) is not None
-            ):
-                return None
-            if mlp.gate_up_proj.bias is not None:
-                return None
-            bias = attn.qkv_proj.bias
+            bias = attn.qkv_proj.bias  # the only biased projection (Qwen2); o, gate_up and down have none
             layers.append(
                 _Layer(
                     norm1=layer.input_layernorm.weight.detach(),
