@@ -43,9 +43,9 @@ def weights_bytes(num_params: int, num_linear_params: int, dtype_bytes: int, qua
 # auto at tensor_parallel_size 1): bytes per weight of each storage it picks
 GGUF_DENSE_TYPES = ("F32", "F16", "BF16")
 GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-INT4PACK_BYTES = 0.5 + 4 / 32  # codes, plus a bfloat16 scale and zero per group of 32
+INT4PACK_BYTES = 0.5 + 4 / 32  # codes, plus a 16-bit scale and zero per group of 32
 FP16PACK_BYTES = 2
-Q8_ROWS_BYTES = 1 + 4 / 32  # int8 codes, plus a float32 scale per 32
+Q8_ROWS_BYTES = 1 + 2 / 32  # int8 codes, plus a float16 scale per 32
 # GGUF tensor name suffix -> the engine's merged projection it is stacked into
 _MERGED = {
     "attn_q.weight": "qkv",
@@ -58,12 +58,16 @@ _MERGED = {
 }
 
 
-def compact_gguf_weights_bytes(tensors: list[tuple[str, tuple[int, ...], str]], dtype_bytes: int = 4) -> int:
+def compact_gguf_weights_bytes(
+    tensors: list[tuple[str, tuple[int, ...], str]], dtype_bytes: int = 4, dot_kernels: bool = True
+) -> int:
     """Weight bytes the CPU engine holds for a GGUF file kept compact, from its tensor table
-    (name, GGUF shape [in, out, ...], type): each merged projection as int4pack when all its parts
-    are 4-bit types (inputs a multiple of 32, outputs of 16), else as fp16; dense projections and the
-    other tensors (norms, biases) in the compute dtype; the embedding as int8 rows for Q8_0, else fp16
-    (dense: compute dtype); the LM head (the embedding again when tied) like a projection."""
+    (name, GGUF shape [in, out, ...], type): each merged projection as 4-bit codes when all its parts
+    are 4-bit types (inputs a multiple of 32, outputs of 16); else, with the integer dot-product
+    kernels (dot_kernels: they build on x86-64 with AVX2 and a C compiler), as int8 rows when all its
+    parts are Q8_0; else as fp16; dense projections and the other tensors (norms, biases) in the
+    compute dtype; the embedding as int8 rows for Q8_0, else fp16 (dense: compute dtype); the LM head
+    like a projection, except that a tied Q8_0 head shares the embedding's rows with the kernels."""
     groups: dict[str, list[tuple[tuple[int, ...], str]]] = {}
     total = 0
     embed: tuple[tuple[int, ...], str] | None = None
@@ -92,6 +96,8 @@ def compact_gguf_weights_bytes(tensors: list[tuple[str, tuple[int, ...], str]], 
             and sum(shape[1] for shape, _ in parts) % 16 == 0
         ):
             total += math.ceil(params * INT4PACK_BYTES)
+        elif dot_kernels and kinds == {"Q8_0"} and all(shape[0] % 32 == 0 for shape, _ in parts):
+            total += 0 if head is None and parts[0] is embed else math.ceil(params * Q8_ROWS_BYTES)
         else:
             total += params * FP16PACK_BYTES
     shape, kind = embed

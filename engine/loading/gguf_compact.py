@@ -18,12 +18,14 @@ vectorized, AVX2 or AVX-512, at tensor_parallel_size 1; float32 otherwise).
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from llmdeploy_engine.kernels import cpu_native
 from llmdeploy_engine.loading.gguf_kinds import DENSE_TYPES, projection_storage
 from llmdeploy_engine.loading.gguf_loader import (
     _PERMUTED_QK,
@@ -135,15 +137,28 @@ class _Tensor:
         rows, cols = self.shape
         return tuple(self._rows(x) for x in decode_int4(self.t.data, self.kind, rows, cols))
 
+    @functools.cached_property
+    def q8(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q8_0 -> int8 codes [rows, cols] and float16 scales [rows, cols / 32] (decoded once: a tied
+        LM head and the embedding share them)."""
+        blocks = np.asarray(self.t.data, dtype=np.uint8).reshape(-1, 34)
+        rows, cols = self.shape
+        values = torch.from_numpy(blocks[:, 2:].copy().view(np.int8).reshape(rows, cols))
+        scales = torch.from_numpy(blocks[:, :2].copy().view(np.float16).reshape(rows, cols // 32))
+        return self._rows(values), self._rows(scales)
 
-def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
+
+def load_compact(model: nn.Module, path: str | Path, dot_kernels: bool = True) -> dict[str, int]:
     """Load the GGUF file at `path` into `model` (a CausalLM at tensor_parallel_size 1), its weights
-    kept compact; returns how many tensors each kernel took."""
+    kept compact; returns how many tensors each kernel took. dot_kernels=False keeps to torch's
+    kernels even where cpu_dot.c's build."""
     reader = gguf_reader(path)
     fields = _fields(reader)
     config = model.config
     permuted = fields["general.architecture"] in _PERMUTED_QK
     dtype = model.model.norm.weight.dtype
+    # cpu_dot.c's kernels where they build (float32 activations only), else torch's
+    dot = dot_kernels and dtype == torch.float32 and cpu_native.library() is not None
     tensors: dict[str, _Tensor] = {}
     for name, t in weight_tensors(reader, config.architecture):
         heads = None
@@ -175,7 +190,16 @@ def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
         if kernel == "int4pack":
             decoded = [p.int4() for p in parts]
             codes, scales, offsets = (torch.cat([d[i] for d in decoded]) for i in range(3))
-            weight = cpu_quant.Int4PackWeight(codes, scales, offsets, dtype)
+            if dot and codes.shape[0] % 2 == 0:
+                weight, kernel = cpu_quant.Int4DotWeight(codes, scales, offsets, dtype), "q4dot"
+            else:
+                weight = cpu_quant.Int4PackWeight(codes, scales, offsets, dtype)
+        elif dot and all(p.kind == "Q8_0" and p.shape[1] % 32 == 0 for p in parts):
+            if len(parts) == 1:
+                values, scales = parts[0].q8  # a tied LM head: the embedding's RowTable shares them
+            else:
+                values, scales = (torch.cat([p.q8[i] for p in parts]) for i in range(2))
+            weight, kernel = cpu_quant.Int8DotWeight(values, scales, dtype), "q8dot"
         else:
             weight = cpu_quant.Fp16PackWeight(torch.cat([p.dense() for p in parts]), dtype)
         del owner.weight
@@ -200,11 +224,7 @@ def load_compact(model: nn.Module, path: str | Path) -> dict[str, int]:
     if embed.kind in DENSE_TYPES:
         table = cpu_quant.RowTable(embed.dense(), None, dtype)  # unquantized: as the float32 path
     elif embed.kind == "Q8_0":
-        blocks = np.asarray(embed.t.data, dtype=np.uint8).reshape(-1, 34)
-        rows, cols = embed.shape
-        values = torch.from_numpy(blocks[:, 2:].copy().view(np.int8).reshape(rows, cols))
-        scales = torch.from_numpy(_f16(blocks, 0).reshape(rows, cols // 32))
-        table = cpu_quant.RowTable(values, scales, dtype)
+        table = cpu_quant.RowTable(*embed.q8, dtype)
     else:
         table = cpu_quant.RowTable(embed.dense().to(torch.float16), None, dtype)
     model.model.embed_tokens = _Embedding(table)

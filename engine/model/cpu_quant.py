@@ -30,6 +30,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from llmdeploy_engine.kernels import cpu_native
 from llmdeploy_engine.kernels.quant_linear import QuantWeight
 
 # from this many rows on, one dequantization plus a dense GEMM beats the int4 kernel
@@ -114,7 +115,54 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(-1)
 
 
-class Int4PackWeight(QuantWeight):
+class CpuWeight(QuantWeight):
+    """A compact CPU weight; `fused_linear` is the product with the step around it that
+    cpu_decode.py's path fuses (torch ops here; the cpu_dot weights do it in their kernel)."""
+
+    activation_dtype: torch.dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.activation_dtype
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fused_linear(
+        self,
+        x: torch.Tensor,
+        *,
+        norm: torch.Tensor | None = None,
+        eps: float = 0.0,
+        swiglu: bool = False,
+        bias: torch.Tensor | None = None,
+        add: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """act(x) @ W.T (+ bias) (+ add), into `out` if given (which may be `add`); act is RMSNorm with
+        weight `norm` (its row scale applied to the product, one op fewer), SwiGLU of x = [gate | up],
+        or nothing."""
+        if norm is not None:
+            k = x.shape[-1]
+            ms = torch.linalg.vector_norm(x, 2, -1, keepdim=True).square_().mul_(1.0 / k)
+            y = self.linear(x * norm) * ms.add_(eps).rsqrt_()
+            if bias is not None:
+                y += bias
+        else:
+            if swiglu:
+                gate, up = x.chunk(2, -1)
+                x = F.silu(gate) * up
+            y = self.linear(x, bias)
+        if add is not None:
+            return torch.add(y, add, out=out) if out is not None else y + add
+        if out is not None:
+            return out.copy_(y)
+        return y
+
+
+class Int4PackWeight(CpuWeight):
     """int4pack codes (uint8 [N, K/2] in the CPU kernel's layout) and bfloat16 scales and zeros
     [K/G, N, 2]; w = (q - 8) * scale + zero."""
 
@@ -138,10 +186,6 @@ class Int4PackWeight(QuantWeight):
             "scale_zeros",
             torch.stack((scales.float().t(), zeros.t()), dim=-1).to(torch.bfloat16).contiguous(),
         )
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.activation_dtype
 
     def codes(self) -> torch.Tensor:
         """uint8 [N, K] codes in natural order."""
@@ -179,7 +223,7 @@ class Int4PackWeight(QuantWeight):
         return self._output(y, bias, out)  # the bias added alike on both paths
 
 
-class Fp16PackWeight(QuantWeight):
+class Fp16PackWeight(CpuWeight):
     """A float16 weight in fbgemm's packed layout (an opaque object, not a buffer)."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
@@ -187,10 +231,6 @@ class Fp16PackWeight(QuantWeight):
         self.out_features, self.in_features = weight.shape
         self.activation_dtype = dtype
         self.pack = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous())
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.activation_dtype
 
     def stored_bytes(self) -> int:
         return self.out_features * self.in_features * 2
@@ -206,8 +246,134 @@ class Fp16PackWeight(QuantWeight):
         return self._output(y.to(x.dtype), bias, out)
 
 
+class _DotWeight(CpuWeight):
+    """A weight multiplied by cpu_dot.c's kernels (cpu_native.py) below CPU_DEQUANT_ROWS rows, through
+    a dense GEMM of its dequantization from there on."""
+
+    kind: str
+    _product: cpu_native.Product | None = None
+
+    def operands(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def product(self) -> cpu_native.Product:
+        """The bound kernel call, made again when the buffers were replaced (`Module.to` and the like
+        replace them all; the first one is checked)."""
+        bound = self._product
+        if bound is None or bound.operands[0] is not next(iter(self._buffers.values())):
+            bound = self._product = cpu_native.Product(self.kind, self.operands(), self.out_features)
+        return bound
+
+    def _direct(self, x: torch.Tensor) -> bool:
+        return x.shape[0] < CPU_DEQUANT_ROWS and x.is_cpu
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"{type(self).__name__}: input rows of {x.shape[-1]} values, the weight takes {self.in_features}"
+            )
+        if not self._direct(x):
+            return self._output(_dense_linear(x, self), bias, out)
+        rows = x.reshape(-1, self.in_features).float()
+        y = self.product()(rows, torch.empty(rows.shape[0], self.out_features), bias=bias)
+        return self._output(y.to(x.dtype), None, out)
+
+    def fused_linear(
+        self,
+        x: torch.Tensor,
+        *,
+        norm: torch.Tensor | None = None,
+        eps: float = 0.0,
+        swiglu: bool = False,
+        bias: torch.Tensor | None = None,
+        add: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """As CpuWeight.fused_linear, in one kernel call below CPU_DEQUANT_ROWS rows (the operands
+        float32 and contiguous; cpu_native.Product checks)."""
+        if not self._direct(x):
+            return super().fused_linear(x, norm=norm, eps=eps, swiglu=swiglu, bias=bias, add=add, out=out)
+        y = out if out is not None else torch.empty(x.shape[0], self.out_features)
+        return self.product()(x, y, norm, eps, swiglu, bias, add)
+
+
+class Int4DotWeight(_DotWeight):
+    """4-bit codes with a float16 scale and offset per (output feature, 32 inputs), w = code * scale +
+    offset, for cpu_dot.c's q4 kernel: the codes of output features 2i and 2i + 1 share bytes (low /
+    high nibble), [N/2, K]. GGUF Q4_0 and Q4_1 blocks hold float16 scales, so they are exact; Q4_K's
+    6-bit sub-block scales times a float16 are rounded to float16 (int4pack rounds them to bfloat16)."""
+
+    kind = "q4"
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype):
+        """codes uint8 [N, K] (0..15), scales and offsets float [N, K/32]."""
+        super().__init__()
+        n, k = codes.shape
+        if k % cpu_native.BLOCK or n % 2 or scales.shape != (n, k // cpu_native.BLOCK):
+            raise ValueError(
+                f"the q4 kernel needs groups of 32 and an even number of outputs (got [{n}, {k}])"
+            )
+        self.out_features, self.in_features = n, k
+        self.activation_dtype = dtype
+        pairs = codes.to(torch.uint8).view(n // 2, 2, k)
+        self.register_buffer("pairs", (pairs[:, 0] | (pairs[:, 1] << 4)).contiguous())
+        self.register_buffer("scales", scales.to(torch.float16).contiguous())
+        self.register_buffer("offsets", offsets.to(torch.float16).contiguous())
+
+    def operands(self) -> tuple[torch.Tensor, ...]:
+        return (self.pairs, self.scales, self.offsets)
+
+    def codes(self) -> torch.Tensor:
+        """uint8 [N, K] codes."""
+        return torch.stack((self.pairs & 0xF, self.pairs >> 4), dim=1).reshape(
+            self.out_features, self.in_features
+        )
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        n, k = self.out_features, self.in_features
+        w = torch.empty(n // 2, 2, k)
+        w[:, 0].copy_(self.pairs & 0xF)
+        w[:, 1].copy_(self.pairs >> 4)
+        w = (
+            w.view(n, k // cpu_native.BLOCK, cpu_native.BLOCK)
+            .mul_(self.scales[..., None])
+            .add_(self.offsets[..., None])
+        )
+        return w.view(n, k).to(dtype)
+
+
+class Int8DotWeight(_DotWeight):
+    """int8 codes [N, K] with a float16 scale per (output feature, 32 inputs), w = code * scale (GGUF
+    Q8_0 exactly), for cpu_dot.c's q8 kernel. A tied LM head shares both with the embedding's RowTable."""
+
+    kind = "q8"
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        n, k = codes.shape
+        if k % cpu_native.BLOCK or codes.dtype != torch.int8 or scales.shape != (n, k // cpu_native.BLOCK):
+            raise ValueError(f"the q8 kernel needs int8 codes in groups of 32 (got {codes.dtype} [{n}, {k}])")
+        self.out_features, self.in_features = n, k
+        self.activation_dtype = dtype
+        self.register_buffer("values", codes.contiguous())
+        self.register_buffer("scales", scales.to(torch.float16).contiguous())
+
+    def operands(self) -> tuple[torch.Tensor, ...]:
+        return (self.values, self.scales)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        n, k = self.out_features, self.in_features
+        w = (
+            self.values.float().view(n, k // cpu_native.BLOCK, cpu_native.BLOCK)
+            * self.scales.float()[..., None]
+        )
+        return w.view(n, k).to(dtype)
+
+
 class RowTable(QuantWeight):
-    """Embedding rows kept compact: int8 codes [N, K] with float32 scales [N, K/32] (GGUF Q8_0, exact),
+    """Embedding rows kept compact: int8 codes [N, K] with float16 scales [N, K/32] (GGUF Q8_0, exact),
     or float16 values [N, K] (scales empty). `forward(ids)` looks rows up (the embedding)."""
 
     def __init__(self, values: torch.Tensor, scales: torch.Tensor | None, dtype: torch.dtype) -> None:
@@ -216,7 +382,7 @@ class RowTable(QuantWeight):
         self.activation_dtype = dtype
         self.register_buffer("values", values.contiguous())
         self.register_buffer(
-            "scales", (scales if scales is not None else torch.zeros(0)).float().contiguous()
+            "scales", (scales if scales is not None else torch.zeros(0)).to(torch.float16).contiguous()
         )
 
     @property
@@ -228,7 +394,7 @@ class RowTable(QuantWeight):
             return values.float()
         k = self.in_features
         groups = scales.shape[-1]
-        w = values.float().reshape(*values.shape[:-1], groups, k // groups) * scales[..., None]
+        w = values.float().reshape(*values.shape[:-1], groups, k // groups) * scales.float()[..., None]
         return w.reshape(*values.shape[:-1], k)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:

@@ -127,8 +127,15 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
             )
         self.model = self._load_model()
         weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        # quantized projections hold their weights in buffers (quant_linear.py)
-        weights_bytes += sum(w.stored_bytes() for w in self.model.modules() if isinstance(w, QuantWeight))
+        # quantized projections hold their weights in buffers (quant_linear.py); a tied compact LM head
+        # shares its buffers with the embedding (gguf_compact.py), counted once
+        seen: set[int] = set()
+        for w in self.model.modules():
+            if isinstance(w, QuantWeight):
+                buffers = list(w.buffers())
+                shared = sum(b.numel() * b.element_size() for b in buffers if b.data_ptr() in seen)
+                seen.update(b.data_ptr() for b in buffers)
+                weights_bytes += w.stored_bytes() - shared
         load_time_s = time.perf_counter() - start
 
         model_len = config.max_model_len or self.model_config.max_position_embeddings
