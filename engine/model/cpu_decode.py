@@ -1,20 +1,21 @@
-"""The CPU decode step without per-layer modules, for models whose projections are all int4pack
-weights (cpu_quant.Int4PackWeight: GGUF Q4_0 / Q4_1 / Q4_K kept compact).
+"""The CPU decode step without per-layer modules, for models whose projections are all compact CPU
+weights (cpu_quant.CpuWeight: GGUF weights kept compact, `--cpu-weights`).
 
 Why a second path: on a 2-core CPU a decode step of the default model (30 layers) spent more time in
 torch dispatch and Python than in its matrix products: ~1,700 aten ops, ~150 module calls and ~900
 module attribute lookups a step at a few microseconds each. This path runs the same layer math from
-tensors taken out of the modules once (`CpuDecodePath.build`), in about half the ops:
+tensors taken out of the modules once (`CpuDecodePath.build`), in a few ops a layer:
 
-- RMSNorm as the row norm and one `rsqrt`; the weight is applied to the input, written straight in
-  bfloat16 for the int4 kernel, and the row scale to the projection's output, which is also its cast
-  to float32 (the products are the reference's up to bfloat16 rounding at a different point);
-- RoPE of q and k as one batched product with a rotation matrix built once a step (the reference
-  takes ~10 elementwise ops a layer; the sums differ from it by fused multiply-add rounding only);
-- the projections' bfloat16 outputs added to the float32 residual directly (type promotion: the same
-  bits as a cast first);
-- decode attention through SDPA over the gathered blocks, unmasked for a single sequence (its keys are
-  cut to the context length instead).
+- each projection is one `fused_linear` with the step around it: the RMSNorm before qkv and
+  gate_up, the SwiGLU before down and the residual add after o and down. The cpu_dot weights
+  (cpu_native.py) do all of it inside their kernel, in place on the float32 residual; torch's
+  weights apply RMSNorm's row scale to the product's output (one op fewer than the reference);
+- with the cpu_dot library, RoPE, the K/V store and the paged attention as one call a layer
+  (cpu_native.DecodeAttention), reading the cache blocks in place;
+- without it, RoPE of q and k as one batched product with a rotation matrix built once a step (the
+  reference takes ~10 elementwise ops a layer; the sums differ from it by fused multiply-add rounding
+  only) and decode attention through SDPA over the gathered blocks, unmasked for a single sequence
+  (its keys are cut to the context length instead).
 
 model.py's module path stays the reference and serves everything else (prefill, any other weight,
 tensor parallelism, Qwen3's q/k norm, an fp8 or 16-bit cache); tests compare the two paths' logits.
@@ -27,15 +28,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from llmdeploy_engine.kernels import cpu_native
 from llmdeploy_engine.kernels.attention import AttentionMetadata
-from llmdeploy_engine.model.cpu_quant import Int4PackWeight
+from llmdeploy_engine.model.cpu_quant import CpuWeight
 
 if TYPE_CHECKING:
     from llmdeploy_engine.model.model import CausalLM
-
-
-# an int4pack product's operands: packed codes, group size, bfloat16 scales and zeros
-_Int4 = tuple[torch.Tensor, int, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -43,18 +41,18 @@ class _Layer:
     """One decoder layer's tensors, out of its modules (attribute lookups on modules cost ~1 us each)."""
 
     norm1: torch.Tensor  # input_layernorm.weight
-    qkv: _Int4
+    qkv: CpuWeight
     qkv_bias: torch.Tensor | None
-    o: _Int4
+    o: CpuWeight
     norm2: torch.Tensor  # post_attention_layernorm.weight
-    gate_up: _Int4
-    down: _Int4
+    gate_up: CpuWeight
+    down: CpuWeight
 
 
-def _int4(weight: object) -> _Int4 | None:
-    if not isinstance(weight, Int4PackWeight) or weight.activation_dtype != torch.float32:
+def _cpu_weight(weight: object) -> CpuWeight | None:
+    if not isinstance(weight, CpuWeight) or weight.activation_dtype != torch.float32:
         return None
-    return (weight.packed, weight.group_size, weight.scale_zeros)
+    return weight
 
 
 class CpuDecodePath:
@@ -68,8 +66,7 @@ class CpuDecodePath:
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_size = self.heads * self.head_dim
         self.kv_size = self.kv_heads * self.head_dim
-        self.inter = c.intermediate_size
-        self.eps = torch.tensor(c.rms_norm_eps, dtype=torch.float32)
+        self.eps = float(c.rms_norm_eps)
         self.final_norm = model.model.norm.weight
         self.final_eps = model.model.norm.eps
         self.scale = c.head_dim**-0.5
@@ -79,6 +76,8 @@ class CpuDecodePath:
         sign[torch.arange(half) + half, torch.arange(half)] = -1.0
         sign[torch.arange(half), torch.arange(half) + half] = 1.0
         self.sign = sign
+        # cpu_dot.c's decode attention where the kernels load (else torch's ops below)
+        self.native_attention = cpu_native.library() is not None
         self._flat_source: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._flat: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -93,18 +92,20 @@ class CpuDecodePath:
         layers = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            weights = [_int4(p.weight) for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            weights = [
+                _cpu_weight(p.weight) for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            ]
             qkv, o, gate_up, down = weights
             if qkv is None or o is None or gate_up is None or down is None:
                 return None
             bias = attn.qkv_proj.bias  # the only biased projection (Qwen2); o, gate_up and down have none
             layers.append(
                 _Layer(
-                    norm1=layer.input_layernorm.weight.detach(),
+                    norm1=layer.input_layernorm.weight.detach().contiguous(),
                     qkv=qkv,
-                    qkv_bias=None if bias is None else bias.detach(),
+                    qkv_bias=None if bias is None else bias.detach().float().contiguous(),
                     o=o,
-                    norm2=layer.post_attention_layernorm.weight.detach(),
+                    norm2=layer.post_attention_layernorm.weight.detach().contiguous(),
                     gate_up=gate_up,
                     down=down,
                 )
@@ -157,10 +158,30 @@ class CpuDecodePath:
         model = self.model
         h = model.model.embed_tokens(input_ids).float()
         cos, sin = model.rope_tables(positions, torch.float32)  # [n, 1, d]
-        rotation = torch.diag_embed(cos[:, 0]).add_(self.sign * sin)  # [n, d, d]
         slots = meta.slot_mapping
         assert slots is not None
         blocks = meta.decode_blocks
+        attended = torch.empty(n, self.q_size)
+        eps = self.eps
+        if self.native_attention:
+            attention = cpu_native.DecodeAttention(
+                heads,
+                kv_heads,
+                d,
+                cos.view(n, d),
+                sin.view(n, d),
+                slots,
+                blocks.view(n, -1),
+                meta.decode_context_lens().to(torch.int32),
+                self.scale,
+                attended,
+            )
+            for layer, (k_pool, v_pool) in zip(self.layers, kv_caches, strict=True):
+                qkv = layer.qkv.fused_linear(h, norm=layer.norm1, eps=eps, bias=layer.qkv_bias)
+                attention(qkv, k_pool, v_pool)
+                h = self._mlp(layer, attended, h)
+            return F.rms_norm(h, (hidden,), self.final_norm, self.final_eps)
+        rotation = torch.diag_embed(cos[:, 0]).add_(self.sign * sin)  # [n, d, d]
         block_size = kv_caches[0][0].shape[1]
         padded = blocks.numel() // n * block_size
         if n == 1:
@@ -172,21 +193,11 @@ class CpuDecodePath:
         kv_shape, kv_stride = (n, kv_heads, context, d), (padded * kv_heads * d, d, kv_heads * d, 1)
         q_shape, q_stride = (n, kv_heads, group, d), (qk_heads * d, group * d, d, 1)
         kv_row_stride = (width, d, 1)
-        normed = torch.empty(n, hidden, dtype=torch.bfloat16)
-        attended = torch.empty(n, self.q_size, dtype=torch.bfloat16)
         attended_4d = attended.view(n, kv_heads, group, d)
-        activated = torch.empty(n, self.inter, dtype=torch.bfloat16)
-        eps, inv_hidden, inter, scale = self.eps, 1.0 / hidden, self.inter, self.scale
+        scale = self.scale
         flat = self._flat_caches(kv_caches)
-        int4 = torch.ops.aten._weight_int4pack_mm_for_cpu.default
         for layer, (k_pool, v_pool), (k_flat, v_flat) in zip(self.layers, kv_caches, flat, strict=True):
-            # attention: RMSNorm's weight on the input, its row scale on the projection's output
-            norm = torch.linalg.vector_norm(h, 2, -1, keepdim=True)
-            row_scale = torch.addcmul(eps, norm, norm, value=inv_hidden).rsqrt_()
-            torch.mul(h, layer.norm1, out=normed)
-            qkv = int4(normed, *layer.qkv) * row_scale
-            if layer.qkv_bias is not None:
-                qkv += layer.qkv_bias
+            qkv = layer.qkv.fused_linear(h, norm=layer.norm1, eps=eps, bias=layer.qkv_bias)
             qk = torch.bmm(qkv.as_strided((n, qk_heads, d), kv_row_stride), rotation)
             k_flat.index_copy_(0, slots, qk[:, heads:])
             v_flat.index_copy_(
@@ -198,12 +209,11 @@ class CpuDecodePath:
                 qk.as_strided(q_shape, q_stride), keys, values, attn_mask=mask, scale=scale
             )
             attended_4d.copy_(out)
-            h = int4(attended, *layer.o) + h
-            # MLP
-            norm = torch.linalg.vector_norm(h, 2, -1, keepdim=True)
-            row_scale = torch.addcmul(eps, norm, norm, value=inv_hidden).rsqrt_()
-            torch.mul(h, layer.norm2, out=normed)
-            gate, up = (int4(normed, *layer.gate_up) * row_scale).split(inter, -1)
-            torch.mul(F.silu(gate), up, out=activated)
-            h = int4(activated, *layer.down) + h
+            h = self._mlp(layer, attended, h)
         return F.rms_norm(h, (hidden,), self.final_norm, self.final_eps)
+
+    def _mlp(self, layer: _Layer, attended: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The residual after the attention output projection and the MLP (in place on h)."""
+        h = layer.o.fused_linear(attended, add=h, out=h)
+        gate_up = layer.gate_up.fused_linear(h, norm=layer.norm2, eps=self.eps)
+        return layer.down.fused_linear(gate_up, swiglu=True, add=h, out=h)

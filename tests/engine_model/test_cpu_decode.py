@@ -9,6 +9,7 @@ import torch
 from engine_model_helpers import BlockPlan, make_batch
 from gguf import GGMLQuantizationType
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.kernels import cpu_native
 from llmdeploy_engine.kernels.attention import build_attention_metadata
 from llmdeploy_engine.model.cpu_decode import CpuDecodePath
 from llmdeploy_engine.model.cpu_quant import int4pack_available
@@ -17,20 +18,26 @@ from test_gguf_loader import tiny_llama, write_gguf
 
 pytestmark = pytest.mark.skipif(not int4pack_available(), reason="no vectorized int4pack kernel on this CPU")
 
-# both paths round the activations to bfloat16 for the int4 kernel, at different points of RMSNorm: on
-# two layers the logits and the stored K/V moved by up to 0.5 % and 0.9 % of their range. A wrong
-# rotation moved the stored keys by over 100 %, a wrong key stride the logits by 40 %.
+# torch's int4 kernel: both paths round the activations to bfloat16, at different points of RMSNorm;
+# on two layers the logits and the stored K/V moved by up to 0.5 % and 0.9 % of their range. cpu_dot's
+# kernels: the fused RMSNorm and SwiGLU round in float32 as the module path's ops do, but an int8 code
+# can round the other way. A wrong rotation moved the stored keys by over 100 %, a wrong key stride the
+# logits by 40 %.
 MAX_REL_DIFF = 2e-2
+DOT = cpu_native.library() is not None
 LENGTHS = (37, 5, 60)  # three contexts: the middle one inside its first block
 
 
-def _runner(tmp_path: Path, qtype: GGMLQuantizationType) -> ModelRunner:
+def _runner(
+    tmp_path: Path, qtype: GGMLQuantizationType, dot: bool = DOT, mode: str = "quantized"
+) -> ModelRunner:
     path = tmp_path / f"tiny-{qtype.name}.gguf"
     write_gguf(path, tiny_llama(), qtype)
-    config = EngineConfig(
-        model=str(path), device="cpu", kv_cache_memory_bytes=4 * 2**20, cpu_weights="quantized"
-    )
-    return ModelRunner(config)
+    config = EngineConfig(model=str(path), device="cpu", kv_cache_memory_bytes=4 * 2**20, cpu_weights=mode)
+    with pytest.MonkeyPatch.context() as patch:
+        if not dot:  # torch's kernels, as on a machine without a C compiler
+            patch.setattr(cpu_native, "library", lambda: None)
+        return ModelRunner(config)
 
 
 def _prefilled(runner: ModelRunner) -> tuple[BlockPlan, list[list[int]]]:
@@ -43,18 +50,24 @@ def _prefilled(runner: ModelRunner) -> tuple[BlockPlan, list[list[int]]]:
 
 
 @pytest.mark.parametrize(
+    "dot",
+    [pytest.param(True, marks=pytest.mark.skipif(not DOT, reason="no cpu_dot kernels here")), False],
+    ids=["cpu_dot", "torch"],
+)
+@pytest.mark.parametrize(
     "qtype,qkv_bias",
     [
         (GGMLQuantizationType.Q4_0, False),
         (GGMLQuantizationType.Q4_1, False),
         (GGMLQuantizationType.Q4_1, True),
+        (GGMLQuantizationType.Q8_0, False),
     ],
 )
 @pytest.mark.slow
 def test_decode_steps_match_the_module_path(
-    tmp_path: Path, qtype: GGMLQuantizationType, qkv_bias: bool
+    tmp_path: Path, qtype: GGMLQuantizationType, qkv_bias: bool, dot: bool
 ) -> None:
-    runner = _runner(tmp_path, qtype)
+    runner = _runner(tmp_path, qtype, dot)
     model = runner.model
     if qkv_bias:  # Qwen2's q/k/v bias, on the Llama layers (both paths read the projection's bias)
         g = torch.Generator().manual_seed(1)
@@ -62,7 +75,8 @@ def test_decode_steps_match_the_module_path(
             proj = layer.self_attn.qkv_proj
             proj.bias = torch.nn.Parameter(torch.randn(proj.weight.shape[0], generator=g) * 0.5)
     path = CpuDecodePath.build(model)
-    assert path is not None, "every projection of a Q4 GGUF is an int4pack weight"
+    assert path is not None, "every projection of a quantized GGUF is a compact CPU weight"
+    path.native_attention = dot  # torch's attention ops, as where the kernels do not load
     plan, prompts = _prefilled(runner)
     for seqs in ([0], [1], [0, 1, 2], [2, 1]):
         batch = make_batch(plan, seqs, [[prompts[s][-1]] for s in seqs], [LENGTHS[s] for s in seqs])
@@ -109,6 +123,71 @@ def test_the_runner_takes_the_path_for_decode_steps_only(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_other_weights_keep_the_module_path(tmp_path: Path) -> None:
-    # Q8_0 projections are float16 packs (cpu_quant.Fp16PackWeight), not int4pack
-    assert CpuDecodePath.build(_runner(tmp_path, GGMLQuantizationType.Q8_0).model) is None
+def test_float32_weights_keep_the_module_path(tmp_path: Path) -> None:
+    assert CpuDecodePath.build(_runner(tmp_path, GGMLQuantizationType.Q4_0, mode="float32").model) is None
+
+
+@pytest.mark.skipif(not DOT, reason="no cpu_dot kernels here")
+def test_native_decode_attention_against_sdpa() -> None:
+    """cpu_dot.c's decode attention against RoPE + SDPA in float64 on a paged cache whose tables
+    name blocks out of order, for contexts inside one block, across blocks and of unequal length."""
+    heads, kv_heads, d, block_size, blocks = 6, 2, 16, 4, 12
+    g = torch.Generator().manual_seed(0)
+    k_pool = torch.randn(blocks, block_size, kv_heads, d, generator=g)
+    v_pool = torch.randn(blocks, block_size, kv_heads, d, generator=g)
+    tables = torch.tensor([[7, 2, 9], [4, 0, 0], [11, 1, 5]])
+    lengths = torch.tensor([10, 3, 12], dtype=torch.int32)
+    slots = torch.tensor(
+        [
+            int(tables[s, (n - 1) // block_size]) * block_size + (n - 1) % block_size
+            for s, n in enumerate(lengths.tolist())
+        ]
+    )
+    n, width = 3, (heads + 2 * kv_heads) * d
+    qkv = torch.randn(n, width, generator=g) * 2
+    angles = torch.rand(n, d // 2, generator=g) * 6
+    cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+    out = torch.empty(n, heads * d)
+    ref_k, ref_v, ref_qkv = k_pool.double().clone(), v_pool.double().clone(), qkv.double()
+
+    def rope(x: torch.Tensor, s: int) -> torch.Tensor:  # [h, d]
+        half = d // 2
+        turned = torch.cat((-x[:, half:], x[:, :half]), -1)
+        return x * cos[s].double() + turned * sin[s].double()
+
+    expected = []
+    for s in range(n):
+        q = rope(ref_qkv[s, : heads * d].view(heads, d), s)
+        k = rope(ref_qkv[s, heads * d : (heads + kv_heads) * d].view(kv_heads, d), s)
+        v = ref_qkv[s, (heads + kv_heads) * d :].view(kv_heads, d)
+        ref_k.view(-1, kv_heads, d)[slots[s]] = k
+        ref_v.view(-1, kv_heads, d)[slots[s]] = v
+        keys = ref_k[tables[s]].flatten(0, 1)[: lengths[s]].transpose(0, 1)  # [kv_heads, ctx, d]
+        values = ref_v[tables[s]].flatten(0, 1)[: lengths[s]].transpose(0, 1)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.view(kv_heads, heads // kv_heads, d), keys, values, scale=0.3
+        )
+        expected.append(o.reshape(-1))
+    attention = cpu_native.DecodeAttention(heads, kv_heads, d, cos, sin, slots, tables, lengths, 0.3, out)
+    attention(qkv, k_pool, v_pool)
+    assert _rel(out.double(), torch.stack(expected)) < 1e-5
+    assert _rel(k_pool.double(), ref_k) < 1e-6 and _rel(v_pool.double(), ref_v) == 0
+    # a table naming a block the pools do not have: an error, nothing written
+    bad = tables.clone()
+    bad[2, 2] = blocks
+    before = k_pool.clone()
+    with pytest.raises(ValueError, match="outside the KV pools"):
+        cpu_native.DecodeAttention(heads, kv_heads, d, cos, sin, slots, bad, lengths, 0.3, out)(
+            qkv, k_pool, v_pool
+        )
+    assert torch.equal(k_pool, before)
+    # a context longer than its table row holds (the next row's blocks are valid ids): an error too
+    longer = lengths.clone()
+    longer[0] = tables.shape[1] * block_size + 1
+    with pytest.raises(ValueError, match="outside the KV pools"):
+        cpu_native.DecodeAttention(heads, kv_heads, d, cos, sin, slots, tables, longer, 0.3, out)(
+            qkv, k_pool, v_pool
+        )
+    assert torch.equal(k_pool, before)
+    with pytest.raises(ValueError, match="qkv must be contiguous"):
+        attention(qkv[:, :-1], k_pool, v_pool)
