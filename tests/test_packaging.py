@@ -84,6 +84,7 @@ def test_wheel_ships_the_templates_and_renders_without_the_source_tree(
     }
     assert templates and templates <= names, sorted(templates - names)
     assert "llmdeploy/apply/vllm_parser_check.py" in names  # run by path in vLLM's interpreter
+    assert "llmdeploy_engine/kernels/cpu_dot.c" in names  # compiled at the CPU engine's first start
 
     site = tmp_path / "site"
     install = subprocess.run(
@@ -277,6 +278,9 @@ def test_clean_venv_serves_the_rendered_deployments_command(wheel_venv: WheelVen
         )
         assert reply.status_code == 200, reply.text
         assert "Paris" in reply.json()["choices"][0]["message"]["content"]
+        # the CPU image carries gcc, as this machine does: the wheel's cpu_dot.c built into the cache
+        # under HOME and took the 4-bit projections
+        assert "'q4dot'" in log.read_text(), log.read_text()[-3000:]
     finally:
         os.killpg(process.pid, 15)
         process.wait(timeout=60)
