@@ -12,15 +12,19 @@ become on `--device cpu` when they are kept compact (`--cpu-weights`, gguf_compa
   (`quantized::linear_dynamic_fp16`, float32 activations): for quantized types no torch CPU kernel
   takes exactly (Q8_0 and Q6_K have one scale per 32 or 16 weights, `_weight_int8pack_mm` one per
   output feature), at half the bytes of float32 and within float16 rounding of the GGUF weight.
-- `RowTable`: an embedding table kept compact (Q8_0: int8 codes and one float32 scale per 32;
+- `Int4DotWeight` / `Int8DotWeight`: GGUF's 4-bit (Q4_0 / Q4_1 / Q4_K) and Q8_0 codes as stored, with
+  float16 scales (and offsets) per 32, multiplied by cpu_dot.c's integer kernels (cpu_native.py)
+  where they build: the activations rounded to 15-bit codes per 32, well inside float32's answers.
+  The loader prefers them to the two above.
+- `RowTable`: an embedding table kept compact (Q8_0: int8 codes and one float16 scale per 32;
   others float16) from which the looked-up rows are dequantized.
 
 Batches of `CPU_DEQUANT_ROWS` rows or more (prefill) dequantize the weight once and use a dense
 GEMM: the int4 kernel dequantizes per tile and is compute-bound there. The GEMM runs in bfloat16
 where this CPU's bfloat16 GEMM (oneDNN on AVX512-BF16 or AMX) is clearly faster than float32, timed
 once per process (`prefill_gemm_dtype`): on a 2-core AVX512-BF16 VM a 512-token prompt's projections
-took 125 ms instead of 568 ms. The activations are already rounded to bfloat16 for the int4 kernel;
-the weight's rounding to bfloat16 (8 mantissa bits against the 4-bit codes' step) comes on top.
+took 125 ms instead of 568 ms. The activations and the weight are rounded to bfloat16 there (8
+mantissa bits against the 4-bit codes' step).
 """
 
 from __future__ import annotations

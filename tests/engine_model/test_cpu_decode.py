@@ -20,10 +20,11 @@ pytestmark = pytest.mark.skipif(not int4pack_available(), reason="no vectorized 
 
 # torch's int4 kernel: both paths round the activations to bfloat16, at different points of RMSNorm;
 # on two layers the logits and the stored K/V moved by up to 0.5 % and 0.9 % of their range. cpu_dot's
-# kernels: the fused RMSNorm and SwiGLU round in float32 as the module path's ops do, but an int8 code
-# can round the other way. A wrong rotation moved the stored keys by over 100 %, a wrong key stride the
-# logits by 40 %.
+# kernels take the same quantized activations on both paths (the fused RMSNorm and SwiGLU round in
+# float32 as the module path's ops do, but a code can round the other way): 4e-7 to 4e-5. A wrong rotation moved
+# the stored keys by over 100 %, a wrong key stride the logits by 40 %.
 MAX_REL_DIFF = 2e-2
+MAX_REL_DIFF_DOT = 2e-4
 DOT = cpu_native.library() is not None
 LENGTHS = (37, 5, 60)  # three contexts: the middle one inside its first block
 
@@ -89,9 +90,10 @@ def test_decode_steps_match_the_module_path(
             fast_kv = _new_kv(runner, slots)
             ref = model.compute_logits(model.module_forward(ids, positions, meta, runner.kv_caches))
             ref_kv = _new_kv(runner, slots)
-        assert _rel(fast, ref) < MAX_REL_DIFF, seqs
+        bound = MAX_REL_DIFF_DOT if dot else MAX_REL_DIFF
+        assert _rel(fast, ref) < bound, seqs
         # the stored keys (rotated) and values of the new tokens, every layer
-        assert _rel(fast_kv, ref_kv) < MAX_REL_DIFF, seqs
+        assert _rel(fast_kv, ref_kv) < bound, seqs
 
 
 def _new_kv(runner: ModelRunner, slots: torch.Tensor) -> torch.Tensor:
