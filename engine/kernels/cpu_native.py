@@ -45,6 +45,8 @@ logger = logging.getLogger("llmdeploy_engine")
 
 SOURCE = Path(__file__).with_name("cpu_dot.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm")
+# the products' VNNI instruction (one vpdpbusd for vpmaddubsw + vpmaddwd), by the CPU flag that has it
+VNNI_FLAGS = {"avx_vnni": ("-mavxvnni",), "avx512_vnni": ("-mavx512vnni", "-mavx512vl")}
 BUILD_TIMEOUT_S = 120
 BLOCK = 32  # inputs per activation / weight scale
 
@@ -70,10 +72,44 @@ def _compiler() -> str | None:
     return None
 
 
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere: the plain AVX2 build then)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _isa_flags() -> list[tuple[str, ...]]:
+    """Extra compiler flags to try in turn: VNNI's where the CPU has it (an older compiler that does
+    not know them falls back to the plain build), then none."""
+    cpu = _cpu_flags()
+    tries = [
+        extra
+        for flag, extra in VNNI_FLAGS.items()
+        if flag in cpu and (flag != "avx512_vnni" or "avx512vl" in cpu)
+    ]
+    return [*tries[:1], ()]
+
+
 def _build(compiler: str) -> Path:
-    """The shared library for this source and compiler, compiled unless the cache holds it."""
+    """The shared library for this source, compiler and CPU, compiled unless the cache holds it."""
+    errors = []
+    for extra in _isa_flags():
+        try:
+            return _build_with(compiler, FLAGS + extra)
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            errors.append(exc)
+    raise errors[-1]
+
+
+def _build_with(compiler: str, flags: tuple[str, ...]) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join((SOURCE.read_text(), version, *FLAGS)).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join((SOURCE.read_text(), version, *flags)).encode()).hexdigest()[:16]
     folder = cache_dir() / "kernels"
     target = folder / f"cpu_dot-{key}.so"
     if target.exists():
@@ -83,7 +119,7 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, str(SOURCE), "-o", scratch, *FLAGS],
+            [compiler, str(SOURCE), "-o", scratch, *flags],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,

@@ -356,3 +356,32 @@ def test_dot_kernels_report_a_failed_build_and_reuse_a_good_one(
     cpu_native.library.cache_clear()
     assert cpu_native.library() is not None
     assert built[0].stat().st_mtime_ns == stamp  # found in the cache, not compiled again
+
+
+def _products(x: torch.Tensor) -> list[torch.Tensor]:
+    """The q4 and q8 products of x (3 rows: a tile of 2 and 1) through the library loaded now."""
+    return [make(64, 320)[0].linear(x) for make in (_q4_weight, _q8_weight)]
+
+
+@needs_dot
+def test_vnni_and_plain_builds_compute_the_same_products(fresh_library, monkeypatch) -> None:
+    """The integer sums are exact either way, and the float work around them is the same."""
+    if len(cpu_native._isa_flags()) == 1:
+        pytest.skip("this CPU has no VNNI: only the plain build runs here")
+    x = torch.randn(3, 320) * 3
+    vnni = _products(x)
+    monkeypatch.setattr(cpu_native, "_isa_flags", lambda: [()])
+    cpu_native.library.cache_clear()
+    plain = _products(x)
+    for a, b in zip(vnni, plain, strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_dot
+def test_a_compiler_without_the_vnni_flags_builds_the_plain_kernels(
+    fresh_library, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cpu_native, "_cpu_flags", lambda: {"avx_vnni"})
+    monkeypatch.setitem(cpu_native.VNNI_FLAGS, "avx_vnni", ("-mno-such-option-anywhere",))
+    assert cpu_native.library() is not None
+    assert len(list((tmp_path / "kernels").glob("cpu_dot-*.so"))) == 1
