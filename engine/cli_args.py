@@ -66,7 +66,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         choices=("auto", "quantized", "float32"),
         help="GGUF weights on --device cpu: quantized keeps 4-bit types (Q4_0/Q4_1/Q4_K) as 4-bit codes and "
         "Q8_0 as int8, multiplied by the engine's integer dot-product kernels (compiled at first start with "
-        "the C compiler CC, else cc; LLMDEPLOY_CPU_DOT=0 turns them off), or by torch's CPU kernels where "
+        "the C compiler CC, else cc; LLMDEPLOY_CPU_DOT=0 turns them off, =avx2 leaves VNNI out), or by torch's CPU kernels where "
         "those cannot build (Q8_0 and others then as float16); float32 dequantizes at load; auto: quantized "
         "where the CPU has AVX2 or AVX-512 and tensor_parallel_size is 1",
     )

@@ -18,12 +18,13 @@ store and paged softmax attention took ~8 torch ops a layer (gathers, SDPA, inde
 a 135M model's step on the 2-core VM; in one C call a layer, reading the blocks where they lie, the
 whole step fell from ~17.7 to ~14.2 ms.
 
-The library is built once per source and compiler into the cache folder (LLMDEPLOY_CACHE_DIR, else
-$XDG_CACHE_HOME/llmdeploy or ~/.cache/llmdeploy) with the C compiler named by CC (else cc, gcc or
-clang; about a second) and needs x86-64 with AVX2 and FMA. It links OpenMP, which resolves to the
-runtime torch already loaded, so its threads are torch's. Where any of that is missing, or
-LLMDEPLOY_CPU_DOT=0 is set, `library()` is None (`unavailable_reason()` says why) and the engine
-uses torch's kernels.
+The library is built once per source, compiler and instruction set into the cache folder
+(LLMDEPLOY_CACHE_DIR, else $XDG_CACHE_HOME/llmdeploy or ~/.cache/llmdeploy) with the C compiler named
+by CC (else cc, gcc or clang; about a second) and needs x86-64 with AVX2 and FMA; where the CPU has
+VNNI the build uses it (LLMDEPLOY_CPU_DOT=avx2 keeps to the plain AVX2 build). It links OpenMP, which
+resolves to the runtime torch already loaded, so its threads are torch's. Where any of that is
+missing, or LLMDEPLOY_CPU_DOT=0 is set, `library()` is None (`unavailable_reason()` says why) and
+the engine uses torch's kernels.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def _cpu_flags() -> set[str]:
 
 def _isa_flags() -> list[tuple[str, ...]]:
     """Extra compiler flags to try in turn: VNNI's where the CPU has it (an older compiler that does
-    not know them falls back to the plain build), then none."""
+    not know them falls back to the plain build), then none; only none with LLMDEPLOY_CPU_DOT=avx2."""
+    if os.environ.get("LLMDEPLOY_CPU_DOT") == "avx2":
+        return [()]
     cpu = _cpu_flags()
     tries = [
         extra
@@ -170,8 +173,11 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they cannot run here (logged once, with the reason)."""
     reason = None
     compiler = _compiler()
-    if os.environ.get("LLMDEPLOY_CPU_DOT", "1") == "0":
+    setting = os.environ.get("LLMDEPLOY_CPU_DOT", "1")
+    if setting == "0":
         reason = "LLMDEPLOY_CPU_DOT=0"
+    elif setting not in ("1", "avx2"):
+        reason = f"LLMDEPLOY_CPU_DOT={setting!r} is not 1, avx2 or 0"
     elif platform.machine().lower() not in ("x86_64", "amd64"):
         reason = f"this CPU is {platform.machine()}, the kernels are x86-64"
     elif torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -187,8 +193,9 @@ def library() -> ctypes.CDLL | None:
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             reason = f"building them failed: {exc}"
     _reason.append(reason)
-    # a missing compiler or a failed build is the user's to fix (about half the decode speed is lost)
-    fixable = reason.startswith(("no C compiler", "building"))
+    # a missing compiler, a failed build or a mistyped setting is the user's to fix (about half the
+    # decode speed is lost)
+    fixable = reason.startswith(("no C compiler", "building")) or "is not 1, avx2 or 0" in reason
     logger.log(
         logging.WARNING if fixable else logging.INFO,
         "CPU integer dot-product kernels off (%s): torch's CPU kernels multiply GGUF weights",

@@ -330,6 +330,10 @@ def test_dot_kernels_say_why_they_are_off(fresh_library, monkeypatch) -> None:
     assert cpu_native.library() is None
     assert cpu_native.unavailable_reason() == "LLMDEPLOY_CPU_DOT=0"
     cpu_native.library.cache_clear()
+    monkeypatch.setenv("LLMDEPLOY_CPU_DOT", "fast")
+    assert cpu_native.library() is None
+    assert cpu_native.unavailable_reason() == "LLMDEPLOY_CPU_DOT='fast' is not 1, avx2 or 0"
+    cpu_native.library.cache_clear()
     monkeypatch.delenv("LLMDEPLOY_CPU_DOT")
     monkeypatch.setenv("CC", "no-such-compiler-here")
     assert cpu_native.library() is None
@@ -370,7 +374,8 @@ def test_vnni_and_plain_builds_compute_the_same_products(fresh_library, monkeypa
         pytest.skip("this CPU has no VNNI: only the plain build runs here")
     x = torch.randn(3, 320) * 3
     vnni = _products(x)
-    monkeypatch.setattr(cpu_native, "_isa_flags", lambda: [()])
+    monkeypatch.setenv("LLMDEPLOY_CPU_DOT", "avx2")
+    assert cpu_native._isa_flags() == [()]
     cpu_native.library.cache_clear()
     plain = _products(x)
     for a, b in zip(vnni, plain, strict=True):
