@@ -99,12 +99,13 @@ def _isa_flags() -> list[tuple[str, ...]]:
     return [*tries[:1], ()]
 
 
-def _build(compiler: str) -> Path:
-    """The shared library for this source, compiler and CPU, compiled unless the cache holds it."""
+def _build(compiler: str) -> tuple[Path, tuple[str, ...]]:
+    """The shared library for this source, compiler and CPU (compiled unless the cache holds it) and
+    the instruction-set flags it was built with beyond FLAGS."""
     errors = []
     for extra in _isa_flags():
         try:
-            return _build_with(compiler, FLAGS + extra)
+            return _build_with(compiler, FLAGS + extra), extra
         except (RuntimeError, subprocess.SubprocessError) as exc:
             errors.append(exc)
     raise errors[-1]
@@ -187,8 +188,11 @@ def library() -> ctypes.CDLL | None:
     if reason is None:
         assert compiler is not None
         try:
-            lib = ctypes.CDLL(str(_build(compiler)))
+            path, extra = _build(compiler)
+            lib = ctypes.CDLL(str(path))
             _declare(lib)
+            isa = "AVX512-VNNI" if "-mavx512vnni" in extra else "AVX-VNNI" if extra else "no VNNI"
+            logger.info("CPU integer dot-product kernels: AVX2 + FMA, %s (%s)", isa, path)
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             reason = f"building them failed: {exc}"
