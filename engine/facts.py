@@ -1,15 +1,27 @@
 """Facts about the built-in engine that the toolkit needs too: its KV-cache sizing rule, its decode
-CUDA-graph sizes and the architectures it runs.
+CUDA-graph sizes, the architectures it runs and llmdeploy's cache folder.
 
 The engine's allocator calls these functions with measured values; the planner calls them with its
 estimates, so the two can only differ in the inputs. Pure Python (no torch, pydantic or PyYAML), so
-`llmdeploy` can import it without pulling the engine's dependencies; tests/engine/test_core_no_torch.py
+`llmdeploy` can import it without pulling the engine's dependencies; tests/engine_core/test_core_no_torch.py
 holds it to that.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """llmdeploy's cache on this machine (installed models, the engine's compiled CPU kernels):
+    $LLMDEPLOY_CACHE_DIR, else the XDG cache's llmdeploy folder."""
+    base = os.environ.get("LLMDEPLOY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmdeploy"
+    )
+    return Path(base)
+
 
 # transformers class name -> the engine's architecture (engine/model/model.py); dense, full RoPE, gated MLP
 ARCHITECTURES = {

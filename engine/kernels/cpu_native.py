@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from llmdeploy_engine.facts import cache_root
 
 logger = logging.getLogger("llmdeploy_engine")
 
@@ -52,14 +53,6 @@ BUILD_TIMEOUT_S = 120
 BLOCK = 32  # inputs per activation / weight scale
 
 _reason: list[str] = []
-
-
-def cache_dir() -> Path:
-    explicit = os.environ.get("LLMDEPLOY_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llmdeploy"
 
 
 def _compiler() -> str | None:
@@ -114,7 +107,7 @@ def _build(compiler: str) -> tuple[Path, tuple[str, ...]]:
 def _build_with(compiler: str, flags: tuple[str, ...]) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256("\0".join((SOURCE.read_text(), version, *flags)).encode()).hexdigest()[:16]
-    folder = cache_dir() / "kernels"
+    folder = cache_root() / "kernels"
     target = folder / f"cpu_dot-{key}.so"
     if target.exists():
         return target

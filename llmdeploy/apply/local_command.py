@@ -13,6 +13,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from llmdeploy_engine.facts import cache_root
+
 from llmdeploy.apply.local_engine import LocalEngine
 from llmdeploy.engines import get_engine
 from llmdeploy.engines.flags import is_gguf
@@ -20,11 +22,7 @@ from llmdeploy.errors import UserError
 from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.render.engine_command import EngineCommand, engine_command
-from llmdeploy.render.model_location import (
-    VLLM_CHECKPOINTS_DIR,
-    cache_root,
-    vllm_checkpoint_name,
-)
+from llmdeploy.render.model_location import VLLM_CHECKPOINTS_DIR, vllm_checkpoint_name
 from llmdeploy.render.renderer import local_secret_variable
 
 # the converter is a script run in vLLM's interpreter, kept beside the model locations it fills

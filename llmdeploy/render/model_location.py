@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmdeploy_engine.facts import cache_root
+
 from llmdeploy.engines import get_engine
 from llmdeploy.engines.flags import is_gguf
 from llmdeploy.errors import UserError
@@ -19,14 +21,6 @@ from llmdeploy.recipe.schema import ModelSection, PackagedFile, Recipe
 
 CONTAINER_CACHE_DIR = "/models"
 VLLM_CHECKPOINTS_DIR = "vllm-checkpoints"
-
-
-def cache_root() -> Path:
-    """llmdeploy's cache on this machine: $LLMDEPLOY_CACHE_DIR, else the XDG cache's llmdeploy folder."""
-    base = os.environ.get("LLMDEPLOY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmdeploy"
-    )
-    return Path(base)
 
 
 def package_dir(pkg: PackagedFile) -> Path:

@@ -41,10 +41,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, pick_port: Callable[[], int]) -> Iterator[Server]:
+    from llmdeploy_engine.facts import cache_root
     from vllm_install import SETUP_SCRIPT, vllm_python
 
     from llmdeploy.apply.local_command import checkpoint_from_gguf
-    from llmdeploy.render.model_location import cache_root
 
     python = vllm_python()
     if python is None:
