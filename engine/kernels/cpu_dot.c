@@ -134,6 +134,18 @@ static void quantized_free(quantized *q) {
     free(q->sum);
 }
 
+/* The product's input rows quantized into q (allocated here; quantized_free releases it); 0 when out of
+ * memory, with nothing left allocated. */
+static int quantize_input(quantized *q, const float *x, int64_t m, int64_t k, int64_t x_stride, const float *norm,
+                          float eps, int swiglu) {
+    if (!quantized_alloc(q, m, k)) {
+        quantized_free(q);
+        return 0;
+    }
+    quantize_rows(x, m, k, x_stride, norm, eps, swiglu, *q);
+    return 1;
+}
+
 /* float16 [n] -> float32 [n] */
 static inline void widen(const uint16_t *h, float *f, int64_t n) {
     int64_t i = 0;
@@ -256,11 +268,7 @@ int llmdeploy_q4_linear(const float *x, int64_t m, int64_t k, int64_t x_stride, 
                         int swiglu, const uint8_t *codes, const uint16_t *wd, const uint16_t *wm, int64_t n,
                         const float *bias, const float *add, float *y, int threads) {
     quantized q;
-    if (!quantized_alloc(&q, m, k)) {
-        quantized_free(&q);
-        return -1;
-    }
-    quantize_rows(x, m, k, x_stride, norm, eps, swiglu, q);
+    if (!quantize_input(&q, x, m, k, x_stride, norm, eps, swiglu)) return -1;
     int64_t tiles = (n + 3) / 4;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < tiles; i++) {
@@ -281,11 +289,7 @@ int llmdeploy_q8_linear(const float *x, int64_t m, int64_t k, int64_t x_stride, 
                         int swiglu, const int8_t *codes, const uint16_t *wd, int64_t n, const float *bias,
                         const float *add, float *y, int threads) {
     quantized q;
-    if (!quantized_alloc(&q, m, k)) {
-        quantized_free(&q);
-        return -1;
-    }
-    quantize_rows(x, m, k, x_stride, norm, eps, swiglu, q);
+    if (!quantize_input(&q, x, m, k, x_stride, norm, eps, swiglu)) return -1;
     int64_t tiles = (n + 3) / 4;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < tiles; i++) {
