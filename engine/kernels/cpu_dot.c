@@ -4,10 +4,10 @@
  * block, codes within +-127 * 128) and each code c is split into two int8 halves, c = 128 h + l with h
  * in -127..127 and l in 0..127. Both halves are multiplied with the weight's codes in 8-bit integer
  * lanes (vpdpbusd where the CPU has VNNI, else vpmaddubsw / vpmaddwd) and the block's integer sum,
- * 128 sum(w h) + sum(w l), is scaled by the weight's and the activation's scales in float32. The activations' rounding (1/32512 of a
- * block's largest value) is far below bfloat16's: a product is within 1e-4 of the float64 one;
- * 8-bit activations (llama.cpp's way, half the integer work) moved the default model's logits by
- * 3-4 % and flipped its greedy answers.
+ * 128 sum(w h) + sum(w l), is scaled by the weight's and the activation's scales in float32. The
+ * activations' rounding (1/32512 of a block's largest value) is far below bfloat16's: a product is
+ * within 1e-4 of the float64 one; 8-bit activations (llama.cpp's way, half the integer work) moved
+ * the default model's logits by 3-4 % and flipped its greedy answers.
  *
  * Weights:
  * - q4: 4-bit codes 0..15 with a float16 scale d and offset m per (output feature, 32 inputs),
