@@ -1,4 +1,5 @@
-"""The GPU catalog (`gpus.json`): memory as CUDA reports it, bandwidth, tensor rates, fp8 support."""
+"""The GPU catalog (`gpus.json`): memory as CUDA reports it, the driver's total (nvidia-smi) and where a
+public output shows it, bandwidth, tensor rates, fp8 support, vendor."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ class GPUSpec:
     fp8_support: bool
     compute_capability: str
     aliases: tuple[str, ...] = ()
+    vendor: str = "nvidia"  # "amd": listed for lookups; the planner's rules are the CUDA builds'
+    driver_total_mib: int | None = None  # the total nvidia-smi prints, where a public output shows it
+    driver_source: str | None = None  # that output
+    memory_note: str | None = None  # how memory_gib was inferred where CUDA's total is not on record
 
     @property
     def memory_bytes(self) -> int:

@@ -10,8 +10,14 @@ Checks per log (`vllm_logs.json`, package data beside this module, each with its
   (`footprint.NON_TORCH_RULES`); the "held-out" error re-fits them without the lines of the log's own
   thread, so no log is predicted with a constant that its own numbers helped to set.
 
+- failed starts: a log whose start failed for lack of memory (`start_failed`) must be planned as not
+  fitting, with a suggested fix that the log shows would have started (a `--max-model-len` no longer
+  than the KV tokens the failed start had).
+
 Groups: vLLM >= 0.7 non-hybrid (the accuracy target), vLLM < 0.7 (V0's older non-torch accounting)
-and hybrid/sliding-window models, reported separately.
+and hybrid/sliding-window models, reported separately. The headline is the out-of-sample set: the
+logs used to set no planner figure (`in_sample` empty), with the non-torch medians re-fitted without
+their thread.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from llmdeploy.memory.footprint import NON_TORCH_RULES, NonTorchRule, non_torch_
 from llmdeploy.memory.plan_inputs import GIB, PlanInputs
 from llmdeploy.planner.accuracy_result import HYBRID, LEGACY, TARGET, LogCheck, percent
 from llmdeploy.planner.accuracy_table import markdown
-from llmdeploy.planner.plan import plan_for
+from llmdeploy.planner.plan import plan_for, plan_from_inputs
 
 # package data, so the check runs from an installed wheel as from a checkout
 DEFAULT_FIXTURES = Path(__file__).resolve().with_name("vllm_logs.json")
@@ -118,6 +124,21 @@ def _logged_stage(entry: dict[str, Any]) -> int | None:
     return None
 
 
+_CONTEXT_FIX = re.compile(r"--max-model-len ([\d,]+)")
+
+
+def failed_start_verdict(entry: dict[str, Any], inputs: PlanInputs) -> tuple[bool, str | None]:
+    """(the plan fits, the first suggested fix the log shows would have worked) for a log whose start
+    failed: a shorter --max-model-len works when it is no longer than the KV tokens the start had."""
+    plan = plan_from_inputs(inputs)
+    capacity = entry["logged"].get("kv_cache_tokens")
+    for fix in plan.suggestions:
+        found = _CONTEXT_FIX.search(fix)
+        if found and capacity and int(found.group(1).replace(",", "")) <= capacity:
+            return plan.fits, fix
+    return plan.fits, None
+
+
 def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = None) -> LogCheck:
     inputs = _inputs(entry)
     logged = entry["logged"]
@@ -163,6 +184,8 @@ def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = Non
                 heldout_kv = int(raw_kv * GIB) + shipped - int(refit * GIB)
                 heldout_tokens = _tokens_for(heldout_kv, inputs) if heldout_kv > 0 else 0
                 heldout_error = (heldout_tokens - reference) / reference
+    failed = bool(entry.get("start_failed"))
+    predicted_fits, fix = failed_start_verdict(entry, inputs) if failed else (plan.fits, None)
     return LogCheck(
         entry["id"],
         entry["source"],
@@ -185,6 +208,9 @@ def check_log(entry: dict[str, Any], obs: list[NonTorchObservation] | None = Non
         heldout_tokens=heldout_tokens,
         heldout_error=heldout_error,
         in_sample=str(entry.get("in_sample", "")),
+        start_failed=failed,
+        predicted_fits=predicted_fits,
+        fix_that_works=fix,
     )
 
 
@@ -224,10 +250,47 @@ def summaries(checks: list[LogCheck]) -> dict[str, list[float]]:
     return out
 
 
+FIELD_REPORT = "a user's field report"
+
+
+def headline(checks: list[LogCheck]) -> list[str]:
+    """The out-of-sample figures first: what the planner does on logs it was not fitted to."""
+    figures = summaries(checks)
+    lines = ["OUT OF SAMPLE (logs used to set no planner figure; non-torch re-fitted without their thread):"]
+    for group in (TARGET, HYBRID, LEGACY):
+        lines.append(
+            "  " + _summary(f"KV tokens, {group}", figures[f"full prediction out of sample, {group}"])
+        )
+    over = [
+        c.log_id
+        for c in checks
+        if not c.in_sample
+        and c.group == TARGET
+        and c.heldout_error is not None
+        and abs(c.heldout_error) > 0.05
+    ]
+    lines.append(f"  {TARGET} logs over 5 %: {len(over)}" + (f" ({', '.join(over)})" if over else ""))
+    for c in checks:
+        if c.source == FIELD_REPORT:
+            lines.append(
+                f"  field report {c.log_id}: {c.full_reference or 0:,} logged, "
+                f"{c.full_tokens or 0:,} planned, {percent(c.full_error)}"
+            )
+    for c in checks:
+        if c.start_failed:
+            verdict = "fits: NO" if c.predicted_fits is False else "fits: yes (WRONG: the start failed)"
+            lines.append(
+                f"  failed start {c.log_id}: {verdict}; fix that works: {c.fix_that_works or 'none offered'}"
+            )
+    return lines
+
+
 def report(checks: list[LogCheck]) -> str:
     lines = [
+        *headline(checks),
+        "",
         f"{'log':<48}{'model':<28}{'GPU':<10}{'vLLM':<10}{'group':<10}{'ref tok':>11}{'pred tok':>10}{'error':>9}"
-        f"{'held-out':>9}{'bpt err':>9}{'dW GiB':>8}{'dAct':>7}{'dKV':>7}  in-sample"
+        f"{'held-out':>9}{'bpt err':>9}{'dW GiB':>8}{'dAct':>7}{'dKV':>7}  in-sample",
     ]
     for c in checks:
         ref = (
@@ -281,7 +344,9 @@ __all__ = [
     "NonTorchObservation",
     "check_all",
     "check_log",
+    "failed_start_verdict",
     "fit_non_torch",
+    "headline",
     "load",
     "main",
     "observations",

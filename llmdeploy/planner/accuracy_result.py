@@ -33,6 +33,9 @@ class LogCheck:
     heldout_tokens: int | None = None  # full prediction with non-torch re-fitted without this thread
     heldout_error: float | None = None
     in_sample: str = ""  # which planner figure this log was used to set ("" = none)
+    start_failed: bool = False  # the logged start failed for lack of memory
+    predicted_fits: bool | None = None  # the plan's verdict (with its fixes) for the log's settings
+    fix_that_works: str | None = None  # a suggested fix the log shows would have started
 
 
 def percent(x: float | None) -> str:

@@ -187,7 +187,12 @@ def fit(
                 tensor_parallel_size=tp,
                 max_model_len=target.max_model_len,
             )
-            outcome = _option(inputs, gpu, target, prices.get(gpu.name))
+            try:
+                outcome = _option(inputs, gpu, target, prices.get(gpu.name))
+            except UserError as refused:  # a GPU the rules do not cover (ROCm)
+                outcome = refused.problems[0].message
+                rejected.append(Rejection(gpu.name, tp, outcome))
+                break
             if isinstance(outcome, FitOption):
                 options.append(outcome)
             else:

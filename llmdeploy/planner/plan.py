@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmdeploy.catalog.gpus import list_gpus
 from llmdeploy.engines import get_engine
+from llmdeploy.errors import UserError
 from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.memory.plan_inputs import PlanInputs
 
@@ -18,8 +19,25 @@ if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan -
 _INT4_FROM = {"none", "fp8", "int8"}
 
 
+def refuse_rocm(inputs: PlanInputs) -> None:
+    """The memory rules are read from the engines' CUDA builds; on an AMD GPU (vLLM's ROCm build) the
+    accounting differs where it matters (AITER kernels and their workspaces, HIP graphs, the ROCm
+    caching allocator, its own sampler and attention backends), none of it read, so no plan is given."""
+    gpu = inputs.gpu
+    if gpu is not None and gpu.vendor != "nvidia":
+        raise UserError.one(
+            f"{gpu.name} is an AMD GPU: the planner's memory rules are the engines' CUDA builds' and "
+            "were not derived for ROCm (AITER kernels, HIP graphs and the ROCm allocator account differently)",
+            path="hardware.gpu",
+            value=gpu.name,
+            fix="plan an NVIDIA GPU of the same memory with hardware.gpu_memory_gib / --gpu-memory-gib "
+            "(an estimate only), or set the KV cache size yourself (limits.kv_cache_memory_gib / --kv-cache-memory-gib)",
+        )
+
+
 def plan_for(inputs: PlanInputs) -> MemoryPlan:
     """The memory plan of `inputs` by its engine's own start-up accounting (no suggestions)."""
+    refuse_rocm(inputs)
     plan = get_engine(inputs.engine).memory_plan(inputs)
     assert math.isfinite(plan.max_concurrency)
     return plan
@@ -91,14 +109,23 @@ def suggest_fixes(inputs: PlanInputs, plan: MemoryPlan) -> list[str]:
     ]
 
 
+def _holds(plan: MemoryPlan, spec_max: int | None) -> bool:
+    """The KV cache holds one request of the plan's max_model_len, within the model's positions
+    (the engine's start-up check; the planner's own headroom caution is a separate problem)."""
+    within = not spec_max or plan.max_model_len <= spec_max
+    return plan.kv_cache_gib > 0 and plan.max_concurrency >= 1 and within
+
+
 def _largest_context(inputs: PlanInputs, plan: MemoryPlan) -> int | None:
-    """The largest max_model_len with which the plan fits, searched from the KV cache's token count."""
-    high = min(plan.kv_cache_tokens, inputs.context_len - 1)
-    if high < 1:
+    """The largest max_model_len the KV cache holds (the engine starts with it), searched from the KV
+    cache's token count; None when the length is not what is short."""
+    spec_max = inputs.spec.max_position_embeddings
+    high = min(plan.kv_cache_tokens, inputs.context_len - 1, spec_max or plan.kv_cache_tokens)
+    if high < 1 or _holds(plan, spec_max):
         return None
 
     def fits(length: int) -> bool:
-        return plan_for(replace(inputs, max_model_len=length)).fits
+        return _holds(plan_for(replace(inputs, max_model_len=length)), spec_max)
 
     if fits(high):
         return high
@@ -132,7 +159,7 @@ def _change_kinds(inputs: PlanInputs) -> list[list[Change]]:
         larger: list[Change] = [
             (f"a larger GPU, {gpu.name} ({gpu.memory_gib} GiB)", {"gpu": gpu, "gpu_memory_gib": None})
             for gpu in sorted(list_gpus(), key=lambda g: g.memory_gib)
-            if gpu.memory_gib > current
+            if gpu.memory_gib > current and gpu.vendor == "nvidia"
         ]
         if larger:
             kinds.append(larger)

@@ -35,5 +35,38 @@ def test_memory_is_what_cuda_reports_not_the_marketing_figure() -> None:
 
 def test_unknown_gpu_lists_names() -> None:
     with pytest.raises(UserError) as e:
-        resolve_gpu("V100")
-    assert "unknown GPU 'V100'" in str(e.value) and "H100-SXM" in str(e.value)
+        resolve_gpu("P100")
+    assert "unknown GPU 'P100'" in str(e.value) and "H100-SXM" in str(e.value)
+
+
+def test_catalog_covers_the_gpus_users_run_with_the_driver_total_or_a_note() -> None:
+    # issue 44: each with memory as the driver reports it (nvidia-smi's total, with the public output
+    # that shows it), or a note saying how its figure was inferred where no driver total is on record
+    from llmdeploy.catalog.gpus import list_gpus
+
+    for name in (
+        "T4", "V100-16GB", "V100-32GB", "A10G", "A40", "RTX A6000", "RTX 6000 Ada", "L40",
+        "RTX PRO 4000 Blackwell", "RTX PRO 6000 Blackwell", "H20", "GH200", "H100 NVL", "B300",
+        "MI300X", "MI325X",
+    ):  # fmt: skip
+        resolve_gpu(name)
+    for gpu in list_gpus():
+        assert gpu.memory_gib > 0
+        if gpu.driver_total_mib is not None:
+            assert gpu.driver_source and gpu.driver_source.startswith("https://"), gpu.name
+            assert gpu.memory_gib * 1024 < gpu.driver_total_mib, gpu.name  # CUDA's total is below it
+        else:
+            assert gpu.memory_note or gpu.name in ("H100-PCIe", "H200", "B200"), gpu.name
+    assert {g.vendor for g in list_gpus()} == {"nvidia", "amd"}
+
+
+def test_rocm_gpus_are_refused_with_a_located_error() -> None:
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.memory.plan_inputs import PlanInputs
+    from llmdeploy.planner.plan import plan_for
+
+    with pytest.raises(UserError) as e:
+        plan_for(PlanInputs(spec=resolve_model("Qwen/Qwen2.5-7B"), gpu=resolve_gpu("MI300X")))
+    problem = e.value.problems[0]
+    assert problem.path == "hardware.gpu" and "ROCm" in problem.message
+    assert problem.fix and "--gpu-memory-gib" in problem.fix

@@ -11,11 +11,13 @@ import pytest
 from llmdeploy.memory.footprint import NON_TORCH_RULES, non_torch_rule, release
 from llmdeploy.planner.accuracy import (
     DEFAULT_FIXTURES,
+    FIELD_REPORT,
     LEGACY,
     TARGET,
     NonTorchObservation,
     check_all,
     fit_non_torch,
+    headline,
     load,
     observations,
     report,
@@ -33,7 +35,8 @@ def test_fixtures_parse_and_cite_their_source() -> None:
     assert len(set(o["id"] for o in data["non_torch_observations"])) == len(data["non_torch_observations"])
     assert ids
     for item in data["logs"] + data["non_torch_observations"]:
-        assert item["source"].startswith("https://"), item["id"]
+        # a public thread, or a user's field report quoted as the issue states it
+        assert item["source"].startswith("https://") or item["source"] == FIELD_REPORT, item["id"]
         assert item["quoted"] and all(isinstance(q, str) and q for q in item["quoted"]), item["id"]
         assert release(str(item["vllm_version"]).split()[0]) is not None
     for entry in data["logs"]:
@@ -129,7 +132,8 @@ def test_full_prediction_error_regression_guard() -> None:
     # measured (docs/planner.md: vLLM >= 0.7, non-hybrid, held out, n = 50, median 0.55 %, max 62.9 %: the
     # max is Qwen2.5-72B on 2 H100s at 0.19 with a 3 GiB cache, where the TP runs of that sweep leave
     # ~1.9 GiB less KV than planned); a guard against regressions, not proof of a target
-    figures = summaries(check_all())
+    # (the field reports of issue 44 are guarded on their own below)
+    figures = summaries([c for c in check_all() if c.source != FIELD_REPORT])
     target = figures[f"full prediction held out, {TARGET}"]
     assert len(target) >= 50
     assert statistics.median(target) <= 0.0056
@@ -170,3 +174,30 @@ def test_pipeline_logs_are_compared_stage_to_stage() -> None:
         assert c.activation_error_gib is not None and -0.25 <= c.activation_error_gib <= -0.15
         assert c.kv_error_gib is not None and abs(c.kv_error_gib) <= 0.1
         assert c.full_error is not None and abs(c.full_error) <= 0.001
+
+
+def test_failed_starts_are_planned_as_not_fitting_with_a_fix_that_works() -> None:
+    # a start that failed for lack of memory must come out "fits: NO", and one suggested fix must be
+    # one the log shows would have started (a --max-model-len within the KV tokens the start had)
+    failed = [c for c in check_all() if c.start_failed]
+    assert failed
+    for c in failed:
+        assert c.predicted_fits is False, c.log_id
+        assert c.fix_that_works is not None and "--max-model-len" in c.fix_that_works, c.log_id
+    assert all(
+        "failed start" in line and "fits: NO" in line
+        for line in headline(check_all())
+        if line.strip().startswith("failed start")
+    )
+
+
+def test_field_reports_are_out_of_sample_fixtures() -> None:
+    # the field reports of issue 44 (figures as stated there) set no planner figure
+    reports = {e["id"]: e for e in load()["logs"] if e["source"] == FIELD_REPORT}
+    assert len(reports) == 5
+    assert all(e["in_sample"] == "" for e in reports.values())
+    logged = {e["id"]: e["logged"]["kv_cache_tokens"] for e in reports.values()}
+    assert sorted(logged.values()) == [49_744, 62_512, 62_688, 446_192, 1_170_336]
+    text = "\n".join(headline(check_all()))
+    assert text.startswith("OUT OF SAMPLE")
+    assert all(log_id in text for log_id in reports)

@@ -174,6 +174,10 @@ def test_allocator_rounding_of_one_request() -> None:
     assert allocated_bytes(int(742.5 * MIB)) == int(742.5 * MIB)  # 1.5 MiB remainder is split off
     assert allocated_bytes(224 * MIB) == 224 * MIB
     assert allocated_bytes(1000) == 1024  # 512-byte granules
+    # under max_split_size (vLLM's weight loading since 0.21): requests at or above it are never split
+    assert allocated_bytes(int(742.5 * MIB), 20 * MIB) == 744 * MIB
+    assert allocated_bytes(int(24.5 * MIB), 20 * MIB) == 26 * MIB
+    assert allocated_bytes(int(12.5 * MIB), 20 * MIB) == int(12.5 * MIB)  # below it: the old rule
 
 
 def test_vllm_load_overhead_rope_cache_and_rounding() -> None:
@@ -184,8 +188,16 @@ def test_vllm_load_overhead_rope_cache_and_rounding() -> None:
     assert vllm_load_overhead_bytes(_inputs("meta-llama/Llama-3.1-8B")) == 32 * MIB
     # Qwen2.5-32B at TP 2: qkv (3584 x 5120), o (5120 x 2560) and down (5120 x 13824) are 35, 25 and
     # 135 MiB, each booked as the next 2 MiB (64 layers x 3 MiB), + 32,768 x 128 x 2 bytes of cache
-    qwen = _inputs("Qwen/Qwen2.5-32B", tensor_parallel_size=2)
+    qwen = _inputs("Qwen/Qwen2.5-32B", tensor_parallel_size=2, engine_version="0.20.0")
     assert vllm_load_overhead_bytes(qwen) == 64 * 3 * MIB + 8 * MIB
+    # since 0.21 the weights load under max_split_size_mb:20: a request of 20 MiB or more is never
+    # split, so the 742.5 MiB vocab shards of the untied embedding and head book 744 MiB each too
+    newer = _inputs("Qwen/Qwen2.5-32B", tensor_parallel_size=2, engine_version="0.21.0")
+    assert vllm_load_overhead_bytes(newer) == 64 * 3 * MIB + 8 * MIB + 2 * int(1.5 * MIB)
+    # Qwen2.5-7B at TP 1 (0.28): the 24.5 MiB o_proj books its 26 MiB segment, +1.5 MiB x 28 layers
+    seven = _inputs("Qwen/Qwen2.5-7B", engine_version="0.28.0")
+    older = _inputs("Qwen/Qwen2.5-7B", engine_version="0.20.0")
+    assert vllm_load_overhead_bytes(seven) - vllm_load_overhead_bytes(older) >= 28 * int(1.5 * MIB)
     # quantized checkpoints: only the cache (their packed layouts are not modelled)
     awq = _inputs("Qwen/Qwen2.5-32B", tensor_parallel_size=2, quantization="awq")
     assert vllm_load_overhead_bytes(awq) == 8 * MIB
