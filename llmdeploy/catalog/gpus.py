@@ -58,5 +58,5 @@ def resolve_gpu(name: str) -> GPUSpec:
         f"unknown GPU {name!r}",
         path="hardware.gpu",
         value=name,
-        fix=f"use one of: {names}; or give hardware.gpu_memory_gib (memory as CUDA reports it)",
+        fix=f"use one of: {names}; or give hardware.gpu_memory_gib / --gpu-memory-gib (memory as CUDA reports it)",
     )

@@ -103,3 +103,23 @@ def test_user_errors_exit_2_without_traceback() -> None:
     )
     assert proc.returncode == 2
     assert "unknown model 'acme/unknown-9B'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_offline_planning_with_a_config_folder_and_gpu_memory_for_every_engine(tmp_path: Path) -> None:
+    # issue 44: a model the catalog lacks (a folder with its config.json) on a GPU the catalog lacks
+    # (--gpu-memory-gib) plans offline for every engine; the errors name exactly those two fixes
+    config = {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+        "intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "num_hidden_layers": 24, "vocab_size": 151936, "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": True, "rope_theta": 1000000.0,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for engine in ("vllm", "sglang", "tgi", "builtin"):
+        args = ["--model", str(tmp_path), "--gpu-memory-gib", "15", "--engine", engine]
+        result = CliRunner().invoke(plan_command, [*args, "--max-model-len", "4096", "--output", "json"])
+        assert result.exit_code == 0, (engine, result.output)
+        plan = json.loads(result.output)
+        assert plan["engine"] == engine and plan["fits"] and plan["kv_cache_tokens"] > 0
+    unknown_gpu = CliRunner().invoke(plan_command, ["--model", str(tmp_path), "--gpu", "P100"])
+    assert unknown_gpu.exit_code != 0 and "--gpu-memory-gib" in str(unknown_gpu.exception.problems[0].fix)  # type: ignore[union-attr]
