@@ -218,13 +218,22 @@ def graphs_in_budget(inputs: PlanInputs) -> bool:
     return cuda_graphs.graphs_in_budget(inputs.engine_version)
 
 
+# engine/arg_utils.py `get_batch_defaults`: since 0.28.0 (read in 0.28.0 and 0.32.0; 0.27.1 lacks it)
+# GPUs with >= 160 GiB (B200, B300) get 16,384 batched tokens from the API server too
+HUGE_GPU_DEFAULTS_SINCE = (0, 28, 0)
+HUGE_GPU_GIB = 160
+
+
 def vllm_defaults(inputs: PlanInputs) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) as vLLM's API server picks them when not given:
-    large GPUs (>= 70 GiB, not A100) get 8192 / 1024, others 2048 / 256."""
+    large GPUs (>= 70 GiB, not A100) get 8192 / 1024, others 2048 / 256; since 0.28, GPUs with
+    >= 160 GiB get 16384 / 1024."""
     total = inputs.total_memory_gib if inputs.device == "cuda" else 0.0
+    version = release(inputs.engine_version)
+    huge = total >= HUGE_GPU_GIB and (version is None or version >= HUGE_GPU_DEFAULTS_SINCE)
     big = total >= 70 and not (inputs.gpu and inputs.gpu.name.startswith("A100"))
-    seqs = inputs.max_num_seqs or (1024 if big else 256)
-    batched = inputs.max_num_batched_tokens or (8192 if big else 2048)
+    seqs = inputs.max_num_seqs or (1024 if big or huge else 256)
+    batched = inputs.max_num_batched_tokens or (16384 if huge else 8192 if big else 2048)
     return max(batched, seqs), seqs
 
 

@@ -126,6 +126,14 @@ def test_vllm_defaults_depend_on_gpu_size() -> None:
     assert (big.max_num_batched_tokens, big.max_num_seqs) == (8192, 1024)
     assert (small.max_num_batched_tokens, small.max_num_seqs) == (2048, 256)
     assert (a100.max_num_batched_tokens, a100.max_num_seqs) == (2048, 256)
+    # since 0.28 a GPU with >= 160 GiB (B200, B300) gets 16,384 batched tokens; 0.27 kept 8,192
+    for gpu in ("B200", "B300"):
+        huge = plan_from_inputs(_inputs("Qwen/Qwen3-8B", gpu, engine_version="0.28.0"))
+        assert (huge.max_num_batched_tokens, huge.max_num_seqs) == (16384, 1024)
+    before = plan_from_inputs(_inputs("Qwen/Qwen3-8B", "B200", engine_version="0.27.1"))
+    assert (before.max_num_batched_tokens, before.max_num_seqs) == (8192, 1024)
+    h200 = plan_from_inputs(_inputs("Qwen/Qwen3-8B", "H200", engine_version="0.28.0"))
+    assert h200.max_num_batched_tokens == 8192  # 139.8 GiB: under 160
 
 
 def test_tgi_and_builtin_rules() -> None:
