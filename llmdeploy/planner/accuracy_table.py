@@ -61,8 +61,9 @@ def log_table(checks: list[LogCheck]) -> str:
         model = c.model.split("/")[-1]
         kind = " (hybrid)" if c.hybrid else ""
         sample = "in" if c.in_sample else "out"
+        cited = f"[{c.log_id}]({c.source})" if c.source.startswith("https://") else f"{c.log_id} ({c.source})"
         lines.append(
-            f"| {family(c.version)} | [{c.log_id}]({c.source}){kind} | {c.version} | {c.gpu} | {model} | "
+            f"| {family(c.version)} | {cited}{kind} | {c.version} | {c.gpu} | {model} | "
             f"{percent(c.full_error)}{star} | {percent(c.heldout_error)} | {weights} | {sample} |"
         )
     return "\n".join(lines)
