@@ -21,8 +21,8 @@ from llmdeploy.errors import UserError
 TIMEOUT_S = 5.0
 
 _LOCAL_FIX = (
-    "set model.path to a folder holding the model's config.json (a downloaded checkpoint, or just "
-    "its config.json), or model.architecture to a catalog name (`llmdeploy models list`)"
+    "set model.path (`plan --model FOLDER`) to a folder holding the model's config.json (a downloaded "
+    "checkpoint, or just its config.json), or model.architecture to a catalog name (`llmdeploy models list`)"
 )
 _ENV_HINT = (
     "HF_ENDPOINT selects the hub endpoint, HF_TOKEN authenticates, HF_HUB_OFFLINE=1 uses the cache "

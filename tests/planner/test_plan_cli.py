@@ -123,3 +123,27 @@ def test_offline_planning_with_a_config_folder_and_gpu_memory_for_every_engine(t
         assert plan["engine"] == engine and plan["fits"] and plan["kv_cache_tokens"] > 0
     unknown_gpu = CliRunner().invoke(plan_command, ["--model", str(tmp_path), "--gpu", "P100"])
     assert unknown_gpu.exit_code != 0 and "--gpu-memory-gib" in str(unknown_gpu.exception.problems[0].fix)  # type: ignore[union-attr]
+
+
+def test_recipes_plan_offline_with_model_path_and_gpu_memory_for_every_engine(tmp_path: Path) -> None:
+    # the recipe form of the same: model.path and hardware.gpu_memory_gib, no catalog entry, no hub
+    from llmdeploy.planner.plan import make_plan
+    from llmdeploy.recipe.loader import load_recipe
+
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+        "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "num_hidden_layers": 22, "vocab_size": 32000, "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False, "rope_theta": 10000.0,
+    }  # fmt: skip
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    for engine in ("vllm", "sglang", "tgi", "builtin"):
+        recipe = tmp_path / f"{engine}.yaml"
+        recipe.write_text(
+            f"name: offline-{engine}\nmodel:\n  id: someorg/uncatalogued-1b\n  path: {folder}\n"
+            f"engine:\n  type: {engine}\nhardware:\n  gpu_memory_gib: 14.5\nlimits:\n  max_model_len: 4096\n"
+        )
+        plan = make_plan(load_recipe(recipe))
+        assert plan.fits and plan.engine == engine and plan.kv_cache_tokens > 0, engine
