@@ -36,6 +36,7 @@ from llmdeploy.engines.vllm import graphs_in_budget, kv_capacity, vllm_activatio
 from llmdeploy.errors import UserError
 from llmdeploy.memory.footprint import NON_TORCH_RULES, NonTorchRule, non_torch_rule, vllm_non_torch_bytes
 from llmdeploy.memory.plan_inputs import GIB, PlanInputs
+from llmdeploy.planner.accuracy_headline import FIELD_REPORT, headline, summary_line
 from llmdeploy.planner.accuracy_result import HYBRID, LEGACY, TARGET, LogCheck, percent
 from llmdeploy.planner.accuracy_table import markdown
 from llmdeploy.planner.plan import plan_for, plan_from_inputs
@@ -224,12 +225,6 @@ def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
 
-def _summary(label: str, errors: list[float]) -> str:
-    if not errors:
-        return f"{label}: n=0"
-    return f"{label}: n={len(errors)} median |error| {statistics.median(errors) * 100:.2f}%, max {max(errors) * 100:.2f}%"
-
-
 def summaries(checks: list[LogCheck]) -> dict[str, list[float]]:
     """|error| lists per reported figure (used by the report and the regression tests)."""
     out: dict[str, list[float]] = {
@@ -250,44 +245,9 @@ def summaries(checks: list[LogCheck]) -> dict[str, list[float]]:
     return out
 
 
-FIELD_REPORT = "a user's field report"
-
-
-def headline(checks: list[LogCheck]) -> list[str]:
-    """The out-of-sample figures first: what the planner does on logs it was not fitted to."""
-    figures = summaries(checks)
-    lines = ["OUT OF SAMPLE (logs used to set no planner figure; non-torch re-fitted without their thread):"]
-    for group in (TARGET, HYBRID, LEGACY):
-        lines.append(
-            "  " + _summary(f"KV tokens, {group}", figures[f"full prediction out of sample, {group}"])
-        )
-    over = [
-        c.log_id
-        for c in checks
-        if not c.in_sample
-        and c.group == TARGET
-        and c.heldout_error is not None
-        and abs(c.heldout_error) > 0.05
-    ]
-    lines.append(f"  {TARGET} logs over 5 %: {len(over)}" + (f" ({', '.join(over)})" if over else ""))
-    for c in checks:
-        if c.source == FIELD_REPORT:
-            lines.append(
-                f"  field report {c.log_id}: {c.full_reference or 0:,} logged, "
-                f"{c.full_tokens or 0:,} planned, {percent(c.full_error)}"
-            )
-    for c in checks:
-        if c.start_failed:
-            verdict = "fits: NO" if c.predicted_fits is False else "fits: yes (WRONG: the start failed)"
-            lines.append(
-                f"  failed start {c.log_id}: {verdict}; fix that works: {c.fix_that_works or 'none offered'}"
-            )
-    return lines
-
-
 def report(checks: list[LogCheck]) -> str:
     lines = [
-        *headline(checks),
+        *headline(checks, summaries(checks)),
         "",
         f"{'log':<48}{'model':<28}{'GPU':<10}{'vLLM':<10}{'group':<10}{'ref tok':>11}{'pred tok':>10}{'error':>9}"
         f"{'held-out':>9}{'bpt err':>9}{'dW GiB':>8}{'dAct':>7}{'dKV':>7}  in-sample",
@@ -307,7 +267,7 @@ def report(checks: list[LogCheck]) -> str:
             f"{_gib(c.activation_error_gib):>7}{_gib(c.kv_error_gib):>7}  {'yes' if c.in_sample else '-'}"
         )
     for label, errors in summaries(checks).items():
-        lines.append(_summary(label, errors))
+        lines.append(summary_line(label, errors))
     lines.append("* reference derived from the log's KV memory (the thread shows no token line)")
     lines.append(
         "held-out: the non-torch constant re-fitted without the thread's own non-torch lines (the same as error "
@@ -337,6 +297,7 @@ if __name__ == "__main__":
     main()
 
 __all__ = [
+    "FIELD_REPORT",
     "HYBRID",
     "LEGACY",
     "TARGET",

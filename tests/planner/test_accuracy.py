@@ -186,7 +186,7 @@ def test_failed_starts_are_planned_as_not_fitting_with_a_fix_that_works() -> Non
         assert c.fix_that_works is not None and "--max-model-len" in c.fix_that_works, c.log_id
     assert all(
         "failed start" in line and "fits: NO" in line
-        for line in headline(check_all())
+        for line in headline(check_all(), summaries(check_all()))
         if line.strip().startswith("failed start")
     )
 
@@ -198,6 +198,7 @@ def test_field_reports_are_out_of_sample_fixtures() -> None:
     assert all(e["in_sample"] == "" for e in reports.values())
     logged = {e["id"]: e["logged"]["kv_cache_tokens"] for e in reports.values()}
     assert sorted(logged.values()) == [49_744, 62_512, 62_688, 446_192, 1_170_336]
-    text = "\n".join(headline(check_all()))
+    checks = check_all()
+    text = "\n".join(headline(checks, summaries(checks)))
     assert text.startswith("OUT OF SAMPLE")
     assert all(log_id in text for log_id in reports)
