@@ -295,7 +295,10 @@ def _smallest_gpu(budget_on: Callable[[GPUSpec], EnvelopeBudget], tp: int) -> tu
     """No GPU given: the smallest catalog GPU on which the model and one full-length sequence fit."""
     from llmdeploy.catalog.gpus import list_gpus
 
-    gpus = sorted(list_gpus(), key=lambda g: (g.marketing_gb, g.memory_gib))
+    # NVIDIA only: the full planner refuses ROCm, so the envelope does not name an AMD GPU either
+    gpus = sorted(
+        (g for g in list_gpus() if g.vendor == "nvidia"), key=lambda g: (g.marketing_gb, g.memory_gib)
+    )
     for gpu in gpus:
         budget = budget_on(gpu)
         if budget.fits:

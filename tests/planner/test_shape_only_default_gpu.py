@@ -55,3 +55,16 @@ def test_too_large_for_every_gpu_says_so() -> None:
     plan = _plan(["--params-b", "2000", "--num-layers", "80", "--num-kv-heads", "8", "--head-dim", "128"])
     assert plan["fits"] is False
     assert any("no catalog GPU holds this" in str(n) for n in plan["notes"])  # type: ignore[attr-defined]
+
+
+def test_shape_only_mode_never_names_an_amd_gpu() -> None:
+    # 205 GB of weights: MI300X (192 GB) is too small, MI325X (256 GB) would be the smallest that
+    # holds it, but the planner's rules are the CUDA builds' and refuse ROCm, so B300 is named
+    from click.testing import CliRunner
+
+    from llmdeploy.cli.plan_cmd import plan_command
+
+    args = ["--params-b", "400", "--num-layers", "120", "--num-kv-heads", "8", "--head-dim", "128"]
+    result = CliRunner().invoke(plan_command, [*args, "--weight-bytes", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert "sized on B300" in result.output and "MI3" not in result.output
