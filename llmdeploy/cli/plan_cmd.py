@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from llmdeploy.catalog.gpus import GPUSpec
-from llmdeploy.engines import ENGINES
+from llmdeploy.engines import ENGINES, get_engine
 from llmdeploy.errors import UserError
 from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.planner.envelope import EnvelopeBudget
@@ -43,6 +43,11 @@ _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 @click.option("--max-num-batched-tokens", type=int)
 @click.option("--max-num-seqs", type=int)
 @click.option("--kv-cache-memory-gib", type=float, help="Explicit KV budget per GPU (or CPU).")
+@click.option(
+    "--mem-fraction-static",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    help="SGLang: its --mem-fraction-static as given (weights + KV pool share); default: derived.",
+)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda")
 @click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True)
 @click.option("--engine-version", help="Engine release (vLLM >= 0.21 counts CUDA graphs in the budget).")
@@ -102,6 +107,7 @@ def plan_command(
     max_num_batched_tokens: int | None,
     max_num_seqs: int | None,
     kv_cache_memory_gib: float | None,
+    mem_fraction_static: float | None,
     device: str,
     engine: str,
     engine_version: str | None,
@@ -136,6 +142,12 @@ def plan_command(
     from llmdeploy.memory.plan_inputs import PlanInputs
     from llmdeploy.planner.plan import plan_from_inputs, recipe_inputs
 
+    takes_fraction = get_engine(engine).takes_mem_fraction_static
+    if mem_fraction_static is not None and (not takes_fraction or model is None or fit):
+        raise click.UsageError(
+            "--mem-fraction-static is SGLang's knob: use it with --engine sglang and --model "
+            "(in a recipe, put it in engine.extra_args)"
+        )
     if len(gpu_names) > 1 and not fit:
         raise click.UsageError("--gpu names one GPU (repeat it only with --fit)")
     gpu = gpu_names[0] if gpu_names and not fit else None
@@ -225,6 +237,7 @@ def plan_command(
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             kv_cache_memory_gib=kv_cache_memory_gib,
+            mem_fraction_static=mem_fraction_static,
         )
         show_plan(inputs, plan_from_inputs(inputs), calibration, output)
         return

@@ -115,6 +115,8 @@ class Engine(Protocol):
     tgi_api: bool
     # False when its API has no ignore_eos (bench then does not send it unless asked)
     accepts_ignore_eos: bool
+    # True when its plan reads a given static-pool fraction (SGLang's --mem-fraction-static)
+    takes_mem_fraction_static: bool
 
     def catalogue_file(self, version: str) -> str:
         """The flag catalogue's file name under llmdeploy/engines/catalogues/ for `version`."""
@@ -198,6 +200,7 @@ class EngineDefaults:
     launch_python_var: str | None = None
     tgi_api = False
     accepts_ignore_eos = True
+    takes_mem_fraction_static = False
 
     def catalogue_file(self, version: str) -> str:
         return f"{self.name}-{version}.json"

@@ -16,6 +16,7 @@ from llmdeploy.engines import sglang_memory
 from llmdeploy.engines.base import EngineDefaults, KVCapacity, LocalPython, MetricSample, PlanFigures
 from llmdeploy.engines.flags import Flags, is_gguf, kv_dtype_flag, model_flags
 from llmdeploy.engines.plan_assembly import assemble_plan
+from llmdeploy.errors import UserError
 from llmdeploy.memory.footprint import CUDA_CONTEXT_GIB, weights_bytes_per_gpu
 from llmdeploy.memory.kv_layout import kv_layout
 from llmdeploy.memory.memory_plan import MemoryPlan
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model
 _KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 _QUANTIZATION = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "bitsandbytes": "bitsandbytes"}
 MAX_TOTAL_TOKENS_METRIC = "sglang:max_total_num_tokens"
+MEM_FRACTION_FLAG = "--mem-fraction-static"
 
 
 class SGLangEngine(EngineDefaults):
@@ -48,6 +50,7 @@ class SGLangEngine(EngineDefaults):
     local_flag_check: str | None = "help-text"
     local_folder_env: tuple[tuple[str, str], ...] = (("HF_HUB_OFFLINE", "1"),)
     launch_python_var: str | None = "LLMDEPLOY_SGLANG_PYTHON"
+    takes_mem_fraction_static = True
 
     def local_argv(self, rendered: list[str], executable: str, python: str | None) -> list[str]:
         assert tuple(rendered[: len(self.entrypoint)]) == self.entrypoint, rendered
@@ -113,8 +116,9 @@ class SGLangEngine(EngineDefaults):
                 flags.add("--max-prefill-tokens", str(lim.max_num_batched_tokens))
         elif lim.max_num_batched_tokens is not None:
             flags.add("--chunked-prefill-size", str(lim.max_num_batched_tokens))
-        inputs = inputs_from_recipe(recipe)
-        flags.add("--mem-fraction-static", str(static_fraction(inputs, lim.enable_chunked_prefill)))
+        inputs = self.plan_inputs(recipe)
+        if inputs.mem_fraction_static is None:  # a given one is already in engine.extra_args
+            flags.add(MEM_FRACTION_FLAG, str(static_fraction(inputs, lim.enable_chunked_prefill)))
         if lim.kv_cache_memory_gib is not None and plan.kv_cache_tokens is not None:
             flags.add("--max-total-tokens", str(plan.kv_cache_tokens))  # SGLang caps its pool in tokens
         flags.add("--page-size", str(kv.block_size))
@@ -125,11 +129,19 @@ class SGLangEngine(EngineDefaults):
         flags.add("--enable-metrics")  # smoke, bench and the autoscaler read /metrics
         _speculate(recipe, flags)
 
+    def plan_inputs(self, recipe: Recipe) -> PlanInputs:
+        given = given_mem_fraction_static(recipe.engine.extra_args)
+        return replace(inputs_from_recipe(recipe), mem_fraction_static=given)
+
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
         total = int(inputs.total_memory_gib * GIB)
         gpu_mib = inputs.total_memory_gib * 1024
         reserved = reservation(inputs, chunked_prefill=True)
-        fraction = sglang_memory.mem_fraction_static(gpu_mib, inputs.gpu_memory_utilization, reserved)
+        fraction = inputs.mem_fraction_static
+        source = "given"
+        if fraction is None:
+            fraction = sglang_memory.mem_fraction_static(gpu_mib, inputs.gpu_memory_utilization, reserved)
+            source = "derived: SGLang's default formula on the utilization share"
         # free memory before the weights load: the GPU less the CUDA context
         pre_model_load = total - int(CUDA_CONTEXT_GIB * GIB)
         static = int(pre_model_load * fraction)
@@ -140,8 +152,9 @@ class SGLangEngine(EngineDefaults):
         chunked, decode_bs = self.defaults(inputs)
         seqs = inputs.max_num_seqs or decode_bs
         notes: tuple[str, ...] = (
-            f"SGLang: --mem-fraction-static {fraction} (weights + KV pool / GPU memory); it reserves "
-            f"{reserved.total_mib / 1024:.2f} GiB for activations (chunked prefill {chunked:,}) and CUDA graphs",
+            f"SGLang: --mem-fraction-static {fraction} ({source}; weights + KV pool / GPU memory); its default "
+            f"formula reserves {reserved.total_mib / 1024:.2f} GiB for activations (chunked prefill "
+            f"{chunked:,}) and CUDA graphs",
         )
         if not kv_layout(inputs).is_plain:
             notes += (
@@ -205,6 +218,34 @@ def _speculate(recipe: Recipe, flags: Flags) -> None:
     flags.add("--speculative-num-steps", str(spec.num_speculative_tokens))
     flags.add("--speculative-eagle-topk", "1")
     flags.add("--speculative-num-draft-tokens", str(spec.num_speculative_tokens + 1))
+
+
+def given_mem_fraction_static(extra_args: list[str]) -> float | None:
+    """The --mem-fraction-static a recipe passes through engine.extra_args (SGLang's own knob:
+    the share of GPU memory for weights + KV pool); None when it passes none. SGLang's argparse
+    keeps the last occurrence, and so does the plan."""
+    value: float | None = None
+    for at, arg in enumerate(extra_args):
+        option, eq, inline = arg.partition("=")
+        if option != MEM_FRACTION_FLAG:
+            continue
+        text = inline if eq else (extra_args[at + 1] if at + 1 < len(extra_args) else "")
+        path = f"engine.extra_args.{at + 1 if not eq and at + 1 < len(extra_args) else at}"
+        try:
+            value = float(text)
+        except ValueError:
+            raise UserError.one(
+                f"{MEM_FRACTION_FLAG} needs a number, got {text!r}",
+                path=path,
+                fix=f"give a fraction of GPU memory, e.g. {MEM_FRACTION_FLAG} 0.85",
+            ) from None
+        if not 0.0 < value < 1.0:
+            raise UserError.one(
+                f"{MEM_FRACTION_FLAG} {text} is not a fraction of GPU memory between 0 and 1",
+                path=path,
+                fix=f"give a value such as {MEM_FRACTION_FLAG} 0.85, or leave it out (llmdeploy derives it)",
+            )
+    return value
 
 
 def reservation(inputs: PlanInputs, chunked_prefill: bool) -> sglang_memory.Reservation:

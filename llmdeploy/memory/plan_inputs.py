@@ -44,6 +44,9 @@ class PlanInputs:
     # vLLM V1's top-k/top-p sampler: True FlashInfer, False PyTorch/Triton, None the release's default
     flashinfer_sampler: bool | None = None
     draft: ModelSpec | None = None  # speculative decoding draft model (same GPUs, same KV pool)
+    # SGLang's --mem-fraction-static when the deployment sets it (engine.extra_args, `plan
+    # --mem-fraction-static`); None: llmdeploy derives it from gpu_memory_utilization
+    mem_fraction_static: float | None = None
 
     @property
     def total_memory_gib(self) -> float:

@@ -106,3 +106,83 @@ def test_explicit_kv_budget_caps_the_pool() -> None:
     )
     plan = SGLANG.memory_plan(inputs_from_recipe(recipe))
     assert plan.kv_cache_gib == 4.0
+
+
+def _given(extra_args: list[str], **limits: object) -> object:
+    return make_recipe(
+        "sglang",
+        model={"id": "Qwen/Qwen2.5-7B-Instruct", "dtype": "bfloat16"},
+        hardware={"gpu": "H100"},
+        engine={"type": "sglang", "extra_args": extra_args},
+        limits={"max_model_len": 32768, **limits},
+    )
+
+
+def test_a_given_mem_fraction_static_sizes_the_static_pool_and_is_not_rendered_twice() -> None:
+    from llmdeploy.planner.plan import make_plan, recipe_inputs
+    from llmdeploy.render import engine_command
+
+    for extra in (["--mem-fraction-static", "0.85"], ["--mem-fraction-static=0.85"]):
+        recipe = _given(extra)
+        inputs = recipe_inputs(recipe)
+        assert inputs.mem_fraction_static == 0.85
+        plan = make_plan(recipe)
+        pre_model_load = int(inputs.total_memory_gib * GIB) - GIB // 2
+        assert plan.usable_gib * GIB == pytest.approx(int(pre_model_load * 0.85), abs=1)
+        assert plan.kv_cache_gib == pytest.approx(plan.usable_gib - plan.weights_gib)
+        assert any("--mem-fraction-static 0.85 (given" in note for note in plan.notes)
+        argv = engine_command(recipe).argv
+        assert sum(a.startswith("--mem-fraction-static") for a in argv) == 1
+    # utilization no longer moves the pool when the fraction is given; without it, it does
+    assert make_plan(_given(["--mem-fraction-static", "0.85"], gpu_memory_utilization=0.7)).usable_gib == (
+        pytest.approx(make_plan(_given(["--mem-fraction-static", "0.85"])).usable_gib)
+    )
+    derived = make_plan(_given([]))
+    assert recipe_inputs(_given([])).mem_fraction_static is None
+    assert any("(derived: SGLang's default formula" in note for note in derived.notes)
+
+
+def test_a_given_fraction_that_leaves_no_room_outside_the_pool_does_not_fit() -> None:
+    from llmdeploy.planner.plan import make_plan
+
+    plan = make_plan(_given(["--mem-fraction-static", "0.99"]))
+    assert not plan.fits
+    assert any("outside the budget" in p for p in plan.problems)
+
+
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [
+        (["--mem-fraction-static", "high"], "engine.extra_args.1"),
+        (["--enable-metrics", "--mem-fraction-static=1.2"], "engine.extra_args.1"),
+        (["--mem-fraction-static", "0"], "engine.extra_args.1"),
+    ],
+)
+def test_a_bad_given_fraction_is_refused_where_it_stands(extra: list[str], path: str) -> None:
+    from llmdeploy.errors import UserError
+    from llmdeploy.planner.plan import recipe_inputs
+
+    with pytest.raises(UserError) as caught:
+        recipe_inputs(_given(extra))
+    assert caught.value.problems[0].path == path
+    assert "--mem-fraction-static" in (caught.value.problems[0].fix or "")
+
+
+def test_plan_flag_mode_takes_mem_fraction_static_for_sglang_only() -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from llmdeploy.cli.plan_cmd import plan_command
+
+    args = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-gib", "79.22", "--max-model-len", "32768"]
+    out = CliRunner().invoke(
+        plan_command, [*args, "--engine", "sglang", "--mem-fraction-static", "0.8", "--output", "json"]
+    )
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)
+    pre_model_load = int(79.22 * GIB) - GIB // 2
+    assert plan["usable_gib"] == round(int(pre_model_load * 0.8) / GIB, 2)
+    refused = CliRunner().invoke(plan_command, [*args, "--engine", "vllm", "--mem-fraction-static", "0.8"])
+    assert refused.exit_code != 0
+    assert "SGLang's knob" in refused.output
