@@ -173,11 +173,12 @@ class SGLangEngine(EngineDefaults):
             notes,
             kv_capacity,
         )
-        return replace(
+        plan = replace(
             plan,
             usable_label=f"static pool for weights + KV (--mem-fraction-static {fraction})",
             activation_label="reserved outside the static pool",
         )
+        return _given_fraction_headroom(plan) if inputs.mem_fraction_static is not None else plan
 
     def defaults(self, inputs: PlanInputs) -> tuple[int, int]:
         """(chunked_prefill_size, decode CUDA-graph max batch size) as SGLang resolves them."""
@@ -218,6 +219,23 @@ def _speculate(recipe: Recipe, flags: Flags) -> None:
     flags.add("--speculative-num-steps", str(spec.num_speculative_tokens))
     flags.add("--speculative-eagle-topk", "1")
     flags.add("--speculative-num-draft-tokens", str(spec.num_speculative_tokens + 1))
+
+
+def _given_fraction_headroom(plan: MemoryPlan) -> MemoryPlan:
+    """With a given fraction SGLang starts whenever the pool holds the weights (it checks nothing
+    else), so too little memory outside the pool is a runtime risk, not a failed start: the
+    headroom problem becomes a note naming SGLang's knob."""
+    if plan.headroom_gib >= CUDA_CONTEXT_GIB:
+        return plan
+    problems = tuple(p for p in plan.problems if "outside the budget for the CUDA context" not in p)
+    outside = plan.total_gib - plan.usable_gib
+    note = (
+        f"the given --mem-fraction-static leaves {outside:.2f} GiB outside the static pool, less than the "
+        f"CUDA context (~{CUDA_CONTEXT_GIB} GiB) plus the {plan.total_gib - plan.usable_gib - plan.headroom_gib:.2f}"
+        " GiB SGLang's default formula reserves for activations and CUDA graphs: expect out-of-memory errors "
+        "under load; lower --mem-fraction-static"
+    )
+    return replace(plan, problems=problems, fits=not problems, notes=(*plan.notes, note))
 
 
 def given_mem_fraction_static(extra_args: list[str]) -> float | None:
