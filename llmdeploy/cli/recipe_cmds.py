@@ -133,13 +133,13 @@ def _engine_mapping_problems(recipe: Recipe, plan: MemoryPlan, seen: set[str | N
     """Every check `render` and `apply` make for the recipe's target (the engine's flag mapping,
     extra_args its CLI would reject, secrets and names the target cannot take), so a recipe that
     validates also renders."""
-    from llmdeploy.render import render
-    from llmdeploy.render.target_rules import render_problems
+    from llmdeploy.targets import get_target, target_rule_problems
 
-    problems = render_problems(recipe, plan)
+    problems = target_rule_problems(recipe, plan)
     if not problems:
         try:
-            render(recipe, plan)  # nothing is written; what render refuses, validate refuses
+            # nothing is written; what render refuses, validate refuses (the memory gate is check_recipe's)
+            get_target(recipe.target.type).render(recipe, plan)
         except UserError as e:
             problems = e.problems
     return [p for p in problems if p.path is None or p.path not in seen]

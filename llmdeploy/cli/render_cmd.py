@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from llmdeploy.recipe import load_recipe
-from llmdeploy.render import render
 from llmdeploy.render.output_dir import write_artifacts
+from llmdeploy.targets import render
 
 
 @click.command(name="render")
@@ -29,7 +29,7 @@ from llmdeploy.render.output_dir import write_artifacts
     help="override a recipe field, e.g. limits.max_model_len=4096",
 )
 def render_command(recipe_file: Path, output_dir: Path, overrides: tuple[str, ...]) -> None:
-    """Render launch files (local script, Docker Compose or Kubernetes manifests) for RECIPE."""
+    """Render launch files (local script, Docker Compose, Kubernetes or a platform's objects) for RECIPE."""
     from llmdeploy.planner import make_plan
 
     recipe = load_recipe(recipe_file, overrides)

@@ -17,7 +17,7 @@ import pytest
 from llmdeploy.cli.main import main
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe
-from llmdeploy.render import render
+from llmdeploy.targets import render
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "long-context-agent.yaml"

@@ -15,7 +15,7 @@ import pytest
 from llmdeploy.planner import make_plan
 from llmdeploy.planner.recipe_checks import check_recipe
 from llmdeploy.recipe import load_recipe
-from llmdeploy.render import render
+from llmdeploy.targets import render
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -11,7 +11,7 @@ import yaml
 from llmdeploy.errors import UserError
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe
-from llmdeploy.render import render
+from llmdeploy.targets import render
 from render.pod_settings import pod_settings
 from render.recipe_factory import make_recipe
 
