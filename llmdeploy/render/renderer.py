@@ -19,6 +19,7 @@ from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import DockerTarget, KubernetesTarget
 from llmdeploy.render.artifacts import header
+from llmdeploy.render.capacity_marks import capacity_annotations, capacity_comment
 from llmdeploy.render.engine_command import EngineCommand, SecretEnv, engine_command
 from llmdeploy.render.kubernetes_objects import (
     container_env,
@@ -109,7 +110,7 @@ def render_local_files(recipe: Recipe, plan: MemoryPlan | None) -> dict[str, str
     return {
         "launch.sh": render_template(
             "local/launch.sh.j2",
-            header=head,
+            header="\n".join(filter(None, [head, capacity_comment(plan)])),
             setup_lines="\n".join(secret_lines + model_lines),
             command_line=" \\\n  ".join(lines),
         ),
@@ -159,6 +160,9 @@ def render_compose(recipe: Recipe, target: DockerTarget, plan: MemoryPlan | None
         },
         "restart": "unless-stopped",
     }
+    marks = capacity_annotations(plan)
+    if marks:
+        engine["labels"] = marks
     if shape.gpus_per_pod:
         engine["deploy"] = {
             "resources": {
@@ -179,7 +183,7 @@ def render_compose(recipe: Recipe, target: DockerTarget, plan: MemoryPlan | None
         engine["depends_on"] = {"fetch-model": {"condition": "service_completed_successfully"}}
     return render_template(
         "docker/docker-compose.yaml.j2",
-        header=header(recipe),
+        header="\n".join(filter(None, [header(recipe), capacity_comment(plan)])),
         name=recipe.name,
         services=services,
         volumes={"model-cache": {}},

@@ -53,8 +53,9 @@ mapping and catalogue check), never from a target's own flag list. Derive probe 
 /dev/shm from the plan (`llmdeploy.render.kubernetes_objects.pod_shape`) wherever the platform lets
 them be set. Leave out fields a controller or autoscaler owns (replicas under an autoscaler,
 `status`, defaulted fields the server fills in) so a GitOps tool sees no drift. A Kubernetes-backed
-target puts the plan's capacity on its workload objects with `capacity_annotations(recipe, plan)`
-(llmdeploy/targets/capacity_marks.py: `llmdeploy.io/kv-cache-tokens`, `llmdeploy.io/max-concurrency`).
+target puts the plan's capacity on its serving / workload objects with `capacity_annotations(plan)`
+(llmdeploy/render/capacity_marks.py: `llmdeploy.io/kv-cache-tokens`, `llmdeploy.io/max-concurrency`,
+`llmdeploy.io/max-model-len`; a Compose file as service labels, a script as `capacity_comment`).
 The documents are the objects as the API server will read them (parse the files you render, e.g.
 with `llmdeploy.render.renderer.parse_documents`), in apply order.
 
@@ -65,13 +66,13 @@ ordered by kind, pruned, waited on), diff, status, logs, down and delete from th
 target's machinery. It provides only:
 - `render` (its objects) and `problems`;
 - `namespace(recipe)`: the namespace its objects go to;
-- `readiness`: kind -> a function of the live object returning `llmdeploy.apply.rollout.RolloutState`
-  (done / failed / summary / conditions); apply waits on these kinds, status reports them, and a
+- `readiness: Mapping[str, StateOf]`: kind -> a function of the live object returning
+  `llmdeploy.apply.rollout.RolloutState` (done / failed / summary / conditions); apply waits on these kinds, status reports them, and a
   cluster that does not serve one of them (the platform's CRDs not installed) is an error with a fix;
 - `url_from_objects(recipe, live)`: the endpoint URL read from the live objects (e.g. a status
   field the platform's controller sets), None when not known yet; `reads_url_from_cluster = True`
   makes `endpoint_url` connect and call it;
-- `owned_kinds`: kind -> apiVersion of the kinds it renders beyond Kubernetes' own (its CRDs), so
+- `owned_kinds: Mapping[str, str]`: kind -> apiVersion of the kinds it renders beyond Kubernetes' own (its CRDs), so
   prune, delete and status find them;
 - optionally `pod_selector(recipe)`: the label selector of the engine pods (`logs`), when the
   platform's controller does not copy llmdeploy's instance label onto them.
