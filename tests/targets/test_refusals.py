@@ -1,5 +1,5 @@
 """Every target-specific refusal names the file:line that wrote the field, the field and a fix, and
-the memory gate refuses a recipe that does not fit on every target (validate, render and apply)."""
+the memory gate refuses a recipe that does not fit on every target (validate, plan, render, apply)."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ TOO_BIG = BASE.replace("Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-70B-I
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("verb", ["validate", "render", "apply"])
+@pytest.mark.parametrize("verb", ["validate", "plan", "render", "apply"])
 def test_the_memory_gate_refuses_on_every_target(tmp_path: Path, target: str, verb: str) -> None:
     tail = f"target:\n  type: {target}\n"
     args = [verb, "-o", str(tmp_path / "out")] if verb == "render" else [verb]
