@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from llmdeploy.apply.prompt import terminal_confirm
+from llmdeploy.cli.locate import located
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.targets.base import ApplyRequest, Cluster, Console
+
+if TYPE_CHECKING:
+    from llmdeploy.recipe.loader import LoadedRecipe
 
 
 def _echo(msg: str) -> None:
@@ -31,11 +35,17 @@ def _console(assume_yes: bool = False) -> Console:
 
 
 def _load(recipe_path: Path, overrides: tuple[str, ...], namespace: str | None = None) -> Recipe:
-    from llmdeploy.recipe import load_recipe
+    return _load_layered(recipe_path, overrides, namespace).recipe
+
+
+def _load_layered(
+    recipe_path: Path, overrides: tuple[str, ...], namespace: str | None = None
+) -> LoadedRecipe:
+    from llmdeploy.recipe.loader import load_layered
 
     if namespace:
         overrides = (*overrides, f"target.namespace={namespace}")
-    return load_recipe(recipe_path, overrides)
+    return load_layered(recipe_path, overrides)
 
 
 def _stop(recipe: Recipe, verb: str, request: ApplyRequest) -> NoReturn:
@@ -115,7 +125,8 @@ def apply_command(
     or a serving platform)."""
     from llmdeploy.targets import apply, get_target
 
-    recipe = _load(recipe_path, overrides, namespace)
+    loaded = _load_layered(recipe_path, overrides, namespace)
+    recipe = loaded.recipe
     request = ApplyRequest(
         recipe_path=recipe_path,
         assume_yes=assume_yes,
@@ -128,7 +139,8 @@ def apply_command(
     )
     if get_target(recipe.target.type).kubernetes_backed:
         _show_plan(recipe)
-    result = apply(recipe, request, _console(assume_yes))
+    with located(loaded, recipe_path):
+        result = apply(recipe, request, _console(assume_yes))
     sys.exit(result.exit_code)
 
 
@@ -159,10 +171,13 @@ def diff_command(
     """
     from llmdeploy.targets import checked_plan, get_target
 
-    recipe = _load(recipe_path, overrides, namespace)
+    loaded = _load_layered(recipe_path, overrides, namespace)
+    recipe = loaded.recipe
     request = ApplyRequest(recipe_path=recipe_path, prune=prune, cluster=Cluster(kubeconfig, context))
-    plan = checked_plan(recipe)
-    sys.exit(get_target(recipe.target.type).diff(recipe, plan, request, _console()))
+    with located(loaded, recipe_path):
+        plan = checked_plan(recipe)
+        code = get_target(recipe.target.type).diff(recipe, plan, request, _console())
+    sys.exit(code)
 
 
 @click.command()

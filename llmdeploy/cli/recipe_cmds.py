@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llmdeploy.cli.locate import locate
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.recipe.json_schema import recipe_json_schema_text
 from llmdeploy.recipe.loader import LoadedRecipe, load_layered
@@ -102,9 +103,9 @@ def _validate_one(path: Path, overrides: tuple[str, ...], schema_only: bool) -> 
     try:
         summary, problems, notes = _check_rules(loaded)
     except UserError as e:
-        return FileResult(path, [_locate(p, loaded, path) for p in e.problems])
+        return FileResult(path, [locate(p, loaded, path) for p in e.problems])
     if problems:
-        return FileResult(path, [_locate(p, loaded, path) for p in problems])
+        return FileResult(path, [locate(p, loaded, path) for p in problems])
     return FileResult(path, [], summary, tuple(notes))
 
 
@@ -143,16 +144,6 @@ def _engine_mapping_problems(recipe: Recipe, plan: MemoryPlan, seen: set[str | N
         except UserError as e:
             problems = e.problems
     return [p for p in problems if p.path is None or p.path not in seen]
-
-
-def _locate(problem: Problem, loaded: LoadedRecipe, path: Path) -> Problem:
-    """Give a rule's problem the file:line that wrote the field it names."""
-    if problem.file is not None:
-        return problem
-    mark = loaded.mark_for(problem.path)
-    if mark is None:
-        return dataclasses.replace(problem, file=str(path))
-    return dataclasses.replace(problem, file=mark.file, line=mark.line)
 
 
 @click.command("schema")

@@ -97,14 +97,16 @@ def _line_of(text: str, needle: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
 
 
+@pytest.mark.parametrize("verb", ["validate", "render"])
 @pytest.mark.parametrize(
     ("case_id", "tail", "needle", "field", "message", "fix"), CASES, ids=[c[0] for c in CASES]
 )
-def test_validate_locates_the_refusal_and_gives_the_fix(
-    tmp_path: Path, case_id: str, tail: str, needle: str, field: str, message: str, fix: str
+def test_the_refusal_is_located_and_gives_the_fix(
+    tmp_path: Path, verb: str, case_id: str, tail: str, needle: str, field: str, message: str, fix: str
 ) -> None:
     body = _body(case_id, tail)
-    code, output, path = _run(tmp_path, body, "validate")
+    args = [verb, "-o", str(tmp_path / "out")] if verb == "render" else [verb]
+    code, output, path = _run(tmp_path, body, *args)
     assert code == 2, output
     where = f"{path}:{_line_of(body, needle)}: {field}: "
     located = [line for line in output.splitlines() if line.strip().startswith(where)]
