@@ -67,15 +67,22 @@ target's machinery. It provides only:
 - `render` (its objects) and `problems`;
 - `namespace(recipe)`: the namespace its objects go to;
 - `readiness: Mapping[str, StateOf]`: kind -> a function of the live object returning
-  `llmdeploy.apply.rollout.RolloutState` (done / failed / summary / conditions); apply waits on these kinds, status reports them, and a
-  cluster that does not serve one of them (the platform's CRDs not installed) is an error with a fix;
+  `llmdeploy.apply.rollout.RolloutState` (done / failed / summary / conditions); apply waits on
+  these kinds, status reports them, and a cluster that does not serve one of them (the platform's
+  CRDs not installed) is an error with a fix;
 - `url_from_objects(recipe, live)`: the endpoint URL read from the live objects (e.g. a status
   field the platform's controller sets), None when not known yet; `reads_url_from_cluster = True`
   makes `endpoint_url` connect and call it;
-- `owned_kinds: Mapping[str, str]`: kind -> apiVersion of the kinds it renders beyond Kubernetes' own (its CRDs), so
-  prune, delete and status find them;
+- `owned_kinds: Mapping[str, str]`: kind -> apiVersion of the kinds it renders beyond Kubernetes'
+  own (its CRDs), so prune, delete and status find them;
 - optionally `pod_selector(recipe)`: the label selector of the engine pods (`logs`), when the
   platform's controller does not copy llmdeploy's instance label onto them.
+Its objects may reuse the kubernetes target's pieces (`llmdeploy.render.kubernetes_objects`:
+`engine_container`, `pod_spec`, `pod_shape`, `labels`; `render_kubernetes` for a whole Deployment).
+A worked example of the contract, against the real API server with its own CRD kind, readiness and
+status URL: tests/cluster/test_kube_backed_target.py. Golden renders of every shipped recipe on
+every target: tests/render/test_golden_targets.py (`pytest tests/render --update-golden` writes a
+new target's).
 
 ## Apply, and the verbs
 `apply(recipe, plan, request, console) -> ApplyResult`: bring the deployment to the rendered state,

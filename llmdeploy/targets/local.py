@@ -84,7 +84,8 @@ class Local:
     def startup_log(self, recipe: Recipe) -> str | None:
         from llmdeploy.apply.local_state import read_state
 
-        # a locally applied recipe keeps its engine's start-up log: a KV figure for engines without one on /metrics
+        # a locally applied recipe keeps its engine's start-up log: a KV figure for engines whose
+        # /metrics state none
         state = read_state(recipe)
         return state.log_path if state is not None else None
 
