@@ -74,8 +74,10 @@ def test_every_recipe_renders_byte_identically_for_every_target() -> None:
     for path in RECIPES:
         own = load_recipe(path).target.type
         assert isinstance(first[f"{path.stem}/{own}"], dict), first[f"{path.stem}/{own}"]
-    refused = {k: v for k, v in first.items() if not isinstance(v, dict)}
-    # the one limit a shipped pair meets: vLLM's GGUF conversion runs on this machine only
+    core = ("local", "docker", "kubernetes")
+    refused = {k: v for k, v in first.items() if not isinstance(v, dict) and k.split("/")[1] in core}
+    # the one limit a shipped pair meets on these: vLLM's GGUF conversion runs on this machine only
+    # (a platform's refusals are kept, and checked, in tests/render/golden_targets/)
     assert all("containers get no conversion step" in v for v in refused.values()), refused
     assert len(refused) <= 2, refused
 
