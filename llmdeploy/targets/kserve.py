@@ -39,7 +39,7 @@ def _section(recipe: Recipe) -> KServeTarget:
 
 def llm_inference_service_state(obj: dict[str, Any]) -> RolloutState:
     """Ready when KServe's controller sets the Ready condition; failed when it says why not."""
-    conditions = conditions_of(obj.get("status") or {})
+    conditions = conditions_of(obj)
     ready = next((c for c in conditions if c.type == "Ready"), None)
     done = ready is not None and ready.status == "True"
     failed = ready is not None and ready.status == "False" and ready.reason not in ("", "Pending")

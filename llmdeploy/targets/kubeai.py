@@ -47,7 +47,7 @@ def model_state(obj: dict[str, Any]) -> RolloutState:
         done=ready >= want,
         failed=False,
         summary=f"{ready}/{want} pods ready",
-        conditions=conditions_of(obj.get("status") or {}),
+        conditions=conditions_of(obj),
     )
 
 

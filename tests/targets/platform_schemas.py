@@ -31,10 +31,25 @@ def crd(file: str) -> dict[str, Any]:
     return yaml.load((CRD_DIR / file).read_text(), Loader=loader)  # type: ignore[no-any-return]
 
 
+def _taken_by_1_20(key: str, value: Any) -> bool:
+    # 1.20 reads an empty-string default as null and refuses the whole CRD ("must be of type
+    # string"); later releases take it, and the objects rendered here never rely on one
+    return key not in NEWER_CRD_KEYS and not (key == "default" and value == "")
+
+
 def without_newer_keys(node: Any) -> Any:
-    """The CRD as kube-apiserver 1.20 takes it: CEL rules (x-kubernetes-validations) removed."""
+    """The CRD as kube-apiserver 1.20 takes it: CEL rules (x-kubernetes-validations) and
+    empty-string defaults removed; a list-map key that loses its default becomes required, as 1.20
+    demands of such keys (stricter than the pinned CRD only for objects that leave the key out)."""
     if isinstance(node, dict):
-        return {k: without_newer_keys(v) for k, v in node.items() if k not in NEWER_CRD_KEYS}
+        out = {k: without_newer_keys(v) for k, v in node.items() if _taken_by_1_20(k, v)}
+        keys = node.get("x-kubernetes-list-map-keys")
+        items = out.get("items")
+        if keys and isinstance(items, dict):
+            props = items.get("properties", {})
+            lost = [k for k in keys if k in props and "default" not in props[k]]
+            items["required"] = sorted({*items.get("required", []), *lost})
+        return out
     if isinstance(node, list):
         return [without_newer_keys(v) for v in node]
     return node
