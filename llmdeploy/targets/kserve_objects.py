@@ -18,6 +18,7 @@ from llmdeploy.recipe import recipe_digest
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.recipe.target_kserve import KServeTarget
 from llmdeploy.render.artifacts import header
+from llmdeploy.render.capacity_marks import capacity_annotations
 from llmdeploy.render.kubernetes_objects import (
     GPU_PRODUCT_LABELS,
     engine_container,
@@ -25,7 +26,7 @@ from llmdeploy.render.kubernetes_objects import (
     pod_shape,
 )
 from llmdeploy.render.templates import render_template
-from llmdeploy.targets.platform_launch import as_kubernetes, capacity_annotations, platform_launch
+from llmdeploy.targets.platform_launch import as_kubernetes, platform_launch
 
 MODEL_DIR = "/mnt/models"
 KSERVE_PORT = 8000

@@ -17,8 +17,9 @@ from llmdeploy.recipe import recipe_digest
 from llmdeploy.recipe.schema import Recipe
 from llmdeploy.recipe.target_kubeai import KubeAITarget
 from llmdeploy.render.artifacts import header
+from llmdeploy.render.capacity_marks import capacity_annotations
 from llmdeploy.render.templates import render_template
-from llmdeploy.targets.platform_launch import capacity_annotations, platform_launch, without_flag
+from llmdeploy.targets.platform_launch import platform_launch, without_flag
 
 KUBEAI_PORT = 8000
 KUBEAI_RELEASE = "0.22"

@@ -25,6 +25,7 @@ from llmdeploy.recipe.schema import Recipe
 from llmdeploy.recipe.target_llm_d import LlmDTarget
 from llmdeploy.render.artifacts import header
 from llmdeploy.render.block_yaml import to_block_yaml
+from llmdeploy.render.capacity_marks import capacity_annotations
 from llmdeploy.render.kubernetes_objects import (
     engine_container,
     labels,
@@ -35,7 +36,7 @@ from llmdeploy.render.kubernetes_objects import (
 )
 from llmdeploy.render.model_location import container_model_ref
 from llmdeploy.render.templates import render_template
-from llmdeploy.targets.platform_launch import as_kubernetes, capacity_annotations, platform_launch
+from llmdeploy.targets.platform_launch import as_kubernetes, platform_launch
 
 EXT_PROC_PORT = 9002
 GRPC_HEALTH_PORT = 9003

@@ -1,6 +1,5 @@
 """What the serving-platform targets (KServe, llm-d, production-stack, KubeAI) share: the engine's
-flags split from the parts a platform sets itself, the platform problems every one of them has,
-and the plan's figures as annotations.
+flags split from the parts a platform sets itself, and the platform problems every one of them has.
 
 A platform starts the engine its own way (KubeAI runs `vllm.entrypoints.openai.api_server
 --model=... --served-model-name=...`, production-stack `vllm serve <model> --host --port`), so each
@@ -19,9 +18,6 @@ from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import EngineCommand, engine_command
 
 CONTAINER_HOST = "0.0.0.0"
-# the annotations carrying the plan's capacity on a platform's workload object
-KV_TOKENS_ANNOTATION = "llmdeploy.io/kv-cache-tokens"
-MAX_CONCURRENCY_ANNOTATION = "llmdeploy.io/max-concurrency"
 
 
 @dataclass(frozen=True)
@@ -55,16 +51,6 @@ def without_flag(flags: list[str], flag: str) -> list[str]:
         else:
             out.append(word)
     return out
-
-
-def capacity_annotations(plan: MemoryPlan | None) -> dict[str, str]:
-    """The plan's KV capacity, for a reviewer reading the rendered object in a pull request."""
-    if plan is None:
-        return {}
-    return {
-        KV_TOKENS_ANNOTATION: str(plan.kv_cache_tokens),
-        MAX_CONCURRENCY_ANNOTATION: f"{plan.max_concurrency:.2f}",
-    }
 
 
 def engine_problems(recipe: Recipe, display_name: str, engines: tuple[str, ...], fix: str) -> list[Problem]:

@@ -12,7 +12,15 @@ from llmdeploy.recipe.schema import Recipe
 from llmdeploy.recipe.serving_schema import Section
 from llmdeploy.recipe.target_production_stack import CHART_VERSION, ProductionStackTarget
 from llmdeploy.smoke.runner import url_from_recipe
-from llmdeploy.targets.base import ApplyRequest, ApplyResult, Cluster, Console, Rendered, SecretSource
+from llmdeploy.targets.base import (
+    ApplyRequest,
+    ApplyResult,
+    Cluster,
+    Console,
+    Rendered,
+    SecretSource,
+    no_diff,
+)
 from llmdeploy.targets.platform_launch import engine_problems, hub_model_problems, multi_node_problems
 from llmdeploy.targets.production_stack_values import production_stack_files
 
@@ -27,7 +35,6 @@ def _helm(recipe: Recipe, verb: str) -> UserError:
     commands = {
         "apply": f"llmdeploy render RECIPE -o DIR, then helm upgrade --install {recipe.name} vllm/vllm-stack "
         f"--version {CHART_VERSION} -n {ns} -f DIR/values.yaml",
-        "diff": f"helm diff upgrade {recipe.name} vllm/vllm-stack --version {CHART_VERSION} -n {ns} -f DIR/values.yaml",
         "status": f"helm status {recipe.name} -n {ns}",
         "logs": f"kubectl -n {ns} logs -l model={recipe.name}",
         "down": f"helm uninstall {recipe.name} -n {ns}",
@@ -69,10 +76,18 @@ class ProductionStack:
         return Rendered(production_stack_files(recipe, _section(recipe), plan))
 
     def apply(self, recipe: Recipe, plan: MemoryPlan, request: ApplyRequest, console: Console) -> ApplyResult:
+        if request.dry_run:
+            raise UserError.one(
+                "--dry-run is for Kubernetes-backed targets",
+                path="target.type",
+                value=self.name,
+                fix=f"see the Helm values with `llmdeploy render {request.recipe_path} -o DIR`",
+            )
         raise _helm(recipe, "apply")
 
     def diff(self, recipe: Recipe, plan: MemoryPlan, request: ApplyRequest, console: Console) -> int:
-        raise _helm(recipe, "diff")
+        # Helm owns the release; `helm diff upgrade` with the rendered values compares it
+        raise no_diff(self.name, request)
 
     def status(self, recipe: Recipe, cluster: Cluster, console: Console) -> int:
         raise _helm(recipe, "status")

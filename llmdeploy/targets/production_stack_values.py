@@ -17,9 +17,10 @@ from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe.schema import ApiKeyFromSecret, Recipe
 from llmdeploy.recipe.target_production_stack import CHART_VERSION, ProductionStackTarget
 from llmdeploy.render.artifacts import header
+from llmdeploy.render.capacity_marks import capacity_annotations
 from llmdeploy.render.kubernetes_objects import GPU_PRODUCT_LABELS, pod_shape
 from llmdeploy.render.templates import render_template
-from llmdeploy.targets.platform_launch import as_kubernetes, capacity_annotations, platform_launch
+from llmdeploy.targets.platform_launch import as_kubernetes, platform_launch
 
 
 def _secret_ref(source: object) -> dict[str, str] | None:

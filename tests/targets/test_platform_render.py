@@ -20,9 +20,10 @@ import yaml
 from llmdeploy.engines.catalogue import check_flags
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import Recipe, load_recipe
+from llmdeploy.render.capacity_marks import KV_CACHE_TOKENS as KV_TOKENS_ANNOTATION
+from llmdeploy.render.capacity_marks import MAX_CONCURRENCY as MAX_CONCURRENCY_ANNOTATION
 from llmdeploy.targets import render, target_problems
 from llmdeploy.targets.llm_d_objects import router_files
-from llmdeploy.targets.platform_launch import KV_TOKENS_ANNOTATION, MAX_CONCURRENCY_ANNOTATION
 from targets.platform_schemas import CRD_FILES, check_chart_values, check_custom_resource
 
 ROOT = Path(__file__).resolve().parents[2]
