@@ -14,15 +14,6 @@ DEFAULT_MODEL_GGUF = (
 )
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--update-golden",
-        action="store_true",
-        default=False,
-        help="rewrite the golden renders (tests/render/golden, tests/targets/golden) instead of comparing",
-    )
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not DEFAULT_MODEL_GGUF.is_file():
         raise pytest.UsageError(

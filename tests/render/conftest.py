@@ -1,9 +1,17 @@
-"""Render tests: `pytest tests/render --update-golden` (the flag is tests/conftest.py's) rewrites
-tests/render/golden/ from the current code."""
+"""Render tests: `pytest tests/render --update-golden` rewrites tests/render/golden/ from the current code."""
 
 from __future__ import annotations
 
 import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the golden renders under tests/render/golden/ instead of comparing",
+    )
 
 
 @pytest.fixture
