@@ -20,7 +20,16 @@ __version__ = "0.1.0"
 
 # The names `llmdeploy.api` exports (a test checks they match its __all__), known here without importing it.
 _STAGES = ("apply", "bench", "load_recipe", "make_plan", "recipe_digest", "render", "smoke")
-_TYPES = ("Artifacts", "BenchOptions", "BenchReport", "MemoryPlan", "Recipe", "SmokeReport", "UserError")
+_TYPES = (
+    "ApplyResult",
+    "Artifacts",
+    "BenchOptions",
+    "BenchReport",
+    "MemoryPlan",
+    "Recipe",
+    "SmokeReport",
+    "UserError",
+)
 # Stage functions that share a name with a subpackage: importing a subpackage sets the package
 # attribute of its name, so all four are imported before the functions are bound over them.
 _SHADOWED = ("apply", "bench", "render", "smoke")

@@ -3,7 +3,7 @@
     recipe = load_recipe("recipes/quickstart.yaml", ["limits.max_num_seqs=8"])
     plan = make_plan(recipe)
     artifacts = render(recipe, plan)
-    apply(recipe, assume_yes=True)          # local process or Kubernetes, by recipe.target
+    result = apply(recipe, assume_yes=True)  # ApplyResult: by recipe.target (local, docker, kubernetes, ...)
     report = smoke("http://127.0.0.1:8000", recipe=recipe, plan=plan)
     result = bench(url, model, BenchOptions(num_requests=16, concurrency=(1, 4)))
 
@@ -19,10 +19,13 @@ from llmdeploy.errors import UserError
 from llmdeploy.planner import MemoryPlan, make_plan
 from llmdeploy.recipe import load_recipe, recipe_digest
 from llmdeploy.recipe.schema import Recipe
-from llmdeploy.render import Artifacts, render
+from llmdeploy.render import Artifacts
 from llmdeploy.smoke import SmokeReport, smoke
+from llmdeploy.targets import ApplyRequest, ApplyResult, Cluster, Console, render
+from llmdeploy.targets import apply as apply_target
 
 __all__ = [
+    "ApplyResult",
     "Artifacts",
     "BenchOptions",
     "BenchReport",
@@ -51,46 +54,28 @@ def apply(
     prune: bool = True,
     wait: bool = True,
     timeout_s: float = 600.0,
-) -> int:
-    """Bring the recipe's deployment to its rendered state; returns the CLI's exit code (0: done).
+    force_conflicts: bool = False,
+    console: Console | None = None,
+) -> ApplyResult:
+    """Bring the recipe's deployment to its rendered state through its target; returns what happened
+    (`ApplyResult.ok`, `.url`, `.detail`; `.exit_code` is the CLI's).
 
-    Local target: start the engine, wait for health, smoke-test. Kubernetes: server-side apply of
-    the rendered objects (ordered, pruned, waited on). Progress goes to stderr.
+    Local target: start the engine, wait for health, smoke-test. Docker: `docker compose up`.
+    Kubernetes-backed targets: server-side apply of the rendered objects (ordered, pruned, waited
+    on). Progress goes to stderr; `assume_yes` answers every question (else each is declined).
     """
-    import click
-
-    def echo(msg: str) -> None:
-        click.echo(msg, err=True)
 
     def confirm(question: str) -> bool:
         return assume_yes
 
-    if recipe.target.type == "local":
-        if dry_run:
-            raise UserError.one(
-                "dry_run is for kubernetes targets; a local apply cannot be rehearsed",
-                path="target.type",
-                value="local",
-            )
-        from llmdeploy.apply.local import apply_local
-
-        return apply_local(recipe, Path(recipe_path or f"{recipe.name}.yaml"), assume_yes)
-    if recipe.target.type != "kubernetes":
-        raise UserError.one(
-            f"apply does not handle target {recipe.target.type!r}; render it and start it yourself",
-            path="target.type",
-            value=recipe.target.type,
-            fix=f"llmdeploy render {recipe_path or 'RECIPE'} -o DIR",
-        )
-    from llmdeploy.apply.capacity import capacity_from_plan
-    from llmdeploy.apply.kube_objects import Instance
-    from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes, connect
-
-    plan = make_plan(recipe)
-    objects = [dict(o) for o in render(recipe, plan).kubernetes_objects]
-    options = ApplyOptions(dry_run=dry_run, prune=prune, wait=wait, timeout_s=timeout_s)
-    instance = Instance(recipe.name, recipe.target.namespace)
-    with connect(Path(kubeconfig) if kubeconfig else None, context) as client:
-        return apply_kubernetes(
-            client, instance, objects, capacity_from_plan(recipe, plan), options, confirm, echo
-        )
+    request = ApplyRequest(
+        recipe_path=Path(recipe_path or f"{recipe.name}.yaml"),
+        assume_yes=assume_yes,
+        dry_run=dry_run,
+        force_conflicts=force_conflicts,
+        prune=prune,
+        wait=wait,
+        timeout_s=timeout_s,
+        cluster=Cluster(Path(kubeconfig) if kubeconfig else None, context),
+    )
+    return apply_target(recipe, request, console or Console(confirm=confirm))

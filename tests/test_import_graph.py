@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("render",),
     ("smoke", "bench"),
     ("apply",),
+    ("targets",),
     ("cli",),
     ("api", "__main__"),
 )

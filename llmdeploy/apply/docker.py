@@ -20,7 +20,8 @@ import httpx
 
 from llmdeploy.apply.local_state import instance_dir
 from llmdeploy.errors import UserError
-from llmdeploy.recipe.schema import DockerTarget, Recipe
+from llmdeploy.memory.memory_plan import MemoryPlan
+from llmdeploy.recipe.schema import Recipe
 
 COMPOSE_FILE = "docker-compose.yaml"
 ENGINE_SERVICE = "engine"
@@ -66,13 +67,10 @@ def _missing_variables(text: str) -> list[str]:
     return sorted({name for name in _SECRET_REF.findall(text) if not os.environ.get(name)})
 
 
-def apply_docker(recipe: Recipe, recipe_path: Path, wait: bool, echo: Callable[[str], None]) -> int:
-    from llmdeploy.planner import make_plan
-    from llmdeploy.render import render
-
-    assert isinstance(recipe.target, DockerTarget)
-    plan = make_plan(recipe)
-    text = render(recipe, plan).files[COMPOSE_FILE]
+def apply_docker(
+    recipe: Recipe, recipe_path: Path, text: str, plan: MemoryPlan, wait: bool, echo: Callable[[str], None]
+) -> int:
+    """Run the rendered Compose file `text` (the recipe's docker-compose.yaml) and smoke-test it."""
     missing = _missing_variables(text)
     if missing:
         raise UserError.one(

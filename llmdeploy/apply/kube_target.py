@@ -6,7 +6,7 @@ through `echo`, and returns the exit code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ from llmdeploy.apply.discovery import Discovery
 from llmdeploy.apply.kube_api import KubeClient
 from llmdeploy.apply.kube_connect import connect
 from llmdeploy.apply.kube_errors import KubeApiError
+from llmdeploy.apply.kube_objects import WORKLOAD_KINDS
 from llmdeploy.apply.kubernetes import (
     INSTANCE_LABEL,
     Instance,
@@ -26,7 +27,7 @@ from llmdeploy.apply.kubernetes import (
     prepare,
     wait_for_rollouts,
 )
-from llmdeploy.apply.rollout import STATE_OF_KIND, conditions_of
+from llmdeploy.apply.rollout import STATE_OF_KIND, StateOf, conditions_of
 
 __all__ = [
     "ApplyOptions",
@@ -59,18 +60,34 @@ def apply_kubernetes(
     options: ApplyOptions,
     confirm: Confirm,
     echo: Echo,
+    readiness: Mapping[str, StateOf] = STATE_OF_KIND,
+    extra_kinds: Mapping[str, str] | None = None,
 ) -> int:
+    """`readiness`: the workload kinds apply waits on (a platform target's serving object), each
+    with how its live object says it is ready; `extra_kinds` (kind -> apiVersion): kinds beyond
+    Kubernetes' own that prune looks for."""
     discovery = Discovery(client)
+    workloads = WORKLOAD_KINDS | set(readiness)
     via = f", through the proxy {client.proxy}" if client.proxy else ""
     echo(
         f"cluster {client.context.server} (context {client.context.name}, {discovery.server_version()}{via})"
     )
-    planned, skipped = prepare(discovery, objects, instance, capacity)
-    changes = compute_changes(client, discovery, planned, skipped, instance, capacity, prune=options.prune)
+    planned, skipped = prepare(discovery, objects, instance, capacity, workloads)
+    changes = compute_changes(
+        client,
+        discovery,
+        planned,
+        skipped,
+        instance,
+        capacity,
+        prune=options.prune,
+        workload_kinds=workloads,
+        extra_kinds=extra_kinds,
+    )
     echo(changes.render())
     if not changes.pending:
         if options.wait and not options.dry_run:
-            wait_for_rollouts(client, planned, options.timeout_s, echo)
+            wait_for_rollouts(client, planned, options.timeout_s, echo, readiness)
         return 0
     if options.dry_run:
         execute(client, changes, dry_run=True, echo=echo)
@@ -84,7 +101,7 @@ def apply_kubernetes(
     except KubeApiError as e:
         raise explain_conflict(e) from e
     if options.wait:
-        wait_for_rollouts(client, planned, options.timeout_s, echo)
+        wait_for_rollouts(client, planned, options.timeout_s, echo, readiness)
     return 0
 
 
@@ -95,20 +112,38 @@ def diff_kubernetes(
     capacity: Capacity | None,
     echo: Echo,
     prune: bool = True,
+    readiness: Mapping[str, StateOf] = STATE_OF_KIND,
+    extra_kinds: Mapping[str, str] | None = None,
 ) -> int:
     """Print the changes an apply would make; exit code 1 when there are any (like `diff`)."""
     discovery = Discovery(client)
-    planned, skipped = prepare(discovery, objects, instance, capacity)
-    changes = compute_changes(client, discovery, planned, skipped, instance, capacity, prune=prune)
+    workloads = WORKLOAD_KINDS | set(readiness)
+    planned, skipped = prepare(discovery, objects, instance, capacity, workloads)
+    changes = compute_changes(
+        client,
+        discovery,
+        planned,
+        skipped,
+        instance,
+        capacity,
+        prune=prune,
+        workload_kinds=workloads,
+        extra_kinds=extra_kinds,
+    )
     echo(changes.render())
     return 1 if changes.pending else 0
 
 
 def delete_kubernetes(
-    client: KubeClient, instance: Instance, confirm: Confirm, echo: Echo, dry_run: bool = False
+    client: KubeClient,
+    instance: Instance,
+    confirm: Confirm,
+    echo: Echo,
+    dry_run: bool = False,
+    extra_kinds: Mapping[str, str] | None = None,
 ) -> int:
     discovery = Discovery(client)
-    objects = live_objects(client, discovery, instance)
+    objects = live_objects(client, discovery, instance, extra_kinds)
     if not objects:
         echo(f"nothing to delete: no objects labelled {instance.selector} in {instance.namespace}")
         return 0
@@ -117,22 +152,28 @@ def delete_kubernetes(
     if not dry_run and not confirm(f"delete these {len(objects)} object(s)?"):
         echo("nothing deleted")
         return 1
-    delete_instance(client, discovery, instance, dry_run=dry_run, echo=echo)
+    delete_instance(client, discovery, instance, dry_run=dry_run, echo=echo, extra_kinds=extra_kinds)
     return 0
 
 
-def status_kubernetes(client: KubeClient, instance: Instance, echo: Echo) -> int:
+def status_kubernetes(
+    client: KubeClient,
+    instance: Instance,
+    echo: Echo,
+    readiness: Mapping[str, StateOf] = STATE_OF_KIND,
+    extra_kinds: Mapping[str, str] | None = None,
+) -> int:
     """One line per object; workloads with replica counts and conditions. Exit 1 if not available."""
     discovery = Discovery(client)
-    objects = live_objects(client, discovery, instance)
+    objects = live_objects(client, discovery, instance, extra_kinds)
     if not objects:
         echo(f"{instance.name}: not deployed in {instance.namespace}")
         return 1
     healthy = True
     for obj in objects:
-        if obj.rt.kind in STATE_OF_KIND:
+        if obj.rt.kind in readiness:
             fresh = client.get(obj.rt, obj.name, obj.namespace) or obj.body
-            state = STATE_OF_KIND[obj.rt.kind](fresh)
+            state = readiness[obj.rt.kind](fresh)
             healthy = healthy and state.done
             echo(f"{obj.label}: {state.summary}")
             for cond in conditions_of(fresh):
@@ -142,11 +183,20 @@ def status_kubernetes(client: KubeClient, instance: Instance, echo: Echo) -> int
     return 0 if healthy else 1
 
 
-def logs_kubernetes(client: KubeClient, instance: Instance, follow: bool, lines: int, echo: Echo) -> int:
+def logs_kubernetes(
+    client: KubeClient,
+    instance: Instance,
+    follow: bool,
+    lines: int,
+    echo: Echo,
+    label_selector: str | None = None,
+) -> int:
+    """The engine pods' logs; `label_selector` finds them (default: the recipe's instance label)."""
     discovery = Discovery(client)
     pods_rt = discovery.resolve("v1", "Pod")
     assert pods_rt is not None, "every cluster serves v1 Pods"
-    pods = client.list(pods_rt, instance.namespace, label_selector=f"{INSTANCE_LABEL}={instance.name}")
+    selector = label_selector or f"{INSTANCE_LABEL}={instance.name}"
+    pods = client.list(pods_rt, instance.namespace, label_selector=selector)
     if not pods:
         echo(f"{instance.name}: no pods in {instance.namespace}")
         return 1

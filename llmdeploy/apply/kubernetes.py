@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,7 +24,7 @@ from llmdeploy.apply.kube_objects import (
 from llmdeploy.apply.object_diff import FieldChange, diff_objects, drop_settled
 from llmdeploy.apply.ordering import KIND_RANK, apply_order
 from llmdeploy.apply.prune import delete_instance, find_leftovers, live_objects
-from llmdeploy.apply.rollout import STATE_OF_KIND, wait_for_rollout
+from llmdeploy.apply.rollout import STATE_OF_KIND, StateOf, wait_for_rollout
 from llmdeploy.errors import Problem, UserError
 
 __all__ = [
@@ -83,12 +83,17 @@ class ChangeSet:
 
 
 def prepare(
-    discovery: Discovery, objects: Sequence[dict[str, Any]], instance: Instance, capacity: Capacity | None
+    discovery: Discovery,
+    objects: Sequence[dict[str, Any]],
+    instance: Instance,
+    capacity: Capacity | None,
+    workload_kinds: Set[str] = WORKLOAD_KINDS,
 ) -> tuple[list[PlannedObject], list[str]]:
     """Resolve each rendered object against discovery, add our labels, namespace and capacity note.
 
     An add-on kind the cluster lacks (KEDA's ScaledObject) is skipped with a message; a missing
-    workload kind (LeaderWorkerSet) is an error, since nothing would serve without it.
+    workload kind (LeaderWorkerSet, a platform's serving object) is an error, since nothing would
+    serve without it.
     """
     planned: list[PlannedObject] = []
     skipped: list[str] = []
@@ -97,7 +102,7 @@ def prepare(
         body = copy.deepcopy(original)
         kind, api_version = str(body.get("kind")), str(body.get("apiVersion"))
         rt = discovery.resolve(api_version, kind)
-        if rt is None and kind in WORKLOAD_KINDS:
+        if rt is None and kind in workload_kinds:
             missing_workloads.append(
                 Problem(
                     f"the cluster does not serve {kind} ({api_version}), which this recipe's workload needs",
@@ -118,7 +123,7 @@ def prepare(
         labels = meta.setdefault("labels", {})
         labels.setdefault(INSTANCE_LABEL, instance.name)
         labels.setdefault(MANAGED_BY_LABEL, MANAGED_BY)
-        if capacity is not None and kind in WORKLOAD_KINDS:
+        if capacity is not None and kind in workload_kinds:
             meta.setdefault("annotations", {})[CAPACITY_ANNOTATION] = capacity.to_annotation()
         planned.append(PlannedObject(rt, body))
     if missing_workloads:
@@ -126,9 +131,11 @@ def prepare(
     return planned, skipped
 
 
-def _live_capacity(lives: Sequence[tuple[PlannedObject, dict[str, Any] | None]]) -> Capacity | None:
+def _live_capacity(
+    lives: Sequence[tuple[PlannedObject, dict[str, Any] | None]], workload_kinds: Set[str]
+) -> Capacity | None:
     for obj, live in lives:
-        if live is not None and obj.rt.kind in WORKLOAD_KINDS:
+        if live is not None and obj.rt.kind in workload_kinds:
             annotations = live["metadata"].get("annotations") or {}
             return Capacity.from_annotation(annotations.get(CAPACITY_ANNOTATION))
     return None
@@ -142,6 +149,8 @@ def compute_changes(
     instance: Instance,
     capacity: Capacity | None,
     prune: bool = True,
+    workload_kinds: Set[str] = WORKLOAD_KINDS,
+    extra_kinds: Mapping[str, str] | None = None,
 ) -> ChangeSet:
     """What an apply would do, object by object, from a server-side dry run against the live state."""
     changes: list[ObjectChange] = []
@@ -161,8 +170,11 @@ def compute_changes(
         fields = tuple(drop_settled(diff_objects(live, after), obj.body, live))
         changes.append(ObjectChange("update" if fields else "unchanged", obj, fields))
     if prune:
-        changes.extend(ObjectChange("prune", o) for o in find_leftovers(client, discovery, planned, instance))
-    return ChangeSet(tuple(changes), tuple(skipped), _live_capacity(lives), capacity)
+        changes.extend(
+            ObjectChange("prune", o)
+            for o in find_leftovers(client, discovery, planned, instance, extra_kinds)
+        )
+    return ChangeSet(tuple(changes), tuple(skipped), _live_capacity(lives, workload_kinds), capacity)
 
 
 def execute(
@@ -195,11 +207,18 @@ def wait_for_rollouts(
     planned: Sequence[PlannedObject],
     timeout_s: float,
     echo: Callable[[str], None] = print,
+    readiness: Mapping[str, StateOf] = STATE_OF_KIND,
 ) -> None:
     for obj in planned:
-        if obj.rt.kind in STATE_OF_KIND:
+        if obj.rt.kind in readiness:
             wait_for_rollout(
-                client, obj.rt, obj.name, obj.namespace or "default", timeout_s, on_progress=echo
+                client,
+                obj.rt,
+                obj.name,
+                obj.namespace or "default",
+                timeout_s,
+                on_progress=echo,
+                state_of=readiness[obj.rt.kind],
             )
             echo(f"{obj.rt.kind} {obj.name} is Available")
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmdeploy.recipe.schema import LocalTarget, Recipe
+from llmdeploy.recipe.schema import Recipe
 
 
 def state_root() -> Path:
@@ -22,9 +22,10 @@ def state_root() -> Path:
 
 
 def instance_dir(recipe: Recipe) -> Path:
-    target = recipe.target
-    if isinstance(target, LocalTarget) and target.state_dir:
-        return Path(target.state_dir).expanduser()
+    # a target section may name the folder itself (the local target's state_dir)
+    state_dir = getattr(recipe.target, "state_dir", None)
+    if state_dir:
+        return Path(state_dir).expanduser()
     return state_root() / recipe.name
 
 

@@ -6,7 +6,7 @@ not owned by another object, are ever returned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from llmdeploy.apply.discovery import Discovery
 from llmdeploy.apply.kube_api import KubeClient
@@ -18,7 +18,7 @@ from llmdeploy.apply.kube_objects import (
     PlannedObject,
     object_key,
 )
-from llmdeploy.apply.ordering import KIND_RANK, PRUNABLE_KINDS, apply_order, delete_order
+from llmdeploy.apply.ordering import KIND_RANK, PRUNABLE_KINDS, apply_order, delete_order, kind_rank
 
 # Where to look for leftovers of each prunable kind (discovery may pick an older version).
 DEFAULT_API_VERSIONS: dict[str, str] = {
@@ -40,15 +40,21 @@ assert set(DEFAULT_API_VERSIONS) >= PRUNABLE_KINDS and set(DEFAULT_API_VERSIONS)
 
 
 def find_leftovers(
-    client: KubeClient, discovery: Discovery, planned: Sequence[PlannedObject], instance: Instance
+    client: KubeClient,
+    discovery: Discovery,
+    planned: Sequence[PlannedObject],
+    instance: Instance,
+    extra_kinds: Mapping[str, str] | None = None,
 ) -> list[PlannedObject]:
-    """Live objects labelled with this instance and managed by llmdeploy that are not planned."""
+    """Live objects labelled with this instance and managed by llmdeploy that are not planned.
+    `extra_kinds` (kind -> apiVersion): a platform target's own kinds, looked for as well."""
+    versions = {**DEFAULT_API_VERSIONS, **(extra_kinds or {})}
     wanted = {object_key(p.rt, p.namespace, p.name) for p in planned}
     namespaces = {instance.namespace} | {p.namespace for p in planned if p.namespace}
     leftovers: list[PlannedObject] = []
     seen_types: set[tuple[str, str]] = set()
-    for kind in sorted(PRUNABLE_KINDS, key=lambda k: -KIND_RANK[k]):
-        rt = discovery.resolve(DEFAULT_API_VERSIONS[kind], kind)
+    for kind in sorted(PRUNABLE_KINDS | set(extra_kinds or {}), key=lambda k: (-kind_rank(k), k)):
+        rt = discovery.resolve(versions[kind], kind)
         if rt is None or (rt.group, rt.kind) in seen_types:
             continue
         seen_types.add((rt.group, rt.kind))
@@ -65,9 +71,14 @@ def find_leftovers(
     return leftovers
 
 
-def live_objects(client: KubeClient, discovery: Discovery, instance: Instance) -> list[PlannedObject]:
+def live_objects(
+    client: KubeClient,
+    discovery: Discovery,
+    instance: Instance,
+    extra_kinds: Mapping[str, str] | None = None,
+) -> list[PlannedObject]:
     """Every live object of this instance, in apply order (Namespaces excluded)."""
-    found = find_leftovers(client, discovery, [], instance)
+    found = find_leftovers(client, discovery, [], instance, extra_kinds)
     ordered = apply_order(o.body for o in found)
     by_id = {id(o.body): o for o in found}
     return [by_id[id(b)] for b in ordered]
@@ -80,9 +91,10 @@ def delete_instance(
     *,
     dry_run: bool = False,
     echo: Callable[[str], None] = print,
+    extra_kinds: Mapping[str, str] | None = None,
 ) -> int:
     """Delete every object of this instance in reverse kind order; returns how many."""
-    objects = live_objects(client, discovery, instance)
+    objects = live_objects(client, discovery, instance, extra_kinds)
     bodies = delete_order(o.body for o in objects)
     by_id = {id(o.body): o for o in objects}
     for body in bodies:

@@ -84,7 +84,10 @@ def leader_worker_set_state(obj: dict[str, Any]) -> RolloutState:
     return RolloutState(done, False, f"{ready}/{want} groups ready", conds)
 
 
-STATE_OF_KIND: dict[str, Callable[[dict[str, Any]], RolloutState]] = {
+# a workload kind's rollout state, read from the live object
+StateOf = Callable[[dict[str, Any]], RolloutState]
+
+STATE_OF_KIND: dict[str, StateOf] = {
     "Deployment": deployment_state,
     "LeaderWorkerSet": leader_worker_set_state,
 }
@@ -117,14 +120,16 @@ def wait_for_rollout(
     namespace: str,
     timeout_s: float,
     on_progress: Callable[[str], None] | None = None,
+    state_of: StateOf | None = None,
 ) -> RolloutState:
-    """Watch a workload (a kind in STATE_OF_KIND) until its rollout is done, failed or out of time.
+    """Watch a workload (a kind in STATE_OF_KIND, or judged by `state_of`) until its rollout is
+    done, failed or out of time.
 
     The object is read once, then watched from its resourceVersion; each change is judged as it
     arrives. When the API server ends a watch (its timeout, or an expired resourceVersion) the
     object is read again and watched on, until `timeout_s` is spent.
     """
-    state_of = STATE_OF_KIND[rt.kind]
+    state_of = state_of or STATE_OF_KIND[rt.kind]
     deadline = time.monotonic() + timeout_s
     last_summary = ""
 

@@ -1,24 +1,25 @@
 """`llmdeploy apply | diff | delete | status | logs | down RECIPE`.
 
-The recipe's `target.type` picks the implementation: `local` (a process on this machine), `docker`
-(the rendered Compose file run by `docker compose`) or `kubernetes` (server-side apply against the
-cluster in the kubeconfig).
+The recipe's target (`llmdeploy.targets.get_target(recipe.target.type)`) does the work: a process
+on this machine, a Docker Compose project, server-side apply against the cluster in the kubeconfig,
+or a serving platform's objects. Each verb exits with the target's code.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from llmdeploy.apply.prompt import terminal_confirm
-from llmdeploy.errors import UserError
-from llmdeploy.recipe.schema import KubernetesTarget, Recipe
+from llmdeploy.cli.locate import located
+from llmdeploy.recipe.schema import Recipe
+from llmdeploy.targets.base import ApplyRequest, Cluster, Console
+
+if TYPE_CHECKING:
+    from llmdeploy.recipe.loader import LoadedRecipe
 
 
 def _echo(msg: str) -> None:
@@ -29,82 +30,31 @@ def _out(msg: str) -> None:
     click.echo(msg)
 
 
+def _console(assume_yes: bool = False) -> Console:
+    return Console(echo=_echo, out=_out, confirm=terminal_confirm(assume_yes, default=False))
+
+
 def _load(recipe_path: Path, overrides: tuple[str, ...], namespace: str | None = None) -> Recipe:
-    from llmdeploy.recipe import load_recipe
+    return _load_layered(recipe_path, overrides, namespace).recipe
+
+
+def _load_layered(
+    recipe_path: Path, overrides: tuple[str, ...], namespace: str | None = None
+) -> LoadedRecipe:
+    from llmdeploy.recipe.loader import load_layered
 
     if namespace:
         overrides = (*overrides, f"target.namespace={namespace}")
-    return load_recipe(recipe_path, overrides)
+    return load_layered(recipe_path, overrides)
 
 
-def _kube_target(recipe: Recipe, verb: str) -> KubernetesTarget:
-    if not isinstance(recipe.target, KubernetesTarget):
-        raise UserError.one(
-            f"`llmdeploy {verb}` works on kubernetes targets; this recipe's target is {recipe.target.type!r}",
-            path="target.type",
-            value=recipe.target.type,
-            fix="set target.type: kubernetes (and target.namespace) in the recipe",
-        )
-    return recipe.target
-
-
-def _rendered(recipe: Recipe, show_plan: bool = False) -> tuple[list[dict[str, Any]], Any]:
-    """Rendered Kubernetes objects (apply order) and the capacity the plan promises."""
-    from llmdeploy.apply.capacity import capacity_from_plan
-    from llmdeploy.planner import make_plan
-    from llmdeploy.render import render
-
-    plan = make_plan(recipe)
-    if show_plan:
-        _echo(plan.to_table())
-        if not plan.fits:
-            _echo("warning: the memory plan does not fit: " + "; ".join(plan.problems))
-    artifacts = render(recipe, plan)
-    return [dict(o) for o in artifacts.kubernetes_objects], capacity_from_plan(recipe, plan)
-
-
-def _instance(recipe: Recipe, verb: str) -> Any:
-    from llmdeploy.apply.kubernetes import Instance
-
-    return Instance(recipe.name, _kube_target(recipe, verb).namespace)
-
-
-def _on_target(
-    recipe: Recipe,
-    verb: str,
-    cluster: tuple[Path | None, str | None],
-    local: Callable[[ModuleType], int],
-    docker: Callable[[ModuleType], int],
-    kubernetes: Callable[[ModuleType, Any, Any], int],
-) -> NoReturn:
-    """Run `verb` on the recipe's target and exit with its code. Each branch gets its apply module,
-    imported only for that target (the Kubernetes client alone takes most of a second to import);
-    the Kubernetes branch also a client connected through `cluster` (kubeconfig, context) and the
-    recipe's instance."""
-    if recipe.target.type == "local":
-        sys.exit(local(importlib.import_module("llmdeploy.apply.local")))
-    if recipe.target.type == "docker":
-        sys.exit(docker(importlib.import_module("llmdeploy.apply.docker")))
-    kube = importlib.import_module("llmdeploy.apply.kube_target")
-    instance = _instance(recipe, verb)
-    with kube.connect(*cluster) as client:
-        sys.exit(kubernetes(kube, client, instance))
-
-
-def _stop(
-    recipe: Recipe, verb: str, cluster: tuple[Path | None, str | None], assume_yes: bool, dry_run: bool
-) -> NoReturn:
+def _stop(recipe: Recipe, verb: str, request: ApplyRequest) -> NoReturn:
     """`down` and `delete`: stop the local process or the Compose project, or delete the Kubernetes objects."""
-    _on_target(
-        recipe,
-        verb,
-        cluster,
-        lambda local: local.down_local(recipe),
-        lambda docker: docker.down_docker(recipe, _out),
-        lambda kube, client, instance: kube.delete_kubernetes(
-            client, instance, terminal_confirm(assume_yes, default=False), _echo, dry_run=dry_run
-        ),
-    )
+    from llmdeploy.targets import get_target
+
+    target = get_target(recipe.target.type)
+    console = _console(request.assume_yes)
+    sys.exit((target.down if verb == "down" else target.delete)(recipe, request, console))
 
 
 recipe_arg = click.argument(
@@ -171,49 +121,33 @@ def apply_command(
     context: str | None,
     namespace: str | None,
 ) -> None:
-    """Bring the recipe's deployment to the rendered state (local process, Docker Compose or Kubernetes)."""
-    recipe = _load(recipe_path, overrides, namespace)
-    if recipe.target.type == "local":
-        if dry_run:
-            raise UserError.one(
-                "--dry-run is for kubernetes targets; a local apply cannot be rehearsed",
-                path="target.type",
-                value="local",
-                fix=f"see what would run with `llmdeploy render {recipe_path}` or `llmdeploy plan {recipe_path}`",
-            )
-        from llmdeploy.apply.local import apply_local
+    """Bring the recipe's deployment to the rendered state (local process, Docker Compose, Kubernetes
+    or a serving platform)."""
+    from llmdeploy.targets import apply, get_target
 
-        sys.exit(apply_local(recipe, recipe_path, assume_yes))
-    if recipe.target.type == "docker":
-        if dry_run:
-            raise UserError.one(
-                "--dry-run is for kubernetes targets",
-                path="target.type",
-                value="docker",
-                fix=f"see the Compose file with `llmdeploy render {recipe_path} -o DIR`",
-            )
-        from llmdeploy.apply.docker import apply_docker
-
-        sys.exit(apply_docker(recipe, recipe_path, wait, _echo))
-    from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes, connect
-
-    instance = _instance(recipe, "apply")
-    objects, capacity = _rendered(recipe, show_plan=True)
-    options = ApplyOptions(
-        dry_run=dry_run, force_conflicts=force_conflicts, prune=prune, wait=wait, timeout_s=timeout_s
+    loaded = _load_layered(recipe_path, overrides, namespace)
+    recipe = loaded.recipe
+    request = ApplyRequest(
+        recipe_path=recipe_path,
+        assume_yes=assume_yes,
+        dry_run=dry_run,
+        force_conflicts=force_conflicts,
+        prune=prune,
+        wait=wait,
+        timeout_s=timeout_s,
+        cluster=Cluster(kubeconfig, context),
     )
-    with connect(kubeconfig, context) as client:
-        sys.exit(
-            apply_kubernetes(
-                client,
-                instance,
-                objects,
-                capacity,
-                options,
-                terminal_confirm(assume_yes, default=False),
-                _echo,
-            )
-        )
+    if get_target(recipe.target.type).kubernetes_backed:
+        _show_plan(recipe)
+    with located(loaded, recipe_path):
+        result = apply(recipe, request, _console(assume_yes))
+    sys.exit(result.exit_code)
+
+
+def _show_plan(recipe: Recipe) -> None:
+    from llmdeploy.planner import make_plan
+
+    _echo(make_plan(recipe).to_table())
 
 
 @click.command()
@@ -235,13 +169,15 @@ def diff_command(
 
     Exits 0 when nothing would change, 1 when something would.
     """
-    from llmdeploy.apply.kube_target import connect, diff_kubernetes
+    from llmdeploy.targets import checked_plan, get_target
 
-    recipe = _load(recipe_path, overrides, namespace)
-    instance = _instance(recipe, "diff")
-    objects, capacity = _rendered(recipe)
-    with connect(kubeconfig, context) as client:
-        sys.exit(diff_kubernetes(client, instance, objects, capacity, _out, prune=prune))
+    loaded = _load_layered(recipe_path, overrides, namespace)
+    recipe = loaded.recipe
+    request = ApplyRequest(recipe_path=recipe_path, prune=prune, cluster=Cluster(kubeconfig, context))
+    with located(loaded, recipe_path):
+        plan = checked_plan(recipe)
+        code = get_target(recipe.target.type).diff(recipe, plan, request, _console())
+    sys.exit(code)
 
 
 @click.command()
@@ -262,7 +198,10 @@ def delete_command(
     namespace: str | None,
 ) -> None:
     """Delete every object of this recipe (labelled with its instance and managed by llmdeploy)."""
-    _stop(_load(recipe_path, overrides, namespace), "delete", (kubeconfig, context), assume_yes, dry_run)
+    request = ApplyRequest(
+        recipe_path=recipe_path, assume_yes=assume_yes, dry_run=dry_run, cluster=Cluster(kubeconfig, context)
+    )
+    _stop(_load(recipe_path, overrides, namespace), "delete", request)
 
 
 @click.command()
@@ -279,15 +218,10 @@ def status_command(
     namespace: str | None,
 ) -> None:
     """Show whether the recipe's deployment is up (exit 0) or not (exit 1)."""
+    from llmdeploy.targets import get_target
+
     recipe = _load(recipe_path, overrides, namespace)
-    _on_target(
-        recipe,
-        "status",
-        (kubeconfig, context),
-        lambda local: local.status_local(recipe),
-        lambda docker: docker.status_docker(recipe, _out),
-        lambda kube, client, instance: kube.status_kubernetes(client, instance, _out),
-    )
+    sys.exit(get_target(recipe.target.type).status(recipe, Cluster(kubeconfig, context), _console()))
 
 
 @click.command()
@@ -308,15 +242,11 @@ def logs_command(
     namespace: str | None,
 ) -> None:
     """Print the engine's log (local process, the Compose service, or the deployment's pods)."""
+    from llmdeploy.targets import get_target
+
     recipe = _load(recipe_path, overrides, namespace)
-    _on_target(
-        recipe,
-        "logs",
-        (kubeconfig, context),
-        lambda local: local.logs_local(recipe, follow, lines),
-        lambda docker: docker.logs_docker(recipe, follow, lines, _out),
-        lambda kube, client, instance: kube.logs_kubernetes(client, instance, follow, lines, _out),
-    )
+    target = get_target(recipe.target.type)
+    sys.exit(target.logs(recipe, Cluster(kubeconfig, context), follow, lines, _console()))
 
 
 @click.command()
@@ -335,4 +265,7 @@ def down_command(
     namespace: str | None,
 ) -> None:
     """Stop the recipe's deployment: the local process, `docker compose down`, or delete its Kubernetes objects."""
-    _stop(_load(recipe_path, overrides, namespace), "down", (kubeconfig, context), assume_yes, dry_run=False)
+    request = ApplyRequest(
+        recipe_path=recipe_path, assume_yes=assume_yes, cluster=Cluster(kubeconfig, context)
+    )
+    _stop(_load(recipe_path, overrides, namespace), "down", request)

@@ -51,7 +51,7 @@ def resolve_endpoint(
     api_key: str | None,
     overrides: tuple[str, ...],
 ) -> Endpoint:
-    from llmdeploy.smoke.runner import api_key_from_recipe, url_from_recipe
+    from llmdeploy.smoke.runner import api_key_from_recipe
 
     if recipe_path is None and url is None:
         raise click.UsageError("give a RECIPE or --url")
@@ -62,7 +62,11 @@ def resolve_endpoint(
         from llmdeploy.recipe import load_recipe
 
         recipe = load_recipe(recipe_path, overrides)
-        url = url or url_from_recipe(recipe)
+        if url is None:
+            from llmdeploy.targets import Cluster, get_target
+
+            # the target knows where it answers (a platform states it in its object's status)
+            url = get_target(recipe.target.type).endpoint_url(recipe, Cluster())
         model = model or recipe.server.served_model_name or recipe.model.id
         api_key = api_key or api_key_from_recipe(recipe)
     assert url is not None

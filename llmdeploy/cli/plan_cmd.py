@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -199,7 +200,16 @@ def plan_command(
         from llmdeploy.recipe import load_recipe
 
         inputs = recipe_inputs(load_recipe(recipe, overrides))
-        show_plan(inputs, plan_from_inputs(inputs), calibration, output)
+        plan = plan_from_inputs(inputs)
+        show_plan(inputs, plan, calibration, output)
+        if not plan.fits:
+            # the memory gate every target shares: the plan is shown, and the recipe refused
+            click.echo(
+                "error: the memory plan does not fit (problems and fixes above); validate, render "
+                "and apply refuse this recipe on every target",
+                err=True,
+            )
+            sys.exit(2)
         return
     if params_b is not None:
         plan = _shape_only(

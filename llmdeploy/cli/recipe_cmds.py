@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llmdeploy.cli.locate import locate
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.recipe.json_schema import recipe_json_schema_text
 from llmdeploy.recipe.loader import LoadedRecipe, load_layered
@@ -102,9 +103,9 @@ def _validate_one(path: Path, overrides: tuple[str, ...], schema_only: bool) -> 
     try:
         summary, problems, notes = _check_rules(loaded)
     except UserError as e:
-        return FileResult(path, [_locate(p, loaded, path) for p in e.problems])
+        return FileResult(path, [locate(p, loaded, path) for p in e.problems])
     if problems:
-        return FileResult(path, [_locate(p, loaded, path) for p in problems])
+        return FileResult(path, [locate(p, loaded, path) for p in problems])
     return FileResult(path, [], summary, tuple(notes))
 
 
@@ -133,26 +134,16 @@ def _engine_mapping_problems(recipe: Recipe, plan: MemoryPlan, seen: set[str | N
     """Every check `render` and `apply` make for the recipe's target (the engine's flag mapping,
     extra_args its CLI would reject, secrets and names the target cannot take), so a recipe that
     validates also renders."""
-    from llmdeploy.render import render
-    from llmdeploy.render.target_rules import render_problems
+    from llmdeploy.targets import get_target, target_rule_problems
 
-    problems = render_problems(recipe, plan)
+    problems = target_rule_problems(recipe, plan)
     if not problems:
         try:
-            render(recipe, plan)  # nothing is written; what render refuses, validate refuses
+            # nothing is written; what render refuses, validate refuses (the memory gate is check_recipe's)
+            get_target(recipe.target.type).render(recipe, plan)
         except UserError as e:
             problems = e.problems
     return [p for p in problems if p.path is None or p.path not in seen]
-
-
-def _locate(problem: Problem, loaded: LoadedRecipe, path: Path) -> Problem:
-    """Give a rule's problem the file:line that wrote the field it names."""
-    if problem.file is not None:
-        return problem
-    mark = loaded.mark_for(problem.path)
-    if mark is None:
-        return dataclasses.replace(problem, file=str(path))
-    return dataclasses.replace(problem, file=mark.file, line=mark.line)
 
 
 @click.command("schema")

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from llmdeploy.recipe import load_recipe
-from llmdeploy.render import render
 from llmdeploy.render.output_dir import write_artifacts
+from llmdeploy.targets import render
 
 
 @click.command(name="render")
@@ -29,11 +28,15 @@ from llmdeploy.render.output_dir import write_artifacts
     help="override a recipe field, e.g. limits.max_model_len=4096",
 )
 def render_command(recipe_file: Path, output_dir: Path, overrides: tuple[str, ...]) -> None:
-    """Render launch files (local script, Docker Compose or Kubernetes manifests) for RECIPE."""
+    """Render launch files (local script, Docker Compose, Kubernetes or a platform's objects) for RECIPE."""
+    from llmdeploy.cli.locate import located
     from llmdeploy.planner import make_plan
+    from llmdeploy.recipe.loader import load_layered
 
-    recipe = load_recipe(recipe_file, overrides)
-    artifacts = render(recipe, make_plan(recipe))
+    loaded = load_layered(recipe_file, overrides)
+    recipe = loaded.recipe
+    with located(loaded, recipe_file):
+        artifacts = render(recipe, make_plan(recipe))
     result = write_artifacts(artifacts, output_dir)
     for name in artifacts.files:
         state = "unchanged" if name in result.unchanged else "written"

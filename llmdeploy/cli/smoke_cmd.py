@@ -60,12 +60,11 @@ def smoke_command(
         raise click.UsageError(
             "--calibration needs a RECIPE: a measurement is filed under the recipe's settings"
         )
-    if log_file is None and endpoint.recipe is not None and endpoint.recipe.target.type == "local":
-        from llmdeploy.apply.local_state import read_state
+    if log_file is None and endpoint.recipe is not None:
+        from llmdeploy.targets import get_target
 
-        # a locally applied recipe keeps its engine's start-up log: a KV figure for engines without one on /metrics
-        state = read_state(endpoint.recipe)
-        log_file = state.log_path if state is not None else None
+        # a target that keeps the engine's start-up log here: a KV figure for engines without one on /metrics
+        log_file = get_target(endpoint.recipe.target.type).startup_log(endpoint.recipe)
     report = smoke(
         endpoint.url,
         model=endpoint.model,

@@ -137,7 +137,7 @@ class BuiltinEngine(EngineDefaults):
                     "speculative.draft_model",
                     spec.draft_model,
                     "it loads local files only and cannot fetch a draft model by hub id",
-                    "use speculative.method: ngram, model.random_weights: true, or engine.type: vllm",
+                    "use speculative.method: ngram, model.random_weights: true, or engine.type: sglang or vllm",
                 )
             else:
                 # a random-weights target gets a random-weights draft of the catalog model

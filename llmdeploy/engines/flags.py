@@ -14,7 +14,7 @@ from llmdeploy.errors import Problem
 if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model` needs none
     from llmdeploy.recipe.schema import ModelSection, Recipe
 
-_TO_TP = "use parallelism.tensor, or engine.type: vllm"
+_TO_TP = "use parallelism.tensor, or engine.type: sglang or vllm"
 # the recipe field behind each flag whose value is free text
 _FLAG_FIELDS = {
     "--host": "server.host",

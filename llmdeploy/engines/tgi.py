@@ -36,6 +36,14 @@ _QUANTIZATION = {
 }
 
 
+# TGI's repository was archived upstream in March 2026: it is still rendered, pinned, and named deprecated
+DEPRECATION_NOTE = (
+    "TGI is deprecated: its repository was archived upstream in March 2026, so llmdeploy renders it "
+    "pinned to {version} and it gets no fixes; move to engine.type: sglang or vllm (same recipe, "
+    "an OpenAI-compatible API; TGI's /generate API is served by engine.type: builtin)"
+)
+
+
 class TGIEngine(EngineDefaults):
     name = "tgi"
     display_name = "TGI"
@@ -51,6 +59,9 @@ class TGIEngine(EngineDefaults):
     local_flag_check: str | None = "help-text"
     tgi_api = True
     accepts_ignore_eos = False
+
+    def notes(self, recipe: Recipe, gpu: GPUSpec | None) -> list[str]:
+        return [DEPRECATION_NOTE.format(version=recipe.engine.version or self.pinned_version)]
 
     def health_command(self, url: str) -> list[str]:
         # TGI's image has curl (and no python3 on PATH to rely on)
@@ -126,7 +137,7 @@ class TGIEngine(EngineDefaults):
                 "model.random_weights",
                 True,
                 "it has no dummy weight loader",
-                "use engine.type: vllm (--load-format dummy) or builtin",
+                "use engine.type: sglang or vllm (--load-format dummy), or builtin",
             ),
             (
                 is_gguf(recipe.model),
@@ -146,7 +157,7 @@ class TGIEngine(EngineDefaults):
                 "parallelism.pipeline",
                 par.pipeline,
                 "TGI shards by tensor parallelism only",
-                "use parallelism.tensor (TGI --num-shard), or engine.type: vllm",
+                "use parallelism.tensor (TGI --num-shard), or engine.type: sglang or vllm",
             ),
             (
                 recipe.hardware.nodes > 1,
@@ -188,7 +199,7 @@ class TGIEngine(EngineDefaults):
                 "limits.enable_chunked_prefill",
                 False,
                 "TGI 3 always chunks long prefills",
-                "set limits.enable_chunked_prefill: true, or engine.type: vllm",
+                "set limits.enable_chunked_prefill: true, or engine.type: sglang or vllm",
             ),
             (
                 bool(name) and name != recipe.model.id,
@@ -227,7 +238,7 @@ def _speculate(recipe: Recipe, flags: Flags) -> None:
             "speculative.method",
             spec.method,
             "TGI speculates with n-grams (or Medusa heads) only",
-            "use speculative.method: ngram, or engine.type: vllm",
+            "use speculative.method: ngram, or engine.type: sglang or vllm",
         ),
         (
             ngram and not default_window,

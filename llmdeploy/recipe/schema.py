@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from llmdeploy.recipe.kubernetes_placement import ModelCache, Probes, Toleration
 from llmdeploy.recipe.serving_schema import (
     ApiKeyFromEnv,
     ApiKeyFromSecret,
@@ -39,10 +40,7 @@ from llmdeploy.recipe.target_schema import (
     DockerTarget,
     KubernetesTarget,
     LocalTarget,
-    ModelCache,
-    Probes,
     Target,
-    Toleration,
 )
 
 __all__ = [

@@ -16,6 +16,7 @@ from llmdeploy.recipe.field_types import (
     UserLabelKey,
 )
 from llmdeploy.recipe.kubernetes_patch import Patch
+from llmdeploy.recipe.kubernetes_placement import ModelCache, Probes, Toleration
 from llmdeploy.recipe.kubernetes_pod import (
     Container,
     EnvVar,
@@ -47,32 +48,6 @@ class DockerTarget(Section):
         allow_inf_nan=False,
         description="shared memory for the container (tensor parallelism needs several GiB)",
     )
-
-
-class Toleration(Section):
-    key: str = Field(description="taint key, e.g. nvidia.com/gpu")
-    operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-
-
-class ModelCache(Section):
-    size_gib: float | None = Field(
-        default=None, gt=0, le=2**30, allow_inf_nan=False, description="default: weights size x 1.5"
-    )
-    storage_class: ObjectName | None = Field(
-        default=None, description="storage class of the model-cache volume claim"
-    )
-    existing_claim: ObjectName | None = Field(
-        default=None, description="use this existing PersistentVolumeClaim instead of creating one"
-    )
-
-
-class Probes(Section):
-    startup_budget_s: int | None = Field(
-        default=None, ge=10, le=INT32_MAX, description="default: derived from weight size"
-    )
-    period_s: int = Field(default=10, ge=1, le=INT32_MAX, description="seconds between probes")
 
 
 class Autoscaling(Section):
@@ -196,4 +171,19 @@ class KubernetesTarget(Section):
         return self
 
 
-Target = Annotated[LocalTarget | DockerTarget | KubernetesTarget, Field(discriminator="type")]
+# the serving platforms' sections, each in its own module (they reuse the sections above)
+from llmdeploy.recipe.target_kserve import KServeTarget  # noqa: E402
+from llmdeploy.recipe.target_kubeai import KubeAITarget  # noqa: E402
+from llmdeploy.recipe.target_llm_d import LlmDTarget  # noqa: E402
+from llmdeploy.recipe.target_production_stack import ProductionStackTarget  # noqa: E402
+
+Target = Annotated[
+    LocalTarget
+    | DockerTarget
+    | KubernetesTarget
+    | KServeTarget
+    | LlmDTarget
+    | ProductionStackTarget
+    | KubeAITarget,
+    Field(discriminator="type"),
+]

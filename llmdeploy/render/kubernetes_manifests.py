@@ -13,6 +13,7 @@ from llmdeploy.recipe import Recipe, recipe_digest
 from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render.artifacts import header
 from llmdeploy.render.block_yaml import to_block_yaml
+from llmdeploy.render.capacity_marks import capacity_annotations
 from llmdeploy.render.engine_command import engine_command
 from llmdeploy.render.kubernetes_objects import (
     PROMETHEUS_ADDRESS,
@@ -78,6 +79,12 @@ def render_kubernetes(
     # file name -> the object; each file's template places its object's fields below apiVersion and kind
     objects: dict[str, dict[str, Any]] = {}
 
+    def workload_meta() -> dict[str, Any]:
+        # the plan's capacity on the workload, for whoever reviews the rendered objects
+        out = meta(name)
+        marks = capacity_annotations(plan)
+        return out | ({"annotations": {**out.get("annotations", {}), **marks}} if marks else {})
+
     def add(file: str, api_version: str, kind: str, metadata: dict[str, Any], **fields: Any) -> None:
         objects[file] = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
 
@@ -129,7 +136,7 @@ def render_kubernetes(
             "leaderworkerset.yaml",
             "leaderworkerset.x-k8s.io/v1",
             "LeaderWorkerSet",
-            meta(name),
+            workload_meta(),
             spec=lws_spec,
         )
         service_selector = {**service_selector, LWS_WORKER_INDEX: "0"}
@@ -149,7 +156,7 @@ def render_kubernetes(
             "metadata": pod_meta,
             "spec": pod_spec(recipe, target, shape, [container], claim),
         }
-        add("deployment.yaml", "apps/v1", "Deployment", meta(name), spec=deployment_spec)
+        add("deployment.yaml", "apps/v1", "Deployment", workload_meta(), spec=deployment_spec)
 
     service_spec = {
         "type": target.service_type,

@@ -1,5 +1,8 @@
-"""`render(recipe, plan) -> Artifacts`: the launch files for the recipe's target, byte-identical for
-identical input (keys in a fixed order, no timestamps), each starting with a header naming the recipe and its hash.
+"""The launch files of the local and docker targets: launch.sh + engine.env, and a Compose file.
+
+`llmdeploy.targets` calls these (the `render` stage is `llmdeploy.targets.render`); each output is
+byte-identical for identical input (keys in a fixed order, no timestamps) and starts with a header
+naming the recipe and its hash.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ import yaml
 from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
 from llmdeploy.planner import MemoryPlan
-from llmdeploy.recipe import Recipe, recipe_digest
+from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import DockerTarget, KubernetesTarget
-from llmdeploy.render import kubernetes_manifests
-from llmdeploy.render.artifacts import Artifacts, header
+from llmdeploy.render.artifacts import header
+from llmdeploy.render.capacity_marks import capacity_annotations, capacity_comment
 from llmdeploy.render.engine_command import EngineCommand, SecretEnv, engine_command
 from llmdeploy.render.kubernetes_objects import (
     container_env,
@@ -25,28 +28,10 @@ from llmdeploy.render.kubernetes_objects import (
     pod_shape,
 )
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, container_model_ref, model_location
-from llmdeploy.render.target_rules import render_problems
 from llmdeploy.render.templates import render_template
 
 MODEL_PLACEHOLDER = "@@llmdeploy-model@@"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def render(recipe: Recipe, plan: MemoryPlan | None) -> Artifacts:
-    # every problem at once, and exactly those `validate` reports
-    problems = render_problems(recipe, plan)
-    if problems:
-        raise UserError(problems)
-    target = recipe.target
-    if isinstance(target, KubernetesTarget):
-        files, documents = kubernetes_manifests.render_kubernetes(recipe, target, plan)
-    elif isinstance(target, DockerTarget):
-        files, documents = {"docker-compose.yaml": _compose(recipe, target, plan)}, ()
-    else:
-        files, documents = _local(recipe, plan), ()
-    return Artifacts(
-        recipe_name=recipe.name, recipe_sha256=recipe_digest(recipe), files=files, documents=documents
-    )
 
 
 def _check_env_name(name: str, path: str) -> None:
@@ -73,7 +58,8 @@ def local_secret_variable(secret: SecretEnv) -> tuple[str, str]:
     return knob, secret.from_env
 
 
-def _local(recipe: Recipe, plan: MemoryPlan | None) -> dict[str, str]:
+def render_local_files(recipe: Recipe, plan: MemoryPlan | None) -> dict[str, str]:
+    """launch.sh and engine.env: the engine started on this machine, as `apply` starts it."""
     command = engine_command(recipe, plan, model_ref=MODEL_PLACEHOLDER)
     secret_lines = []
     for secret in command.secrets:
@@ -124,7 +110,7 @@ def _local(recipe: Recipe, plan: MemoryPlan | None) -> dict[str, str]:
     return {
         "launch.sh": render_template(
             "local/launch.sh.j2",
-            header=head,
+            header="\n".join(filter(None, [head, capacity_comment(plan)])),
             setup_lines="\n".join(secret_lines + model_lines),
             command_line=" \\\n  ".join(lines),
         ),
@@ -137,7 +123,8 @@ def _compose_escape(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def _compose(recipe: Recipe, target: DockerTarget, plan: MemoryPlan | None) -> str:
+def render_compose(recipe: Recipe, target: DockerTarget, plan: MemoryPlan | None) -> str:
+    """docker-compose.yaml: the engine service (and a model-fetch service when the model is a package)."""
     command: EngineCommand = engine_command(
         recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0"
     )
@@ -173,6 +160,9 @@ def _compose(recipe: Recipe, target: DockerTarget, plan: MemoryPlan | None) -> s
         },
         "restart": "unless-stopped",
     }
+    marks = capacity_annotations(plan)
+    if marks:
+        engine["labels"] = marks
     if shape.gpus_per_pod:
         engine["deploy"] = {
             "resources": {
@@ -193,7 +183,7 @@ def _compose(recipe: Recipe, target: DockerTarget, plan: MemoryPlan | None) -> s
         engine["depends_on"] = {"fetch-model": {"condition": "service_completed_successfully"}}
     return render_template(
         "docker/docker-compose.yaml.j2",
-        header=header(recipe),
+        header="\n".join(filter(None, [header(recipe), capacity_comment(plan)])),
         name=recipe.name,
         services=services,
         volumes={"model-cache": {}},

@@ -1,33 +1,45 @@
-"""Every check `render` (and so `apply`) makes of a recipe for its target, collected in one list.
+"""The checks every target makes of a recipe before it renders, parametrized by the target's facts.
 
-`render` runs these before it writes anything and refuses with all of them at once; `validate` runs
-the same function, so a recipe `validate` passes is one `render` and `apply` accept (a CI gate on
-`validate` is exact). Each problem names the field to change.
+`llmdeploy.targets.target_problems` runs these with the recipe's target's facts (does it run an
+image, where do its secrets come from) and then the target's own rules; `render`, `apply` and
+`validate` all call it, so a recipe `validate` passes is one `render` and `apply` accept (a CI gate
+on `validate` is exact). Each problem names the field to change. Nothing here knows a target by name.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from llmdeploy.engines import get_engine
 from llmdeploy.errors import Problem, UserError
 from llmdeploy.planner import MemoryPlan
-from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, KubernetesTarget, Recipe
+from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, Recipe
 from llmdeploy.render.engine_command import engine_command
-from llmdeploy.render.kubernetes_objects import scaling_metric
 from llmdeploy.render.model_location import container_model_ref
 
 
-def render_problems(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
-    """The problems that stop `render(recipe, plan)` for the recipe's target; empty when it renders."""
-    problems = [*_secret_sources(recipe), *_engine(recipe, plan), *_local_only(recipe)]
-    if isinstance(recipe.target, KubernetesTarget):
-        problems += _kubernetes(recipe, recipe.target)
-    return problems
+def shared_problems(
+    recipe: Recipe,
+    plan: MemoryPlan | None,
+    *,
+    target: str,
+    display_name: str,
+    in_container: bool,
+    secrets_from: Literal["env", "secret"],
+) -> list[Problem]:
+    """The problems that stop any target from rendering `recipe`: the engine's flag mapping,
+    secrets the target cannot read, and fields naming this machine on a target that runs an image."""
+    return [
+        *_secret_sources(recipe, target, display_name, secrets_from),
+        *_engine(recipe, plan, in_container),
+        *_local_only(recipe, target, in_container),
+    ]
 
 
-def _engine(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
+def _engine(recipe: Recipe, plan: MemoryPlan | None, in_container: bool) -> list[Problem]:
     problems: list[Problem] = []
     model_ref, host = recipe.model.id, None
-    if recipe.target.type != "local":
+    if in_container:
         host = "0.0.0.0"
         try:
             model_ref = container_model_ref(recipe)
@@ -40,14 +52,13 @@ def _engine(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
     return problems
 
 
-def _local_only(recipe: Recipe) -> list[Problem]:
+def _local_only(recipe: Recipe, target: str, in_container: bool) -> list[Problem]:
     """Fields that name something on this machine, which a container target would silently ignore."""
-    if recipe.engine.executable is None or recipe.target.type == "local":
+    if recipe.engine.executable is None or not in_container:
         return []
     return [
         Problem(
-            f"engine.executable names a local install; the {recipe.target.type} target runs the engine "
-            "its image holds",
+            f"engine.executable names a local install; the {target} target runs the engine its image holds",
             path="engine.executable",
             value=recipe.engine.executable,
             has_value=True,
@@ -57,8 +68,9 @@ def _local_only(recipe: Recipe) -> list[Problem]:
     ]
 
 
-def _secret_sources(recipe: Recipe) -> list[Problem]:
-    target = recipe.target.type
+def _secret_sources(
+    recipe: Recipe, target: str, display_name: str, secrets_from: Literal["env", "secret"]
+) -> list[Problem]:
     problems = []
     for knob, source in (
         ("server.api_key", recipe.server.api_key),
@@ -68,55 +80,24 @@ def _secret_sources(recipe: Recipe) -> list[Problem]:
             knob == "server.hf_token" and not get_engine(recipe.engine.type).downloads_from_hub
         ):
             continue  # the engine's own rule refuses a hub token
-        if target == "kubernetes" and isinstance(source, ApiKeyFromEnv):
+        if secrets_from == "secret" and isinstance(source, ApiKeyFromEnv):
             problems.append(
                 Problem(
-                    f"on Kubernetes, {knob} must come from a Secret, not from an environment variable",
+                    f"on {display_name}, {knob} must come from a Secret, not from an environment variable",
                     path=f"{knob}.env",
                     value=source.env,
                     has_value=True,
                     fix="write {secret: {name: SECRET, key: KEY}} and create that Secret in the namespace",
                 )
             )
-        if target != "kubernetes" and isinstance(source, ApiKeyFromSecret):
-            where = "on the local target" if target == "local" else "by Docker Compose"
+        if secrets_from == "env" and isinstance(source, ApiKeyFromSecret):
             problems.append(
                 Problem(
-                    f"a Kubernetes Secret cannot be read {where}",
+                    f"a Kubernetes Secret cannot be read by {display_name} (the {target} target)",
                     path=f"{knob}.secret",
                     value=source.secret.name,
                     has_value=True,
                     fix=f"write {knob}: {{env: VARIABLE}} for the {target} target",
                 )
             )
-    return problems
-
-
-def _kubernetes(recipe: Recipe, target: KubernetesTarget) -> list[Problem]:
-    problems: list[Problem] = []
-    autoscaling = target.autoscaling
-    if autoscaling is None:
-        return problems
-    if recipe.hardware.nodes > 1:
-        problems.append(
-            Problem(
-                "autoscaling a LeaderWorkerSet is not rendered",
-                path="target.autoscaling",
-                fix="remove target.autoscaling for multi-node replicas (hardware.nodes > 1)",
-            )
-        )
-    if autoscaling.kind == "hpa" and autoscaling.min_replicas < 1:
-        problems.append(
-            Problem(
-                "a HorizontalPodAutoscaler cannot scale to zero",
-                path="target.autoscaling.min_replicas",
-                value=autoscaling.min_replicas,
-                has_value=True,
-                fix="use min_replicas >= 1, or kind: keda",
-            )
-        )
-    try:
-        scaling_metric(recipe, autoscaling.metric)
-    except UserError as e:
-        problems += e.problems
     return problems

@@ -2,7 +2,7 @@
 
 No container runtime exists on these machines, so a stand-in `docker` on PATH records the argv it
 is called with (and exits with $DOCKER_EXIT); the smoke test after `up --wait` is replaced where a
-healthy engine would be needed. The real Docker path is documented as untested in docs/docker.md.
+healthy engine would be needed. The real Docker path is documented as untested in docs/targets/docker.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from llmdeploy.cli.main import main
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe
-from llmdeploy.render import render
+from llmdeploy.targets import render
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "long-context-agent.yaml"

@@ -21,7 +21,7 @@ from llmdeploy.apply.kube_target import ApplyOptions, apply_kubernetes
 from llmdeploy.apply.kubernetes import Instance
 from llmdeploy.errors import UserError
 from llmdeploy.planner import make_plan
-from llmdeploy.render import render
+from llmdeploy.targets import render
 
 pytestmark = pytest.mark.cluster
 

@@ -204,4 +204,4 @@ def test_dry_run_of_a_local_recipe_is_refused_before_anything_starts() -> None:
         stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 2
-    assert "--dry-run is for kubernetes targets" in result.stderr
+    assert "--dry-run is for Kubernetes-backed targets" in result.stderr

@@ -101,7 +101,7 @@ def _render(path: Path, overrides: tuple[str, ...]) -> tuple[bool, str]:
     """`llmdeploy render` up to the files it would write."""
     from llmdeploy.planner import make_plan
     from llmdeploy.recipe import load_recipe
-    from llmdeploy.render import render
+    from llmdeploy.targets import render
 
     try:
         recipe = load_recipe(path, overrides)

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from hardening.figures import record
 from llmdeploy.errors import UserError
 from llmdeploy.recipe import load_recipe
-from llmdeploy.render import engine_command, render
+from llmdeploy.render import engine_command
 from llmdeploy.render.model_location import container_model_ref
+from llmdeploy.targets import render
 
 PIECES = ["'", '"', "$(touch PWNED)", "`touch PWNED`", "\n", "\\", "${HOME}", "$$", ";", "|", "&", "--port 1",
           "{{ x }}", "{% raw %}", "#", ": ", "- ", "*a", "&a", "!!python/object", "\t", " ", "é", "\u202e", "%"]  # fmt: skip

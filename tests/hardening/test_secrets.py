@@ -119,7 +119,7 @@ def _pod_specs(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def test_pods_are_locked_down(recipe: Path) -> None:
     from llmdeploy.errors import UserError
     from llmdeploy.recipe import load_recipe
-    from llmdeploy.render import render
+    from llmdeploy.targets import render
 
     env = {name: "x" for name in SECRET_NAMES}
     loaded = load_recipe(recipe, env=env)

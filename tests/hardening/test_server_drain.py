@@ -202,7 +202,7 @@ def test_sigterm_past_the_drain_ends_every_request_cleanly(tmp_path: Path) -> No
 
 def test_kubernetes_grace_period_covers_the_drain() -> None:
     from llmdeploy.recipe import load_recipe
-    from llmdeploy.render import render
+    from llmdeploy.targets import render
 
     checked = 0
     recipes = [load_recipe(path, env={}) for path in sorted((REPO / "recipes").glob("*.yaml"))]

@@ -7,8 +7,8 @@ import itertools
 import yaml
 
 from llmdeploy.planner import make_plan
-from llmdeploy.render import render
 from llmdeploy.render.block_yaml import to_block_yaml
+from llmdeploy.targets import render
 from render.pod_settings import pod_settings
 from render.recipe_factory import make_recipe
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmdeploy.render import render
+from llmdeploy.targets import render
 from render.recipe_factory import GOLDEN_DIR, RECIPES, shipped
 
 

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from llmdeploy.recipe.schema import Recipe
-from llmdeploy.render import engine_command, render
+from llmdeploy.render import engine_command
 from llmdeploy.render.model_location import container_model_ref
+from llmdeploy.targets import render
 from render.recipe_factory import make_recipe
 
 HOSTILE = "evil'\"$(touch PWNED)`touch PWNED2`\n--port 1;${HOME}\\"

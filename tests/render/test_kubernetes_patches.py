@@ -10,8 +10,8 @@ import pytest
 from llmdeploy.errors import UserError
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe.kubernetes_patch import Patch
-from llmdeploy.render import render
 from llmdeploy.render.kubernetes_patches import apply_patches
+from llmdeploy.targets import render
 from render.recipe_factory import make_recipe
 
 

@@ -14,7 +14,7 @@ import yaml
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import KubernetesTarget
-from llmdeploy.render import render
+from llmdeploy.targets import render
 from render.pod_settings import pod_settings
 from render.recipe_factory import RECIPES, make_recipe, shipped
 

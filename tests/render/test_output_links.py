@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from llmdeploy.errors import UserError
-from llmdeploy.render import render
 from llmdeploy.render.output_dir import MANIFEST, write_artifacts
+from llmdeploy.targets import render
 from render.recipe_factory import make_recipe
 
 LOCAL = make_recipe("vllm", target={"type": "local"})

@@ -11,7 +11,7 @@ import yaml
 from llmdeploy.errors import UserError
 from llmdeploy.planner import make_plan
 from llmdeploy.recipe import load_recipe
-from llmdeploy.render import render
+from llmdeploy.targets import render
 from render.pod_settings import pod_settings
 from render.recipe_factory import make_recipe
 
@@ -28,7 +28,10 @@ def test_every_pod_setting_reaches_the_deployment() -> None:
     deployment = docs["Deployment"]
     template = deployment["spec"]["template"]
     pod = template["spec"]
-    assert deployment["metadata"]["annotations"] == {"owner.example.com/contact": "ml-platform@example.com"}
+    user_set = {
+        k: v for k, v in deployment["metadata"]["annotations"].items() if not k.startswith("llmdeploy.io/")
+    }
+    assert user_set == {"owner.example.com/contact": "ml-platform@example.com"}
     assert deployment["metadata"]["labels"]["cost-center"] == "c-42"
     assert "sidecar.istio.io/inject" not in deployment["metadata"]["labels"]
     assert template["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"

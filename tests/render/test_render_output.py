@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmdeploy.recipe import load_recipe, recipe_digest
-from llmdeploy.render import render
 from llmdeploy.render.output_dir import MANIFEST, write_artifacts
+from llmdeploy.targets import render
 from render.recipe_factory import RECIPES, make_recipe, shipped
 
 

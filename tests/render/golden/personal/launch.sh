@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Rendered by llmdeploy from recipe 'personal' (recipe sha256 cc16a41744cbf88719d0b61430e3caf3763c84ef2579810d7193e4976139e26f).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
+# Planned capacity per replica: 293,584 KV cache tokens, max concurrency 8.96 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
