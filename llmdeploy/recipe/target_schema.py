@@ -148,8 +148,9 @@ class KubernetesTarget(Section):
     service_account: ObjectName | None = Field(
         default=None, description="the pods' serviceAccountName; default: the namespace's default"
     )
-    automount_service_account_token: bool | None = Field(
-        default=None, description="false keeps the API token out of the pods; default: the cluster's"
+    automount_service_account_token: bool = Field(
+        default=False,
+        description="mount the service account's API token into the pods (the engine never calls the API)",
     )
     image_pull_secrets: list[ObjectName] = Field(
         default_factory=list, description="Secrets (in the namespace) for pulling from private registries"

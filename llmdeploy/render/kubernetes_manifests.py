@@ -1,4 +1,11 @@
-"""Kubernetes manifests for a recipe: one template per kind, listed in apply order plus a kustomization."""
+"""Kubernetes manifests for a recipe: one template per kind, listed in apply order plus a kustomization.
+
+The pod template holds only what the pod runs: a change to a field the pods never see (`bench:`,
+`smoke:`, a description) leaves it byte for byte, so applying it restarts no GPU pod. Each file's
+header comment still names the whole recipe's digest. No ConfigMap copy of the resolved recipe is
+rendered: nothing in the pod or the cluster read it, and `llmdeploy render` / `plan` show the
+same from the recipe in version control (an earlier render's copy is pruned by the next apply).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,9 @@ import yaml
 
 from llmdeploy.errors import UserError
 from llmdeploy.planner import MemoryPlan
-from llmdeploy.recipe import Recipe, recipe_digest
+from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render.artifacts import header
-from llmdeploy.render.block_yaml import to_block_yaml
 from llmdeploy.render.engine_command import engine_command
 from llmdeploy.render.kubernetes_objects import (
     PROMETHEUS_ADDRESS,
@@ -58,7 +64,12 @@ def render_kubernetes(
     version = _version(target)
     name, meta_labels = recipe.name, labels(recipe, target)
     command = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
-    shape = pod_shape(recipe, target, plan.weights_gib if plan is not None else 0.0)
+    shape = pod_shape(
+        recipe,
+        target,
+        plan.weights_gib if plan is not None else 0.0,
+        plan.kv_cache_gib if plan is not None else 0.0,
+    )
     head = header(recipe)
     claim = target.model_cache.existing_claim or f"{name}-model-cache"
     multi_node = recipe.hardware.nodes > 1
@@ -81,12 +92,6 @@ def render_kubernetes(
     def add(file: str, api_version: str, kind: str, metadata: dict[str, Any], **fields: Any) -> None:
         objects[file] = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
 
-    config_data = {
-        # the resolved recipe and the engine's argv, for whoever inspects the cluster
-        "recipe.yaml": to_block_yaml(recipe.model_dump(mode="json")) + "\n",
-        "launch-args.yaml": to_block_yaml(command.argv) + "\n",
-    }
-    add("configmap.yaml", "v1", "ConfigMap", meta(f"{name}-recipe"), data=config_data)
     if target.model_cache.existing_claim is None:
         shared = recipe.parallelism.replicas > 1 or autoscaling is not None or multi_node
         pvc_spec: dict[str, Any] = {
@@ -99,10 +104,9 @@ def render_kubernetes(
 
     pod_labels = {**target.pod_labels, **meta_labels}
     pod_annotations = {**target.annotations, **target.pod_annotations}
-    pod_meta = {
-        "labels": pod_labels,
-        "annotations": {**pod_annotations, "llmdeploy.io/recipe-sha256": recipe_digest(recipe)},
-    }
+    pod_meta: dict[str, Any] = {"labels": pod_labels}
+    if pod_annotations:
+        pod_meta["annotations"] = pod_annotations
     service_selector = selector(recipe)
     if multi_node:
         leader_argv, worker_argv = leader_worker_argv(command.argv)

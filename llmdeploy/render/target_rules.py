@@ -13,6 +13,7 @@ from llmdeploy.planner import MemoryPlan
 from llmdeploy.recipe.schema import ApiKeyFromEnv, ApiKeyFromSecret, KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import engine_command
 from llmdeploy.render.kubernetes_objects import scaling_metric
+from llmdeploy.render.kubernetes_rules import pod_problems
 from llmdeploy.render.model_location import container_model_ref
 
 
@@ -20,7 +21,7 @@ def render_problems(recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
     """The problems that stop `render(recipe, plan)` for the recipe's target; empty when it renders."""
     problems = [*_secret_sources(recipe), *_engine(recipe, plan), *_local_only(recipe)]
     if isinstance(recipe.target, KubernetesTarget):
-        problems += _kubernetes(recipe, recipe.target)
+        problems += pod_problems(recipe, recipe.target) + _kubernetes(recipe, recipe.target)
     return problems
 
 

@@ -9,7 +9,6 @@ from llmdeploy.errors import UserError
     [
         ("H100", "H100-SXM"),
         ("NVIDIA H100 80GB HBM3", "H100-SXM"),
-        ("a100", "A100-80GB"),
         ("A100 40GB", "A100-40GB"),
         ("rtx 4090", "RTX-4090"),
         ("NVIDIA GeForce RTX 3090", "RTX-3090"),
@@ -37,3 +36,12 @@ def test_unknown_gpu_lists_names() -> None:
     with pytest.raises(UserError) as e:
         resolve_gpu("V100")
     assert "unknown GPU 'V100'" in str(e.value) and "H100-SXM" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["A100", "nvidia a100", "A100_SXM4"])
+def test_a_name_sold_in_two_sizes_is_refused_with_the_choices(name: str) -> None:
+    with pytest.raises(UserError) as e:
+        resolve_gpu(name)
+    text = str(e.value)
+    assert "ambiguous" in text and "A100-40GB" in text and "A100-80GB" in text
+    assert e.value.problems[0].path == "hardware.gpu"
