@@ -185,9 +185,13 @@ def plan_command(
         return
     if recipe is not None:
         from llmdeploy.recipe import load_recipe
+        from llmdeploy.render.kubernetes_rules import cluster_needs
 
-        inputs = recipe_inputs(load_recipe(recipe, overrides))
-        show_plan(inputs, plan_from_inputs(inputs), calibration, output)
+        loaded_recipe = load_recipe(recipe, overrides)
+        inputs = recipe_inputs(loaded_recipe)
+        plan = plan_from_inputs(inputs)
+        plan = replace(plan, notes=(*plan.notes, *cluster_needs(loaded_recipe)))
+        show_plan(inputs, plan, calibration, output)
         return
     if params_b is not None:
         plan = _shape_only(

@@ -112,6 +112,7 @@ def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
     # imported here: `schema` and `validate --schema-only` need neither the catalog nor the planner
     from llmdeploy.planner import make_plan
     from llmdeploy.planner.recipe_checks import check_recipe, recipe_notes
+    from llmdeploy.render.kubernetes_rules import cluster_needs
 
     recipe = loaded.recipe
     plan = make_plan(recipe)
@@ -126,7 +127,7 @@ def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
         f"{recipe.engine.type}, {recipe.model.id} on {where}: {plan.kv_cache_tokens:,} KV tokens, "
         f"{plan.max_concurrency:.1f}x concurrency at {plan.max_model_len:,}"
     )
-    return summary, problems, [*plan.notes, *recipe_notes(recipe)]
+    return summary, problems, [*plan.notes, *recipe_notes(recipe), *cluster_needs(recipe)]
 
 
 def _engine_mapping_problems(recipe: Recipe, plan: MemoryPlan, seen: set[str | None]) -> list[Problem]:

@@ -15,6 +15,7 @@ from llmdeploy.recipe.field_types import (
     ObjectName,
     UserLabelKey,
 )
+from llmdeploy.recipe.kubernetes_network import NetworkPolicySettings
 from llmdeploy.recipe.kubernetes_patch import Patch
 from llmdeploy.recipe.kubernetes_pod import (
     Container,
@@ -127,6 +128,11 @@ class KubernetesTarget(Section):
     probes: Probes = Field(default_factory=Probes)
     autoscaling: Autoscaling | None = Field(
         default=None, description="scale replicas on queue depth or KV usage; omit for a fixed count"
+    )
+    network_policy: NetworkPolicySettings | None = Field(
+        default=None,
+        description="opt-in: a NetworkPolicy admitting only allow_from to the engine's port "
+        "(needs a network plugin that enforces NetworkPolicy); omit for none",
     )
     labels: dict[UserLabelKey, LabelValue] = Field(
         default_factory=dict, description="extra labels on every object (and its pods)"

@@ -32,6 +32,7 @@ from llmdeploy.render.kubernetes_objects import (
     selector,
 )
 from llmdeploy.render.kubernetes_patches import apply_patches
+from llmdeploy.render.kubernetes_rules import model_cache_shared, network_policy_spec
 from llmdeploy.render.model_location import container_model_ref
 from llmdeploy.render.templates import render_template
 
@@ -93,7 +94,7 @@ def render_kubernetes(
         objects[file] = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
 
     if target.model_cache.existing_claim is None:
-        shared = recipe.parallelism.replicas > 1 or autoscaling is not None or multi_node
+        shared = model_cache_shared(recipe, target)
         pvc_spec: dict[str, Any] = {
             "accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
             "resources": {"requests": {"storage": f"{shape.cache_gib}Gi"}},
@@ -161,6 +162,9 @@ def render_kubernetes(
         "ports": [{"name": "http", "port": recipe.server.port, "targetPort": "http", "protocol": "TCP"}],
     }
     add("service.yaml", "v1", "Service", meta(name), spec=service_spec)
+    if target.network_policy is not None:
+        policy_spec = network_policy_spec(recipe, target.network_policy)
+        add("networkpolicy.yaml", "networking.k8s.io/v1", "NetworkPolicy", meta(name), spec=policy_spec)
     add(
         "poddisruptionbudget.yaml",
         "policy/v1" if version >= (1, 21) else "policy/v1beta1",

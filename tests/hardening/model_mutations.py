@@ -134,7 +134,7 @@ def _folder_case(rng: random.Random, index: int) -> ModelCase:
         op = rng.choices(["set", "delete", "text", "tensors"], weights=[55, 15, 15, 15])[0]
         if op == "set":
             holder, key = _pick_key(rng, config)
-            value = rng.choice(HOSTILE)
+            value = copy.deepcopy(rng.choice(HOSTILE))  # never the shared list's own object
             holder[key] = value
             case.steps.append(f"{key}={_short(value)}")
         elif op == "delete":

@@ -325,3 +325,32 @@ def test_pods_request_cpu_and_memory_and_mount_no_api_token() -> None:
     assert pod["containers"][0]["resources"]["requests"]["memory"] == "64Gi"
     assert pod["containers"][0]["resources"]["requests"]["cpu"] == requests["cpu"]
     assert pod["automountServiceAccountToken"] is True
+
+
+def test_a_network_policy_is_rendered_only_when_asked() -> None:
+    from llmdeploy.planner import make_plan
+    from llmdeploy.render import render
+
+    assert "NetworkPolicy" not in {d["kind"] for d in render(load_recipe(PRODUCTION), None).documents}
+    monitoring = "{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}"
+    recipe = load_recipe(PRODUCTION, [f"target.network_policy={{allow_from: [{monitoring}]}}"])
+    (policy,) = [d for d in render(recipe, make_plan(recipe)).documents if d["kind"] == "NetworkPolicy"]
+    assert policy["apiVersion"] == "networking.k8s.io/v1"
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "production"
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": recipe.server.port}]
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+    default = load_recipe(PRODUCTION, ["target.network_policy={}"])
+    (policy,) = [d for d in render(default, None).documents if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": {}}]  # this namespace's pods only
+    result = _refused("validate", str(PRODUCTION), "--set", "target.network_policy={allow_from: [{}]}")
+    assert "target.network_policy.allow_from" in result.output
+
+
+def test_validate_and_plan_say_what_the_cluster_needs() -> None:
+    for command in ("validate", "plan"):
+        result = run_cli(command, str(PRODUCTION))
+        assert result.returncode == 0, result.output
+        assert "ReadWriteMany" in result.output and "custom-metrics adapter" in result.output
