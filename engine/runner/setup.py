@@ -76,6 +76,10 @@ def load_model_config(model: str) -> ModelConfig:
             f"model {model!r}: a field of its config (config.json or GGUF metadata) is missing or of the "
             f"wrong type ({type(e).__name__}: {e}); restore the file from the model's original files"
         ) from None
+    except ValueError as e:  # the loaders' own wording (an unsupported model_type, a cut GGUF, ...)
+        if model in str(e):
+            raise
+        raise ValueError(f"model {model!r}: {e}") from None
     for name, bound in _SHAPE_BOUNDS.items():
         value = getattr(config, name)
         if not 1 <= value <= bound:

@@ -131,6 +131,10 @@ def test_mutated_model_files(tmp_path: Path) -> None:
         record(f"model-file fuzz: {name}", value)
     record("model-file fuzz: failures", len(failures))
     print(f"model-file fuzz: seed {SEED}, {counts['cases']} cases in {elapsed_s:.0f} s, {dict(counts)}")
+    kinds = Counter(f.splitlines()[1][:100] for f in failures)
     assert not failures, (
-        f"{len(failures)} of {counts['cases']} cases failed (seed {SEED}):\n\n" + "\n\n".join(failures[:8])
+        f"{len(failures)} of {counts['cases']} cases failed (seed {SEED}); by first line:\n"
+        + "\n".join(f"  {n} x {kind}" for kind, n in kinds.most_common(20))
+        + "\n\n"
+        + "\n\n".join(failures[:8])
     )
