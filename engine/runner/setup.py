@@ -92,8 +92,10 @@ def load_model_config(model: str) -> ModelConfig:
 
 def _read_model_config(model: str) -> ModelConfig:
     if Path(model).is_file() and model.endswith(".gguf"):
+        from llmdeploy_engine.loading.gguf_header_check import check_gguf_header
         from llmdeploy_engine.loading.gguf_loader import load_gguf_config
 
+        check_gguf_header(model)  # before gguf-py, which trusts the header's counts
         return load_gguf_config(model)
     if Path(model).is_dir():
         from llmdeploy_engine.loading.hf_loader import load_hf_config

@@ -354,3 +354,17 @@ def test_validate_and_plan_say_what_the_cluster_needs() -> None:
         result = run_cli(command, str(PRODUCTION))
         assert result.returncode == 0, result.output
         assert "ReadWriteMany" in result.output and "custom-metrics adapter" in result.output
+
+
+def test_the_engine_refuses_a_gguf_header_its_file_cannot_hold(tmp_path: Path) -> None:
+    """gguf-py trusts the header: a billion-item array in a small file took it minutes and GBs."""
+    pytest.importorskip("torch")
+    from llmdeploy_engine.runner.setup import load_model_config
+
+    gguf = tmp_path / "m.gguf"
+    key = b"general.architecture"
+    field = struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 10, 10**9)  # u64[1e9], no items
+    gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + field + b"\0" * 64)
+    with _within(BOUND_S), pytest.raises(ValueError, match="more than the") as caught:
+        load_model_config(str(gguf))
+    assert str(gguf) in str(caught.value)
