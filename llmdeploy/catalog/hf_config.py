@@ -9,7 +9,6 @@ the file, never a traceback.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from llmdeploy.catalog.config_defaults import with_defaults
 from llmdeploy.catalog.model_spec import LayerKind, ModelSpec, ParamCount, build_spec
+from llmdeploy.catalog.safetensors_header import safetensors_totals
 from llmdeploy.catalog.shape_checks import checked_facts, layer_types_problem
 from llmdeploy.catalog.vision_tower import vision_tower_params
 from llmdeploy.errors import UserError
@@ -31,9 +31,8 @@ _SHAPE_ERRORS = (
     ZeroDivisionError,
     OverflowError,
 )
-# a config.json is a few KiB; a safetensors header a few MiB (safetensors itself refuses past 100 MB)
+# a config.json is a few KiB
 _MAX_CONFIG_BYTES = 16 << 20
-_MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
 
 # config.json key -> ModelSpec field, first present wins
 _KEYS: dict[str, tuple[str, ...]] = {
@@ -231,45 +230,6 @@ def _layer_kind(name: str) -> LayerKind:
         if kind in name:
             return kind
     return "full"
-
-
-def safetensors_totals(folder: Path) -> tuple[int, int] | None:
-    """(parameter count, bytes) summed over the `*.safetensors` headers in a folder, or None."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return None
-    count = size = 0
-    for f in files:
-        try:
-            file_count, file_size = _safetensors_header_totals(f)
-        except (OSError, UnicodeDecodeError, struct.error, *_SHAPE_ERRORS) as e:
-            raise UserError.one(
-                f"cannot read the safetensors header of {f}: {type(e).__name__}: {e}",
-                fix="the file is cut short or damaged: download it again",
-            ) from None
-        count, size = count + file_count, size + file_size
-    return count, size
-
-
-def _safetensors_header_totals(file: Path) -> tuple[int, int]:
-    with file.open("rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        if n > min(_MAX_SAFETENSORS_HEADER_BYTES, file.stat().st_size - 8):
-            raise ValueError(f"the header claims {n:,} bytes, more than the file or the format allows")
-        header = json.loads(fh.read(n))
-    count = size = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        numel = 1
-        for d in info["shape"]:
-            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-                raise ValueError(f"tensor {name!r} has a dimension that is not a count: {d!r}")
-            numel *= d
-        count += numel
-        start, end = info["data_offsets"]
-        size += int(end) - int(start)
-    return count, size
 
 
 def read_config_json(folder: Path) -> Any:
