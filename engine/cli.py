@@ -22,12 +22,11 @@ from llmdeploy_engine.cli_args import (
     serve_parser,
 )
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.facts import DRAIN_TIMEOUT_S
 
 LOG_FORMAT = "%(levelname)s %(asctime)s %(name)s: %(message)s"
-# on SIGTERM the server stops accepting, lets in-flight requests finish for this long, then answers
-# the rest 503 (streams: a final error event) and exits 0; rendered Kubernetes pods give it more
-# (terminationGracePeriodSeconds, tests/hardening checks)
-DRAIN_TIMEOUT_S = 30
+# on SIGTERM the server stops accepting, lets in-flight requests finish for DRAIN_TIMEOUT_S
+# (engine/facts.py: rendered Kubernetes pods must give it more), then answers the rest 503
 
 
 def _check_model_path(config: EngineConfig, parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,10 @@ def cache_root() -> Path:
     return Path(base)
 
 
+# seconds the server drains in-flight requests after SIGTERM before it answers the rest 503 and exits;
+# a Kubernetes pod's terminationGracePeriodSeconds must cover it (the toolkit refuses less)
+DRAIN_TIMEOUT_S = 30
+
 # transformers class name -> the engine's architecture (engine/model/model.py); dense, full RoPE, gated MLP
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

@@ -15,16 +15,30 @@ from dataclasses import dataclass, field
 
 # fields whose values are credentials, or names and references a careless user fills with one
 SECRET_FIELDS = ("server.api_key", "server.hf_token")
-# environment variable names that hold credentials: *_API_KEY, HF_TOKEN, DB_PASSWORD, AWS_SECRET_ACCESS_KEY, ...
+# environment variable names that hold credentials: *_API_KEY, HF_TOKEN, DB_PASSWORD, AWS_SECRET_ACCESS_KEY,
+# GH_PAT (a personal access token), SENTRY_DSN, ...
 _CREDENTIAL_NAME = re.compile(
-    r"(?i)(^|[^a-z])(key|token|secret|passw(or)?d|pwd|credentials?|auth|bearer|cookie)([^a-z]|$)"
+    r"(?i)(^|[^a-z])(key|token|secret|passw(or)?d|pwd|credentials?|auth|bearer|cookie|pat|dsn)([^a-z]|$)"
     r"|apikey|accesskey|privatekey|secretkey"
+)
+# values that are credentials whatever their variable is called: a URL with a password in it
+# (DATABASE_URL=postgres://user:pw@host) and the shapes of well-known tokens
+_CREDENTIAL_VALUE = re.compile(
+    r"^[a-z][a-z0-9+.-]*://[^/@\s:]*:[^/@\s]+@"
+    r"|^(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|^github_pat_|^glpat-|^hf_[A-Za-z0-9]{20,}"
+    r"|^sk-[A-Za-z0-9_-]{16,}|^xox[abprs]-|^AKIA[0-9A-Z]{16}$|^eyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.",
+    re.IGNORECASE,
 )
 
 
 def is_credential_name(name: str) -> bool:
     """Whether an environment variable (or key) of this name looks like it holds a credential."""
     return bool(_CREDENTIAL_NAME.search(name))
+
+
+def looks_like_credential(value: str) -> bool:
+    """Whether a value has the shape of a credential (a URL carrying a password, a known token format)."""
+    return bool(_CREDENTIAL_VALUE.search(value.strip()))
 
 
 def is_secret_path(dotted: str | None) -> bool:

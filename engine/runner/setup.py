@@ -3,6 +3,7 @@ quantization flag against the checkpoint, the tensor-parallel split, the model's
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -32,15 +33,69 @@ def check_quantization(flag: str | None, model: ModelConfig, device: torch.devic
         )
 
 
+# what reading a damaged model file raises besides ValueError (int() of a list, a missing key, ...)
+_DAMAGED_FILE_ERRORS = (
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    ZeroDivisionError,
+    OverflowError,
+    EOFError,
+)
+# far past any real model; past them a shape is a corrupt file, and building it would never finish
+_SHAPE_BOUNDS = {
+    "vocab_size": 1 << 26,
+    "hidden_size": 1 << 20,
+    "intermediate_size": 1 << 24,
+    "num_hidden_layers": 10_000,
+    "num_attention_heads": 1 << 16,
+    "num_key_value_heads": 1 << 16,
+    "head_dim": 1 << 16,
+    "max_position_embeddings": 1 << 34,
+}
+
+
 def load_model_config(model: str) -> ModelConfig:
-    """Shape of a GGUF file, a checkpoint folder or `random:<catalog id>`, without loading weights."""
+    """Shape of a GGUF file, a checkpoint folder or `random:<catalog id>`, without loading weights.
+    A damaged or implausible file is a ValueError naming the file (the serve command prints it)."""
     from llmdeploy_engine.loading import random_weights
 
     if random_weights.is_random(model):
         return random_weights.random_model_config(model)
+    try:
+        config = _read_model_config(model)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"model {model!r}: config.json is not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"model {model!r}: config.json line {e.lineno} is not valid JSON ({e.msg})"
+        ) from None
+    except (*_DAMAGED_FILE_ERRORS, RecursionError) as e:
+        raise ValueError(
+            f"model {model!r}: a field of its config (config.json or GGUF metadata) is missing or of the "
+            f"wrong type ({type(e).__name__}: {e}); restore the file from the model's original files"
+        ) from None
+    except ValueError as e:  # the loaders' own wording (an unsupported model_type, a cut GGUF, ...)
+        if model in str(e):
+            raise
+        raise ValueError(f"model {model!r}: {e}") from None
+    for name, bound in _SHAPE_BOUNDS.items():
+        value = getattr(config, name)
+        if not 1 <= value <= bound:
+            raise ValueError(
+                f"model {model!r}: {name} = {value} is outside 1..{bound:,}; no model has this shape, "
+                "so the file is damaged: restore it from the model's original files"
+            )
+    return config
+
+
+def _read_model_config(model: str) -> ModelConfig:
     if Path(model).is_file() and model.endswith(".gguf"):
+        from llmdeploy_engine.loading.gguf_header_check import check_gguf_header
         from llmdeploy_engine.loading.gguf_loader import load_gguf_config
 
+        check_gguf_header(model)  # before gguf-py, which trusts the header's counts
         return load_gguf_config(model)
     if Path(model).is_dir():
         from llmdeploy_engine.loading.hf_loader import load_hf_config

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from llmdeploy.apply.command_hint import llmdeploy_command
 from llmdeploy.apply.local_state import instance_dir
 from llmdeploy.errors import UserError
 from llmdeploy.memory.memory_plan import MemoryPlan
@@ -102,9 +103,10 @@ def apply_docker(
 
     report = smoke(url, recipe=recipe, plan=plan)
     echo(report.render())
+    cli = llmdeploy_command()
     echo(
-        f"See it:   llmdeploy status {recipe_path}    llmdeploy logs {recipe_path}\n"
-        f"Stop it:  llmdeploy down {recipe_path}   (the model-cache volume is kept)"
+        f"See it:   {cli} status {recipe_path}    {cli} logs {recipe_path}\n"
+        f"Stop it:  {cli} down {recipe_path}   (the model-cache volume is kept)"
     )
     return 0 if report.ok else 1
 

@@ -18,6 +18,7 @@ KIND_RANK: dict[str, int] = {
     "ConfigMap": 6,
     "PersistentVolumeClaim": 7,
     "Service": 8,
+    "NetworkPolicy": 8,
     "Deployment": 9,
     "StatefulSet": 9,
     "LeaderWorkerSet": 10,

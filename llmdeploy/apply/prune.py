@@ -27,6 +27,7 @@ DEFAULT_API_VERSIONS: dict[str, str] = {
     "ConfigMap": "v1",
     "PersistentVolumeClaim": "v1",
     "Service": "v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
     "Deployment": "apps/v1",

@@ -2,7 +2,8 @@
 
 `gguf.GGUFReader` builds Python objects for every array (a 49k-entry tokenizer takes seconds);
 planning needs only scalars and the tensor table, so arrays are skipped. Type codes and block sizes
-come from the `gguf` package's constants.
+come from the `gguf` package's constants. The header is outside input: every count and length is
+held to what the file's size allows before anything is read or allocated for it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+# arrays of arrays: GGUF writers nest one level at most
+_MAX_ARRAY_NESTING = 4
+# llama.cpp's own limit on a tensor's dimensions (GGML_MAX_DIMS)
+_MAX_DIMS = 4
 
 
 @dataclass(frozen=True)
@@ -55,26 +60,41 @@ def _read(fh: BinaryIO, fmt: str) -> Any:
     return struct.unpack(fmt, data)[0]
 
 
-def _string(fh: BinaryIO) -> str:
+def _length(fh: BinaryIO, size: int, unit: int, what: str) -> int:
+    """A count read from the file, refused when that many `unit`-byte items cannot fit in it."""
     n = _read(fh, "<Q")
+    if n * unit > size:
+        raise ValueError(f"{what} of {n:,} is more than the {size:,}-byte file can hold (corrupt header)")
+    return int(n)
+
+
+def _string(fh: BinaryIO, size: int) -> str:
+    n = _length(fh, size, 1, "a string length")
     return bytes(fh.read(n)).decode("utf-8", errors="replace")
 
 
-def _value(fh: BinaryIO, vtype: int) -> Any:
+def _value(fh: BinaryIO, vtype: int, size: int, nesting: int = 0) -> Any:
     if vtype in _SCALARS:
         return _read(fh, _SCALARS[vtype])
     if vtype == _STRING:
-        return _string(fh)
+        return _string(fh, size)
     if vtype == _ARRAY:
-        item_type, count = _read(fh, "<I"), _read(fh, "<Q")
+        if nesting >= _MAX_ARRAY_NESTING:
+            raise ValueError(f"arrays nested more than {_MAX_ARRAY_NESTING} deep (corrupt header)")
+        item_type = _read(fh, "<I")
         if item_type in _SCALARS:
+            count = _length(fh, size, struct.calcsize(_SCALARS[item_type]), "an array length")
             fh.seek(count * struct.calcsize(_SCALARS[item_type]), 1)
         elif item_type == _STRING:
+            count = _length(fh, size, 8, "an array length")
             for _ in range(count):  # a tokenizer's vocabulary: skipped, never decoded
-                fh.seek(_read(fh, "<Q"), 1)
+                fh.seek(_length(fh, size, 1, "a string length"), 1)
         else:
+            count = _length(fh, size, 1, "an array length")
             for _ in range(count):
-                _value(fh, item_type)
+                _value(fh, item_type, size, nesting + 1)
+        if fh.tell() > size:
+            raise EOFError("truncated GGUF header")
         return count
     raise ValueError(f"unknown GGUF value type {vtype}")
 
@@ -99,15 +119,22 @@ def _cached_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
             version = _read(fh, "<I")
             if version < 2:
                 raise ValueError(f"GGUF version {version} is not supported")
-            n_tensors, n_fields = _read(fh, "<Q"), _read(fh, "<Q")
+            # each field and tensor takes at least 8 bytes of the file
+            n_tensors, n_fields = (
+                _length(fh, size, 8, "a tensor count"),
+                _length(fh, size, 8, "a field count"),
+            )
             fields = {}
             for _ in range(n_fields):
-                key = _string(fh)
-                fields[key] = _value(fh, _read(fh, "<I"))
+                key = _string(fh, size)
+                fields[key] = _value(fh, _read(fh, "<I"), size)
             tensors = []
             for _ in range(n_tensors):
-                name = _string(fh)
-                dims = tuple(_read(fh, "<Q") for _ in range(_read(fh, "<I")))
+                name = _string(fh, size)
+                n_dims = _read(fh, "<I")
+                if n_dims > _MAX_DIMS:
+                    raise ValueError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows {_MAX_DIMS}")
+                dims = tuple(_read(fh, "<Q") for _ in range(n_dims))
                 qtype = GGMLQuantizationType(_read(fh, "<I"))
                 _read(fh, "<Q")  # data offset
                 n = 1

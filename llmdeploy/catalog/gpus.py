@@ -44,10 +44,28 @@ def list_gpus() -> tuple[GPUSpec, ...]:
     return tuple(GPUSpec(**{**g, "aliases": tuple(g.get("aliases", ()))}) for g in raw["gpus"])
 
 
+# names sold in more than one memory size: the plan would differ, so the recipe says which
+_AMBIGUOUS = {
+    "a100": ("A100-40GB", "A100-80GB"),
+    "a100-sxm4": ("A100-40GB", "A100-80GB"),
+    "v100": ("V100-16GB", "V100-32GB"),
+    "tesla-v100": ("V100-16GB", "V100-32GB"),
+}
+
+
 def resolve_gpu(name: str) -> GPUSpec:
-    """Forgiving lookup: case, spaces/underscores, an 'NVIDIA ' prefix and common aliases."""
+    """Forgiving lookup: case, spaces/underscores, an 'NVIDIA ' prefix and common aliases; a name
+    sold in several memory sizes (`A100`) is refused with the choices."""
     wanted = _norm(name)
     compact = wanted.replace("-", "")
+    choices = _AMBIGUOUS.get(wanted) or _AMBIGUOUS.get(compact)
+    if choices:
+        raise UserError.one(
+            f"GPU {name!r} is ambiguous: it is sold as {' and '.join(choices)}, which plan differently",
+            path="hardware.gpu",
+            value=name,
+            fix=f"name the card: {' or '.join(f'hardware.gpu: {c}' for c in choices)}",
+        )
     for gpu in list_gpus():
         for candidate in (gpu.name, *gpu.aliases):
             c = _norm(candidate)

@@ -1,13 +1,14 @@
 """A `ModelSpec` from a Hugging Face `config.json` (and the safetensors headers beside it).
 
 Only facts the config states are used; an architecture whose shape cannot be read is an error,
-never a guess.
+never a guess. The files are outside input: the shape facts are checked one by one
+(`shape_checks`), and a value of a shape nothing here expects still ends as a `UserError` naming
+the file, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +16,23 @@ from typing import Any
 
 from llmdeploy.catalog.config_defaults import with_defaults
 from llmdeploy.catalog.model_spec import LayerKind, ModelSpec, ParamCount, build_spec
+from llmdeploy.catalog.safetensors_header import safetensors_totals
+from llmdeploy.catalog.shape_checks import checked_facts, layer_types_problem
 from llmdeploy.catalog.vision_tower import vision_tower_params
 from llmdeploy.errors import UserError
+
+# what reading an unexpected value raises (int() of a list, .get on a number, a zero divisor, ...)
+_SHAPE_ERRORS = (
+    TypeError,
+    ValueError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    ZeroDivisionError,
+    OverflowError,
+)
+# a config.json is a few KiB
+_MAX_CONFIG_BYTES = 16 << 20
 
 # config.json key -> ModelSpec field, first present wins
 _KEYS: dict[str, tuple[str, ...]] = {
@@ -57,6 +73,8 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "torch_dtype": ("torch_dtype", "dtype"),
 }
 
+# keys that expand into a per-layer pattern
+_PATTERN_KEYS = ("sliding_window_pattern", "full_attention_interval", "no_rope_layer_interval")
 _REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
 # the shape of a linear-attention (Gated DeltaNet) layer's recurrent state
 _LINEAR_STATE = (
@@ -99,16 +117,42 @@ _ARCH_FACTS: dict[str, dict[str, Any]] = {
 def spec_from_config(config: Mapping[str, Any], hf_id: str = "local") -> ModelSpec:
     """Map a `config.json` mapping to a spec (multimodal configs: the `text_config` part), with
     the architecture's defaults for the keys the file leaves out."""
+    where = f"config.json of {hf_id!r}"
+    fix = "restore config.json from the model's original files (or use a catalog model id)"
+    if not isinstance(config, Mapping):
+        raise UserError.one(f"{where} is not a JSON object", fix=fix)
+    if not isinstance(config.get("text_config") or {}, Mapping):
+        raise UserError.one(f"{where}: text_config must be a JSON object", fix=fix)
+    try:
+        return _spec_from_config(config, hf_id, where)
+    except _SHAPE_ERRORS as e:
+        raise UserError.one(
+            f"{where}: a field holds a value of a type or shape no model uses ({type(e).__name__}: {e})",
+            fix=fix,
+        ) from None
+
+
+def _spec_from_config(config: Mapping[str, Any], hf_id: str, where: str) -> ModelSpec:
     config = with_defaults(config)
-    arch = (config.get("architectures") or ["unknown"])[0]
+    architectures = config.get("architectures") or ["unknown"]
+    arch = str(architectures[0] if isinstance(architectures, list) else architectures)
     text = config.get("text_config") or config
     facts: dict[str, Any] = {"hf_id": hf_id, "architecture": arch, "source": "config"}
     facts["family"] = str(config.get("model_type", "unknown"))
+    spelled: dict[str, str] = {}
     for name, keys in _KEYS.items():
         for key in keys:
             if text.get(key) is not None:
                 facts[name] = text[key]
+                spelled[name] = key
                 break
+    patterns = {k: text[k] for k in _PATTERN_KEYS if text.get(k) is not None}
+    facts = checked_facts(facts, spelled, where)
+    checked_facts(patterns, {}, where)
+    if "layer_types" in text and isinstance(facts.get("num_layers"), int):
+        problem = layer_types_problem(text["layer_types"], facts["num_layers"], "layer_types", where)
+        if problem is not None:
+            raise UserError([problem])
     missing = [n for n in _REQUIRED if n not in facts]
     if missing:
         raise UserError.one(
@@ -188,35 +232,38 @@ def _layer_kind(name: str) -> LayerKind:
     return "full"
 
 
-def safetensors_totals(folder: Path) -> tuple[int, int] | None:
-    """(parameter count, bytes) summed over the `*.safetensors` headers in a folder, or None."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return None
-    count = size = 0
-    for f in files:
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            numel = 1
-            for d in info["shape"]:
-                numel *= int(d)
-            count += numel
-            start, end = info["data_offsets"]
-            size += int(end) - int(start)
-    return count, size
-
-
-def spec_from_folder(folder: Path, hf_id: str | None = None) -> ModelSpec:
+def read_config_json(folder: Path) -> Any:
+    """The parsed `config.json` of a checkpoint folder; a `UserError` when it cannot be read."""
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise UserError.one(
             f"no config.json in {folder}", fix="point model.path at a Hugging Face checkpoint folder"
         )
-    config = json.loads(config_path.read_text())
+    fix = "restore config.json from the model's original files"
+    try:
+        with config_path.open("rb") as fh:
+            raw = fh.read(_MAX_CONFIG_BYTES + 1)
+        if len(raw) > _MAX_CONFIG_BYTES:
+            raise UserError.one(
+                f"{config_path} is larger than {_MAX_CONFIG_BYTES >> 20} MiB; not a config", fix=fix
+            )
+        return json.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise UserError.one(
+            f"cannot read {config_path}: {e.strerror}", fix="check the file's permissions"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise UserError.one(f"{config_path} is not UTF-8 text ({e.reason})", fix=fix) from None
+    except json.JSONDecodeError as e:
+        raise UserError.one(
+            f"not valid JSON: {e.msg}", file=str(config_path), line=e.lineno, fix=fix
+        ) from None
+    except RecursionError:
+        raise UserError.one(f"{config_path} is nested too deeply to be a model config", fix=fix) from None
+
+
+def spec_from_folder(folder: Path, hf_id: str | None = None) -> ModelSpec:
+    config = read_config_json(folder)
     spec = spec_from_config(config, hf_id or str(folder))
     totals = safetensors_totals(folder)
     if totals is None:

@@ -8,6 +8,7 @@ config.json through huggingface_hub (its cache first) > an error. Nothing is gue
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import sys
@@ -139,12 +140,41 @@ def spec_from_path(path: Path, hf_id: str | None = None) -> ModelSpec:
 
 
 def _unknown(name: str, field: str) -> UserError:
-    return UserError.one(
-        f"unknown model {name!r}: not in the catalog and no local config.json or GGUF file",
-        path=field,
-        value=name,
-        fix="add model.architecture (a catalog name, see `llmdeploy models list`) or a local path (model.path)",
+    return _with_suggestion(
+        UserError.one(
+            f"unknown model {name!r}: not in the catalog and no local config.json or GGUF file",
+            path=field,
+            value=name,
+            fix="add model.architecture (a catalog name, see `llmdeploy models list`) or a local path (model.path)",
+        ),
+        name,
     )
+
+
+def close_models(name: str) -> list[str]:
+    """Catalog ids spelled like `name` (a typo's likely meaning), closest first."""
+    # the Instruct variants resolve to their base entry; a typo in one should find it spelled so
+    spelled = {
+        variant.lower(): variant
+        for spec in _catalog()
+        for n in (spec.hf_id, *spec.aliases)
+        for variant in (n, f"{n}-Instruct")
+    }
+    wanted = name.strip().lower()
+    close = difflib.get_close_matches(wanted, list(spelled), n=6, cutoff=0.85)
+    if "/" not in wanted:  # a bare name: compare it with the catalog names without their namespace
+        bare = {key.rsplit("/", 1)[-1]: key for key in spelled}
+        close += [bare[m] for m in difflib.get_close_matches(wanted, list(bare), n=6, cutoff=0.85)]
+    return list(dict.fromkeys(spelled[c] for c in close))[:2]
+
+
+def _with_suggestion(error: UserError, name: str) -> UserError:
+    """`error` with "did you mean" in front of its fixes when the catalog has ids spelled like `name`."""
+    close = [c for c in close_models(name) if c.lower() != name.strip().lower()]
+    if not close:
+        return error
+    hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return UserError([replace(p, fix=f"{hint} {p.fix}" if p.fix else hint) for p in error.problems])
 
 
 class PackagedModelFile(Protocol):
@@ -219,7 +249,10 @@ def resolve_model(model: ModelReference | str) -> ModelSpec:
         raise _unknown(model.id, "model.id")  # not a namespaced hub id: nothing to fetch
     from llmdeploy.catalog.hub_config import fetch_hub_config
 
-    config = fetch_hub_config(model.id, model.revision)
+    try:
+        config = fetch_hub_config(model.id, model.revision)
+    except UserError as e:
+        raise _with_suggestion(e, model.id) from None
     return replace(spec_from_config(config, model.id), source="hub")
 
 

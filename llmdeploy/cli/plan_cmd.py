@@ -198,9 +198,12 @@ def plan_command(
         return
     if recipe is not None:
         from llmdeploy.recipe import load_recipe
+        from llmdeploy.targets import get_target
 
-        inputs = recipe_inputs(load_recipe(recipe, overrides))
+        loaded_recipe = load_recipe(recipe, overrides)
+        inputs = recipe_inputs(loaded_recipe)
         plan = plan_from_inputs(inputs)
+        plan = replace(plan, notes=(*plan.notes, *get_target(loaded_recipe.target.type).notes(loaded_recipe)))
         show_plan(inputs, plan, calibration, output)
         if not plan.fits:
             # the memory gate every target shares: the plan is shown, and the recipe refused

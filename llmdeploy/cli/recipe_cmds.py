@@ -113,6 +113,7 @@ def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
     # imported here: `schema` and `validate --schema-only` need neither the catalog nor the planner
     from llmdeploy.planner import make_plan
     from llmdeploy.planner.recipe_checks import check_recipe, recipe_notes
+    from llmdeploy.targets import get_target
 
     recipe = loaded.recipe
     plan = make_plan(recipe)
@@ -127,7 +128,8 @@ def _check_rules(loaded: LoadedRecipe) -> tuple[str, list[Problem], list[str]]:
         f"{recipe.engine.type}, {recipe.model.id} on {where}: {plan.kv_cache_tokens:,} KV tokens, "
         f"{plan.max_concurrency:.1f}x concurrency at {plan.max_model_len:,}"
     )
-    return summary, problems, [*plan.notes, *recipe_notes(recipe)]
+    target_notes = get_target(recipe.target.type).notes(recipe)
+    return summary, problems, [*plan.notes, *recipe_notes(recipe), *target_notes]
 
 
 def _engine_mapping_problems(recipe: Recipe, plan: MemoryPlan, seen: set[str | None]) -> list[Problem]:

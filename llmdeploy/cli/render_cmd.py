@@ -1,4 +1,5 @@
-"""`llmdeploy render RECIPE -o DIR`: write the launch files of the recipe's target."""
+"""`llmdeploy render RECIPE -o DIR`: write the launch files of the recipe's target (`-o -`: the
+manifests as one YAML stream on stdout, for `| kubectl apply -f -`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ from pathlib import Path
 
 import click
 
+from llmdeploy.errors import UserError
+from llmdeploy.render.artifacts import Artifacts
 from llmdeploy.render.output_dir import write_artifacts
 from llmdeploy.targets import render
+
+# kustomize's own file only lists the manifests; in a stream for `kubectl apply -f -` it would fail
+_NOT_A_MANIFEST = ("kustomization.yaml",)
 
 
 @click.command(name="render")
@@ -18,7 +24,8 @@ from llmdeploy.targets import render
     "output_dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="folder to write into (stale files from an earlier render are removed; others kept)",
+    help="folder to write into (stale files from an earlier render are removed; others kept); "
+    "`-` prints the manifests as one YAML stream",
 )
 @click.option(
     "--set",
@@ -37,6 +44,9 @@ def render_command(recipe_file: Path, output_dir: Path, overrides: tuple[str, ..
     recipe = loaded.recipe
     with located(loaded, recipe_file):
         artifacts = render(recipe, make_plan(recipe))
+    if str(output_dir) == "-":
+        click.echo(yaml_stream(artifacts), nl=False)
+        return
     result = write_artifacts(artifacts, output_dir)
     for name in artifacts.files:
         state = "unchanged" if name in result.unchanged else "written"
@@ -47,3 +57,19 @@ def render_command(recipe_file: Path, output_dir: Path, overrides: tuple[str, ..
         f"recipe {artifacts.recipe_name} sha256 {artifacts.recipe_sha256[:16]}: "
         f"{len(artifacts.files)} files in {output_dir}"
     )
+
+
+def yaml_stream(artifacts: Artifacts) -> str:
+    """The rendered manifests as one multi-document YAML stream, each headed by its file name."""
+    other = [name for name in artifacts.files if not name.endswith((".yaml", ".yml"))]
+    if other:
+        raise UserError.one(
+            f"`-o -` prints YAML manifests only; this target renders {', '.join(other)}",
+            fix="render into a folder: -o DIR",
+        )
+    documents = []
+    for name, text in artifacts.files.items():
+        if name not in _NOT_A_MANIFEST:
+            body = text.removeprefix("---\n")
+            documents.append(f"---\n# Source: {name}\n{body}" + ("" if body.endswith("\n") else "\n"))
+    return "".join(documents)

@@ -111,6 +111,8 @@ class Engine(Protocol):
     random_weights_prefix: str | None
     # the variable a rendered launch.sh reads the interpreter from (None: the entry point as rendered)
     launch_python_var: str | None
+    # seconds it drains in-flight requests after SIGTERM (None: not known); a pod's grace period covers it
+    drain_timeout_s: int | None
     # True when it always serves TGI's /generate API, which smoke then checks
     tgi_api: bool
     # False when its API has no ignore_eos (bench then does not send it unless asked)
@@ -198,6 +200,7 @@ class EngineDefaults:
     gguf_as_checkpoint = False
     random_weights_prefix: str | None = None
     launch_python_var: str | None = None
+    drain_timeout_s: int | None = None
     tgi_api = False
     accepts_ignore_eos = True
     takes_mem_fraction_static = False

@@ -68,6 +68,7 @@ class BuiltinEngine(EngineDefaults):
     echoes_instance_id = True
     downloads_from_hub = False
     random_weights_prefix: str | None = "random:"
+    drain_timeout_s: int | None = builtin_rule.DRAIN_TIMEOUT_S
 
     def container_image(self, recipe: Recipe) -> str:
         return self.image + (CPU_IMAGE_SUFFIX if recipe.hardware.device == "cpu" else "")

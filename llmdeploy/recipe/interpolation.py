@@ -1,8 +1,11 @@
 """`${VAR}` and `${VAR:-default}` in recipe strings; `$${` writes a literal `${`.
 
-A variable named like a credential (`*_API_KEY`, `HF_TOKEN`, `*_PASSWORD`, ...) is never
-substituted: its value would land in rendered files and in any error about the field. The recipe
-names such a variable instead (`server.api_key: {env: VAR}`), and the value is read at start-up.
+A variable named like a credential (`*_API_KEY`, `HF_TOKEN`, `*_PASSWORD`, `GH_PAT`, ...), or one
+whose value has a credential's shape whatever its name (`DATABASE_URL=postgres://u:pw@db`, a
+GitHub or Hugging Face token), is never substituted: its value would land in rendered files in
+plain text and in any error about the field. The recipe names such a variable instead
+(`server.api_key: {env: VAR}`, a Kubernetes Secret), and the value is read at start-up; the
+refusal names the variable, never its value.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llmdeploy.errors import Problem, Redacted, is_credential_name
+from llmdeploy.errors import Problem, Redacted, is_credential_name, looks_like_credential
 from llmdeploy.recipe.yaml_source import FieldPath, Mark
 
 _TOKEN = re.compile(r"\$\$\{|\$\{([^}]*)\}?")
@@ -84,6 +87,16 @@ def _substitute(
             )
             # what reaches validation (and any message about this field) is a stand-in, never the value
             return str(Redacted(env.get(name, default)))
+        if name in env and looks_like_credential(env[name]):
+            problem(
+                f"${{{name}}} holds what looks like a credential (a URL with a password, or a token); "
+                "interpolated, it would be written into rendered files in plain text",
+                "on Kubernetes give it through a Secret (target.env: [{name: ..., valueFrom: "
+                "{secretKeyRef: {name: ..., key: ...}}}]); locally export it where the engine starts; "
+                "a value that is no secret: write it into the recipe itself",
+                False,
+            )
+            return str(Redacted(env[name]))
         if name in env:
             return env[name]
         if sep:

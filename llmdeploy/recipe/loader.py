@@ -23,12 +23,12 @@ from llmdeploy.recipe.diagnostics import problems_from_validation
 from llmdeploy.recipe.interpolation import interpolate
 from llmdeploy.recipe.overlay import Layer, apply_overrides, merge
 from llmdeploy.recipe.schema import Recipe
-from llmdeploy.recipe.yaml_source import FieldPath, Mark, parse_yaml
+from llmdeploy.recipe.yaml_source import MAX_YAML_BYTES, FieldPath, Mark, parse_yaml
 
 # fields holding file paths, resolved against the folder of the recipe file that wrote them
 _RELATIVE_PATH_FIELDS: tuple[FieldPath, ...] = (("model", "path"), ("bench", "dataset"))
 # a recipe is a short text; reading stops here (a mistyped path to a model file, /dev/zero, ...)
-MAX_RECIPE_BYTES = 1024 * 1024
+MAX_RECIPE_BYTES = MAX_YAML_BYTES
 
 
 @dataclass(frozen=True)

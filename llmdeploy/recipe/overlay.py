@@ -10,15 +10,14 @@ recipe still points at the file that wrote the offending value.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
 from llmdeploy.errors import Problem, Redacted, is_secret_path
 from llmdeploy.recipe.schema_paths import annotation_at, model_classes, own_tags
-from llmdeploy.recipe.yaml_source import FieldPath, Mark
+from llmdeploy.recipe.yaml_source import MAX_DEPTH, MAX_YAML_BYTES, FieldPath, Mark, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -88,25 +87,47 @@ def _get(data: Any, path: FieldPath) -> Any:
 
 
 def apply_overrides(layer: Layer, overrides: Sequence[str]) -> tuple[Layer, list[Problem]]:
-    """Apply `a.b.c=value` items in order; the value is read as a YAML scalar (or flow list/mapping)."""
+    """Apply `a.b.c=value` items in order; the value is read as a YAML scalar (or flow list/mapping),
+    under the recipe file's limits (size, nesting, alias expansion, tags), or else kept as text."""
     data = layer.data
     marks = dict(layer.marks)
     problems: list[Problem] = []
+    total_bytes = 0
     for item in overrides:
         dotted, sep, raw = item.partition("=")
         dotted = dotted.strip()
+        total_bytes += len(item.encode("utf-8", "surrogatepass"))
         # the item names where a problem came from; a secret-bearing value is shown only by its length
-        source = f"--set {dotted}={Redacted(raw)}" if _holds_secret(dotted) else f"--set {item}"
+        shown = item if len(item) <= 200 else f"{item[:160]}... ({len(item)} characters)"
+        source = f"--set {dotted}={Redacted(raw)}" if _holds_secret(dotted) else f"--set {shown}"
+        if total_bytes > MAX_YAML_BYTES:
+            problems.append(
+                Problem(
+                    f"the --set items are longer than {MAX_YAML_BYTES // 1024} KiB together",
+                    file=source[:200],
+                    fix="write large values into the recipe file (or an `extends:` overlay)",
+                )
+            )
+            break
         if not sep or not dotted or any(not part for part in dotted.split(".")):
             problems.append(
                 Problem("expected PATH=VALUE", file=source, fix="write e.g. --set limits.max_model_len=8192")
             )
             continue
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw
         path: FieldPath = tuple(int(p) if p.isdigit() else p for p in dotted.split("."))
+        if len(path) > MAX_DEPTH:
+            problems.append(
+                Problem(
+                    f"the path is more than {MAX_DEPTH} fields deep; no recipe field is",
+                    file=source,
+                    fix="name a field of the recipe (see `llmdeploy schema`)",
+                )
+            )
+            continue
+        value, value_problems = _override_value(raw, dotted, source)
+        if value_problems:
+            problems += value_problems
+            continue
         data, problem = _set(data, path, value, source)
         if problem is not None:
             problems.append(problem)
@@ -118,6 +139,22 @@ def apply_overrides(layer: Layer, overrides: Sequence[str]) -> tuple[Layer, list
             for sub in _leaf_paths(value, path):
                 marks[sub] = Mark(source, None)
     return Layer(data, marks), problems
+
+
+def _override_value(raw: str, dotted: str, source: str) -> tuple[Any, list[Problem]]:
+    """A `--set` value read as YAML with the recipe file's limits; text that is not YAML stays text."""
+    if not raw.strip():
+        return raw, []
+    parsed = parse_yaml(raw, source)
+    if parsed.unreadable:
+        return raw, []
+    if not parsed.problems:
+        return parsed.data, []
+    # problems name the item and the field (the value's own line, always 1, says nothing here)
+    return None, [
+        replace(p, file=source, line=None, path=f"{dotted}.{p.path}" if p.path else dotted)
+        for p in parsed.problems
+    ]
 
 
 def _holds_secret(dotted: str) -> bool:

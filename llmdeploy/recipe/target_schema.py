@@ -15,6 +15,7 @@ from llmdeploy.recipe.field_types import (
     ObjectName,
     UserLabelKey,
 )
+from llmdeploy.recipe.kubernetes_network import NetworkPolicySettings
 from llmdeploy.recipe.kubernetes_patch import Patch
 from llmdeploy.recipe.kubernetes_placement import ModelCache, Probes, Toleration
 from llmdeploy.recipe.kubernetes_pod import (
@@ -103,6 +104,11 @@ class KubernetesTarget(Section):
     autoscaling: Autoscaling | None = Field(
         default=None, description="scale replicas on queue depth or KV usage; omit for a fixed count"
     )
+    network_policy: NetworkPolicySettings | None = Field(
+        default=None,
+        description="opt-in: a NetworkPolicy admitting only allow_from to the engine's port "
+        "(needs a network plugin that enforces NetworkPolicy); omit for none",
+    )
     labels: dict[UserLabelKey, LabelValue] = Field(
         default_factory=dict, description="extra labels on every object (and its pods)"
     )
@@ -123,8 +129,9 @@ class KubernetesTarget(Section):
     service_account: ObjectName | None = Field(
         default=None, description="the pods' serviceAccountName; default: the namespace's default"
     )
-    automount_service_account_token: bool | None = Field(
-        default=None, description="false keeps the API token out of the pods; default: the cluster's"
+    automount_service_account_token: bool = Field(
+        default=False,
+        description="mount the service account's API token into the pods (the engine never calls the API)",
     )
     image_pull_secrets: list[ObjectName] = Field(
         default_factory=list, description="Secrets (in the namespace) for pulling from private registries"

@@ -21,11 +21,17 @@ FieldPath = tuple[str | int, ...]
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-_MAX_DEPTH = 64
+MAX_DEPTH = 64
 # aliases are expanded while building; a budget of built values stops alias bombs (billion laughs)
 _MAX_VALUES = 20_000
 # each merge copies the marks seen so far; recipes use a handful, so a small cap keeps this linear
 _MAX_MERGES = 200
+# PyYAML's scanner is quadratic in the nesting of flow collections (`[[[[...`: 14 s at 5,000
+# levels), so brackets nested this deep are refused before it runs; far past MAX_DEPTH on purpose,
+# as the count is rough (a bracket inside a plain scalar counts too)
+_MAX_FLOW_BRACKETS = 4 * MAX_DEPTH
+# a recipe (or one `--set` value) is a short text; past this it is a mistake or an attack
+MAX_YAML_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,18 @@ class ParsedYaml:
     data: Any
     marks: dict[FieldPath, Mark]
     problems: tuple[Problem, ...]
+    # the text is not YAML at all (bad syntax, tabs, control characters), as opposed to YAML past a
+    # limit or with a value its tag cannot hold: `--set` then takes the text as a plain string
+    unreadable: bool = False
 
 
 def parse_yaml(text: str, file: str) -> ParsedYaml:
     """Parse one YAML document; `problems` is non-empty when it could not be read cleanly."""
+    if _flow_depth(text) > _MAX_FLOW_BRACKETS:
+        return ParsedYaml(None, {}, (_too_deep(file),))
     tab_problems = _leading_tabs(text, file)
     if tab_problems:
-        return ParsedYaml(None, {}, tuple(tab_problems))
+        return ParsedYaml(None, {}, tuple(tab_problems), unreadable=True)
     try:
         loader = yaml.SafeLoader(text)
     except yaml.reader.ReaderError as e:
@@ -63,13 +74,14 @@ def parse_yaml(text: str, file: str) -> ParsedYaml:
                     fix="delete the invisible character (or write it as an escape in a double-quoted string)",
                 ),
             ),
+            unreadable=True,
         )
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as e:
-        return ParsedYaml(None, {}, (_syntax_problem(e, file),))
+        return ParsedYaml(None, {}, (_syntax_problem(e, file),), unreadable=True)
     except yaml.YAMLError as e:
-        return ParsedYaml(None, {}, (Problem(f"not valid YAML: {e}", file=file),))
+        return ParsedYaml(None, {}, (Problem(f"not valid YAML: {e}", file=file),), unreadable=True)
     except RecursionError:
         return ParsedYaml(None, {}, (_too_deep(file),))
     finally:
@@ -89,10 +101,28 @@ def parse_yaml(text: str, file: str) -> ParsedYaml:
 
 def _too_deep(file: str) -> Problem:
     return Problem(
-        f"not valid YAML for a recipe: nested more than {_MAX_DEPTH} levels deep",
+        f"not valid YAML for a recipe: nested more than {MAX_DEPTH} levels deep",
         file=file,
         fix="a recipe is a few levels of sections and fields; flatten the nesting",
     )
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of `[`/`{` outside quotes and comments (a rough count; see its limit)."""
+    depth = deepest = 0
+    quote = ""
+    for index, char in enumerate(text):
+        if quote:
+            if char == quote or (char == "\n" and quote == "#"):
+                quote = ""
+        elif char in "\"'#" and (index == 0 or text[index - 1] in " \t\n[{,:"):
+            quote = char  # a quote or comment starts only there (`don't` is a plain scalar)
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}" and depth:
+            depth -= 1
+    return deepest
 
 
 def _leading_tabs(text: str, file: str) -> list[Problem]:
@@ -168,7 +198,11 @@ class _Builder:
     def build(self, node: Node, path: FieldPath, depth: int) -> Any:
         if self._over_budget(node, path):
             return None
-        if id(node) in self._active or depth > _MAX_DEPTH:
+        if depth > MAX_DEPTH:
+            self.exhausted = True
+            self.problems.append(_too_deep(self.file))
+            return None
+        if id(node) in self._active:
             self._problem(
                 node, path, "recursive alias: a value refers to itself", "remove the self-reference"
             )
@@ -197,7 +231,17 @@ class _Builder:
             self._problem(
                 node, path, f"unsupported YAML value: {e.problem}", "write a plain string, number or bool"
             )
-            return None
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+            # PyYAML's own constructors fail this way on a core tag with a value it cannot hold
+            # (`!!int x`, `!!bool maybe`, `!!timestamp notadate`) or an integer past Python's digit limit
+            tag = node.tag.removeprefix("tag:yaml.org,2002:")
+            self._problem(
+                node,
+                path,
+                f"a value its YAML type ({tag}) cannot hold (or a number too long to read)",
+                "remove the `!!` tag, or write a value of that type",
+            )
+        return None
 
     def _mapping(self, node: MappingNode, path: FieldPath, depth: int) -> dict[str, Any]:
         if node.tag != _MAP_TAG:
@@ -252,7 +296,7 @@ class _Builder:
             )
             if self._over_budget(source, path):
                 return
-            if depth > _MAX_DEPTH:
+            if depth > MAX_DEPTH:
                 self._problem(source, path, "recursive merge: a mapping merges itself", "remove the '<<'")
                 return
             if not isinstance(source, MappingNode):

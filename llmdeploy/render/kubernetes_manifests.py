@@ -1,4 +1,11 @@
-"""Kubernetes manifests for a recipe: one template per kind, listed in apply order plus a kustomization."""
+"""Kubernetes manifests for a recipe: one template per kind, listed in apply order plus a kustomization.
+
+The pod template holds only what the pod runs: a change to a field the pods never see (`bench:`,
+`smoke:`, a description) leaves it byte for byte, so applying it restarts no GPU pod. Each file's
+header comment still names the whole recipe's digest. No ConfigMap copy of the resolved recipe is
+rendered: nothing in the pod or the cluster read it, and `llmdeploy render` / `plan` show the
+same from the recipe in version control (an earlier render's copy is pruned by the next apply).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,9 @@ import yaml
 
 from llmdeploy.errors import UserError
 from llmdeploy.planner import MemoryPlan
-from llmdeploy.recipe import Recipe, recipe_digest
+from llmdeploy.recipe import Recipe
 from llmdeploy.recipe.schema import KubernetesTarget
 from llmdeploy.render.artifacts import header
-from llmdeploy.render.block_yaml import to_block_yaml
 from llmdeploy.render.capacity_marks import capacity_annotations
 from llmdeploy.render.engine_command import engine_command
 from llmdeploy.render.kubernetes_objects import (
@@ -27,6 +33,7 @@ from llmdeploy.render.kubernetes_objects import (
     selector,
 )
 from llmdeploy.render.kubernetes_patches import apply_patches
+from llmdeploy.render.kubernetes_rules import model_cache_shared, network_policy_spec
 from llmdeploy.render.model_location import container_model_ref
 from llmdeploy.render.templates import render_template
 
@@ -59,7 +66,12 @@ def render_kubernetes(
     version = _version(target)
     name, meta_labels = recipe.name, labels(recipe, target)
     command = engine_command(recipe, plan, model_ref=container_model_ref(recipe), host="0.0.0.0")
-    shape = pod_shape(recipe, target, plan.weights_gib if plan is not None else 0.0)
+    shape = pod_shape(
+        recipe,
+        target,
+        plan.weights_gib if plan is not None else 0.0,
+        plan.kv_cache_gib if plan is not None else 0.0,
+    )
     head = header(recipe)
     claim = target.model_cache.existing_claim or f"{name}-model-cache"
     multi_node = recipe.hardware.nodes > 1
@@ -88,14 +100,8 @@ def render_kubernetes(
     def add(file: str, api_version: str, kind: str, metadata: dict[str, Any], **fields: Any) -> None:
         objects[file] = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
 
-    config_data = {
-        # the resolved recipe and the engine's argv, for whoever inspects the cluster
-        "recipe.yaml": to_block_yaml(recipe.model_dump(mode="json")) + "\n",
-        "launch-args.yaml": to_block_yaml(command.argv) + "\n",
-    }
-    add("configmap.yaml", "v1", "ConfigMap", meta(f"{name}-recipe"), data=config_data)
     if target.model_cache.existing_claim is None:
-        shared = recipe.parallelism.replicas > 1 or autoscaling is not None or multi_node
+        shared = model_cache_shared(recipe, target)
         pvc_spec: dict[str, Any] = {
             "accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
             "resources": {"requests": {"storage": f"{shape.cache_gib}Gi"}},
@@ -106,10 +112,9 @@ def render_kubernetes(
 
     pod_labels = {**target.pod_labels, **meta_labels}
     pod_annotations = {**target.annotations, **target.pod_annotations}
-    pod_meta = {
-        "labels": pod_labels,
-        "annotations": {**pod_annotations, "llmdeploy.io/recipe-sha256": recipe_digest(recipe)},
-    }
+    pod_meta: dict[str, Any] = {"labels": pod_labels}
+    if pod_annotations:
+        pod_meta["annotations"] = pod_annotations
     service_selector = selector(recipe)
     if multi_node:
         leader_argv, worker_argv = leader_worker_argv(command.argv)
@@ -164,6 +169,9 @@ def render_kubernetes(
         "ports": [{"name": "http", "port": recipe.server.port, "targetPort": "http", "protocol": "TCP"}],
     }
     add("service.yaml", "v1", "Service", meta(name), spec=service_spec)
+    if target.network_policy is not None:
+        policy_spec = network_policy_spec(recipe, target.network_policy)
+        add("networkpolicy.yaml", "networking.k8s.io/v1", "NetworkPolicy", meta(name), spec=policy_spec)
     add(
         "poddisruptionbudget.yaml",
         "policy/v1" if version >= (1, 21) else "policy/v1beta1",

@@ -12,9 +12,10 @@ from typing import Any
 
 from llmdeploy.engines import get_engine
 from llmdeploy.errors import UserError
-from llmdeploy.recipe.kubernetes_pod import GPU_RESOURCE, Container
+from llmdeploy.recipe.kubernetes_pod import Container
 from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 from llmdeploy.render.engine_command import EngineCommand, SecretEnv
+from llmdeploy.render.kubernetes_resources import container_resources
 from llmdeploy.render.model_location import CONTAINER_CACHE_DIR, model_location
 
 FETCH_IMAGE = "python:3.11-slim"
@@ -46,6 +47,18 @@ class PodShape:
     shm_gib: int
     startup_budget_s: int
     cache_gib: int
+    # default requests of the engine container (target.resources.requests wins key by key); None
+    # without a plan to size them from
+    memory_request_gib: int | None = None
+    cpu_request: int = 1
+
+
+# host memory beside the weights: the server process with its tokenizer, plus each GPU rank's
+# process (CUDA context, pinned staging buffers while it loads its shard)
+_HOST_BASE_GIB = 2
+_HOST_PER_RANK_GIB = 2
+# cores a CPU-device engine computes on when the recipe does not say
+_CPU_DEVICE_CORES = 4
 
 
 def labels(recipe: Recipe, target: KubernetesTarget) -> dict[str, str]:
@@ -61,7 +74,11 @@ def selector(recipe: Recipe) -> dict[str, str]:
     return {"app.kubernetes.io/instance": recipe.name, "app.kubernetes.io/name": "llmdeploy-engine"}
 
 
-def pod_shape(recipe: Recipe, target: KubernetesTarget, weights_gib: float) -> PodShape:
+def pod_shape(
+    recipe: Recipe, target: KubernetesTarget, weights_gib: float, kv_cache_gib: float = 0.0
+) -> PodShape:
+    """GPUs, shared memory, start-up budget, cache size and default requests of one pod; the
+    weights (and, on a CPU device, the KV cache) are per GPU as the plan gives them."""
     par = recipe.parallelism
     gpus = 0 if recipe.hardware.device == "cpu" else par.tensor * par.pipeline // recipe.hardware.nodes
     # NCCL moves activations through /dev/shm between tensor-parallel ranks: 2 GiB per GPU, 1 GiB floor.
@@ -71,7 +88,23 @@ def pod_shape(recipe: Recipe, target: KubernetesTarget, weights_gib: float) -> P
         STARTUP_S_PER_WEIGHT_GIB * total_weights_gib
     )
     cache = target.model_cache.size_gib or max(1.0, total_weights_gib * 1.5)
-    return PodShape(gpus_per_pod=gpus, shm_gib=shm_gib, startup_budget_s=budget, cache_gib=math.ceil(cache))
+    memory_gib: int | None = None
+    if weights_gib > 0:
+        # the weights pass through host memory as each rank loads its shard; on a CPU device they,
+        # and the KV cache, stay there
+        ranks = max(1, gpus)
+        held = weights_gib * ranks + (kv_cache_gib if recipe.hardware.device == "cpu" else 0.0)
+        memory_gib = math.ceil(held + _HOST_BASE_GIB + _HOST_PER_RANK_GIB * ranks)
+    # a core per GPU rank's process and one for the HTTP server and tokenizer
+    cpus = _CPU_DEVICE_CORES if recipe.hardware.device == "cpu" else gpus + 1
+    return PodShape(
+        gpus_per_pod=gpus,
+        shm_gib=shm_gib,
+        startup_budget_s=budget,
+        cache_gib=math.ceil(cache),
+        memory_request_gib=memory_gib,
+        cpu_request=cpus,
+    )
 
 
 def image(recipe: Recipe, target: KubernetesTarget) -> str:
@@ -162,14 +195,6 @@ def _engine_mounts(target: KubernetesTarget) -> list[dict[str, Any]]:
     return mounts
 
 
-def _resources(target: KubernetesTarget, gpus_per_pod: int) -> dict[str, Any]:
-    requests = {k: str(v) for k, v in target.resources.requests.items()}
-    limits = {k: str(v) for k, v in target.resources.limits.items()}
-    if gpus_per_pod:
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(gpus_per_pod)
-    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
-
-
 def extra_container(container: Container) -> dict[str, Any]:
     """A sidecar or init container from the recipe, with llmdeploy's restricted securityContext unless
     it brings its own."""
@@ -213,7 +238,7 @@ def engine_container(
         "env": env_list(command, target),
         "ports": [{"name": "http", "containerPort": recipe.server.port, "protocol": "TCP"}],
     }
-    resources = _resources(target, shape.gpus_per_pod)
+    resources = container_resources(target, shape.gpus_per_pod, shape.cpu_request, shape.memory_request_gib)
     if resources:
         container["resources"] = resources
     container |= {
@@ -232,8 +257,7 @@ def pod_spec(
     spec: dict[str, Any] = {}
     if target.service_account is not None:
         spec["serviceAccountName"] = target.service_account
-    if target.automount_service_account_token is not None:
-        spec["automountServiceAccountToken"] = target.automount_service_account_token
+    spec["automountServiceAccountToken"] = target.automount_service_account_token
     if target.priority_class is not None:
         spec["priorityClassName"] = target.priority_class
     if target.image_pull_secrets:

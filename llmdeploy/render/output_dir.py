@@ -5,6 +5,8 @@ A symbolic link inside the folder is never followed: a rendered path (or a folde
 that is a link is refused before anything is written, so a link planted in the output folder cannot
 make `render` overwrite, or mark executable, a file elsewhere. Each file is written to a fresh
 temporary name and renamed into place, which replaces the directory entry, never what it pointed to.
+An unchanged file is marked executable in place only when no other name links to it (a hard link
+to a file elsewhere is replaced by a fresh copy, so its other names keep their permissions).
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def _write_file(path: Path, text: str, executable: bool) -> None:
         raise
 
 
+def _hard_linked(path: Path) -> bool:
+    info = _lstat(path)
+    return info is not None and info.st_nlink > 1
+
+
 def _make_executable(fd: int) -> None:
     mode = stat.S_IMODE(os.fstat(fd).st_mode)
     os.fchmod(fd, mode | ((mode & 0o444) >> 2))  # execute for whoever may read it
@@ -135,7 +142,7 @@ def write_artifacts(artifacts: Artifacts, folder: Path) -> WriteResult:
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         executable = relative in EXECUTABLE
-        if _same_text(path, text):
+        if _same_text(path, text) and not (executable and _hard_linked(path)):
             unchanged.append(relative)
             if executable:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

@@ -217,6 +217,11 @@ class Target(Protocol):
         """What this target cannot express of `recipe`, every problem at once, each with path and fix."""
         ...
 
+    def notes(self, recipe: Recipe) -> list[str]:
+        """What the rendered deployment needs around it beyond this target itself (a storage class,
+        a metrics adapter, a controller), one sentence each; `validate` and `plan` print them."""
+        ...
+
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
         """The files (and Kubernetes documents) for `recipe`; byte-identical for identical input."""
         ...

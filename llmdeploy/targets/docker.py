@@ -42,6 +42,9 @@ class Docker:
     def problems(self, recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
         return []
 
+    def notes(self, recipe: Recipe) -> list[str]:
+        return []
+
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
         return Rendered({COMPOSE_FILE: render_compose(recipe, _section(recipe), plan)})
 

@@ -45,6 +45,9 @@ class KubernetesBackedTarget:
     def problems(self, recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
         raise NotImplementedError
 
+    def notes(self, recipe: Recipe) -> list[str]:
+        return []
+
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
         raise NotImplementedError
 

@@ -15,6 +15,7 @@ from llmdeploy.recipe.schema import KubernetesTarget, Recipe
 from llmdeploy.recipe.serving_schema import Section
 from llmdeploy.render.kubernetes_manifests import render_kubernetes
 from llmdeploy.render.kubernetes_objects import scaling_metric
+from llmdeploy.render.kubernetes_rules import cluster_needs, pod_problems
 from llmdeploy.targets.base import Rendered
 from llmdeploy.targets.kube_backed import KubernetesBackedTarget
 
@@ -30,10 +31,10 @@ class Kubernetes(KubernetesBackedTarget):
     section: type[Section] = KubernetesTarget
 
     def problems(self, recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
+        problems: list[Problem] = pod_problems(recipe, _section(recipe))
         autoscaling = _section(recipe).autoscaling
         if autoscaling is None:
-            return []
-        problems: list[Problem] = []
+            return problems
         if recipe.hardware.nodes > 1:
             problems.append(
                 Problem(
@@ -57,6 +58,9 @@ class Kubernetes(KubernetesBackedTarget):
         except UserError as e:
             problems += e.problems
         return problems
+
+    def notes(self, recipe: Recipe) -> list[str]:
+        return cluster_needs(recipe, _section(recipe))
 
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
         files, documents = render_kubernetes(recipe, _section(recipe), plan)

@@ -171,7 +171,7 @@ def llm_d_objects(
     config = {EPP_CONFIG_FILE: to_block_yaml(endpoint_picker_config()) + "\n"}
     add(
         "epp-configmap.yaml",
-        "kubernetes/configmap.yaml.j2",
+        "llm_d/configmap.yaml.j2",
         "v1",
         "ConfigMap",
         meta(epp, own=epp_labels),

@@ -35,6 +35,9 @@ class Local:
     def problems(self, recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
         return []
 
+    def notes(self, recipe: Recipe) -> list[str]:
+        return []
+
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
         return Rendered(render_local_files(recipe, plan))
 

@@ -72,6 +72,9 @@ class ProductionStack:
             ),
         ]
 
+    def notes(self, recipe: Recipe) -> list[str]:
+        return []
+
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
         return Rendered(production_stack_files(recipe, _section(recipe), plan))
 

@@ -9,7 +9,6 @@ from llmdeploy.errors import UserError
     [
         ("H100", "H100-SXM"),
         ("NVIDIA H100 80GB HBM3", "H100-SXM"),
-        ("a100", "A100-80GB"),
         ("A100 40GB", "A100-40GB"),
         ("rtx 4090", "RTX-4090"),
         ("NVIDIA GeForce RTX 3090", "RTX-3090"),
@@ -70,3 +69,13 @@ def test_rocm_gpus_are_refused_with_a_located_error() -> None:
     problem = e.value.problems[0]
     assert problem.path == "hardware.gpu" and "ROCm" in problem.message
     assert problem.fix and "--gpu-memory-gib" in problem.fix
+
+
+@pytest.mark.parametrize("name", ["A100", "nvidia a100", "A100_SXM4", "V100", "Tesla V100"])
+def test_a_name_sold_in_two_sizes_is_refused_with_the_choices(name: str) -> None:
+    with pytest.raises(UserError) as e:
+        resolve_gpu(name)
+    text = str(e.value)
+    assert "ambiguous" in text
+    assert ("A100-40GB" in text and "A100-80GB" in text) or ("V100-16GB" in text and "V100-32GB" in text)
+    assert e.value.problems[0].path == "hardware.gpu"

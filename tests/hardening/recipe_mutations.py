@@ -4,7 +4,8 @@ Each `Case` is one shipped recipe changed by one to three operators: a field (an
 or one the recipe writes) set to a hostile value, a section replaced or deleted, an unknown key, a
 target / engine / device switch, a secret planted inline in a secret-bearing field or interpolated
 from a credential-named variable into any field, the recipe split into an `extends:` base and
-overlay. Most changes travel as `--set` items on the shipped file (its YAML is parsed once); the
+overlay, a `--set` item whose text is hostile YAML (a core tag with a value it cannot hold, nesting
+5,000 deep, an alias bomb). Most changes travel as `--set` items on the shipped file (its YAML is parsed once); the
 rest are written out as recipe files and parsed like any other. The same seed gives the same cases.
 """
 
@@ -49,6 +50,16 @@ VALUES: list[Any] = [
     {"secret": {"name": "Bad_Secret", "key": "k/y"}}, {"env": "K", "secret": {"name": "s"}},
     {"type": "kubernetes"}, {"type": "docker"}, {"type": "local"}, {"type": "nope"}, {"min": 5, "max": 1},
     {"min": 1, "max": BIG}, {"a": 1}, {"bad key!": "v"}, {"team": "not a value"},
+]  # fmt: skip
+# `--set` values written as YAML text, not dumped from a Python value
+RAW_YAML = [
+    "!!int x", "!!float abc", "!!bool maybe", "!!timestamp notadate", "!!binary zz!", "!!int [1]",
+    "!!python/object:os.system x", "!!set {a: 1}", "!!omap [1]", "*undefined", "&a [*a]",
+    "[" * 5000 + "]" * 5000, "{a: " * 5000 + "1" + "}" * 5000, "[" * 200 + "]" * 200, "9" * 5000,
+    '[&a ["x","x","x","x","x","x","x","x","x"],&b [*a,*a,*a,*a,*a,*a,*a,*a,*a],'
+    "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b],&d [*c,*c,*c,*c,*c,*c,*c,*c,*c],&e [*d,*d,*d,*d,*d,*d,*d,*d,*d],"
+    "&f [*e,*e,*e,*e,*e,*e,*e,*e,*e],&g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]",
+    "{<<: [{a: 1}], b: 2}", "a: b: c", "\t- x", "- [unclosed",
 ]  # fmt: skip
 TYPE_SWITCHES = {
     "target.type": ["local", "docker", "kubernetes"],
@@ -134,6 +145,7 @@ _WEIGHTS = {
     "section": 8,
     "delete": 5,
     "unknown": 8,
+    "raw_yaml": 5,
 }
 
 
@@ -176,6 +188,11 @@ def _mutate(
         path = rng.choice(SCHEMA_PATHS + _leaf_paths(data))
         value: Any = rng.choice([reference, [reference], {"env": reference}, {"K": reference}])
         _put(case, sink, path, value)
+    elif op == "raw_yaml":
+        path = rng.choice(SCHEMA_PATHS + _leaf_paths(data))
+        text = rng.choice(RAW_YAML)
+        case.overrides.append(f"{path}={text}")  # on top of a written recipe file too
+        case.steps.append(f"--set {path}=(raw) {_short(text)}")
     elif op == "section":
         _put(case, sink, rng.choice(SECTIONS), rng.choice(VALUES))
     elif op == "delete":

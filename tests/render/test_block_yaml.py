@@ -45,14 +45,6 @@ def test_rendered_manifests_have_no_flow_collections_and_no_json() -> None:
         assert not _flow_collections(text), (name, _flow_collections(text))
         assert '": ' not in text and "{\n" not in text, name
         assert "&id" not in text and "*id" not in text, f"{name}: YAML aliases"
-    config = yaml.safe_load(files["configmap.yaml"])
-    # the recipe copy in the ConfigMap is YAML too, written as a literal block
-    assert "recipe.yaml: |\n" in files["configmap.yaml"]
-    assert yaml.safe_load(config["data"]["recipe.yaml"])["name"] == "t"
-    assert yaml.safe_load(config["data"]["launch-args.yaml"])[1:3] == [
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-    ]
 
 
 def test_rendering_twice_gives_the_same_bytes() -> None:

@@ -233,18 +233,18 @@ def test_patches_reach_the_rendered_files() -> None:
             "patches": [
                 {"target": {"kind": "Deployment"}, "patch": {"spec": {"revisionHistoryLimit": 3}}},
                 {
-                    "target": {"kind": "ConfigMap"},
-                    "patch": [{"op": "add", "path": "/immutable", "value": True}],
+                    "target": {"kind": "Service"},
+                    "patch": [{"op": "add", "path": "/spec/sessionAffinity", "value": "ClientIP"}],
                 },
             ],
         },
     )
     artifacts = render(recipe, make_plan(recipe))
     assert "revisionHistoryLimit: 3\n" in artifacts.files["deployment.yaml"]
-    assert "\nimmutable: true\n" in artifacts.files["configmap.yaml"]
+    assert "\n  sessionAffinity: ClientIP\n" in artifacts.files["service.yaml"]
     kinds = {d["kind"]: d for d in artifacts.documents}
     assert kinds["Deployment"]["spec"]["revisionHistoryLimit"] == 3
-    assert kinds["ConfigMap"]["immutable"] is True
+    assert kinds["Service"]["spec"]["sessionAffinity"] == "ClientIP"
 
 
 def test_a_patch_of_a_kind_not_rendered_fails_at_render() -> None:

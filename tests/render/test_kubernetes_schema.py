@@ -174,7 +174,6 @@ def test_scaled_object_schema_refuses_what_keda_refuses(change: Any, path: str) 
 def test_variants_cover_every_kind() -> None:
     kinds = {doc["kind"] for _, _, doc in DOCUMENTS}
     assert kinds >= {
-        "ConfigMap",
         "PersistentVolumeClaim",
         "Deployment",
         "Service",

@@ -37,7 +37,7 @@ def test_every_pod_setting_reaches_the_deployment() -> None:
     assert template["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
     assert template["metadata"]["labels"]["team"] == "ml-platform"
     annotations = template["metadata"]["annotations"]
-    assert annotations["prometheus.io/scrape"] == "true" and "llmdeploy.io/recipe-sha256" in annotations
+    assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["owner.example.com/contact"] == "ml-platform@example.com"
     assert pod["serviceAccountName"] == "llm-engine"
     assert pod["automountServiceAccountToken"] is False
@@ -99,8 +99,9 @@ def test_cpu_recipe_gets_cpu_and_memory_without_a_gpu() -> None:
 def test_unset_pod_settings_add_nothing() -> None:
     pod = _documents()["Deployment"]["spec"]["template"]["spec"]
     for key in ("serviceAccountName", "imagePullSecrets", "priorityClassName", "affinity",
-                "topologySpreadConstraints", "automountServiceAccountToken", "initContainers"):  # fmt: skip
+                "topologySpreadConstraints", "initContainers"):  # fmt: skip
         assert key not in pod
+    assert pod["automountServiceAccountToken"] is False  # the engine never calls the API server
     assert [c["name"] for c in pod["containers"]] == ["engine"]
 
 

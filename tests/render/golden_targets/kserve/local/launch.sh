@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rendered by llmdeploy from recipe 'kserve' (recipe sha256 29cf044025009b830f858892267e95f445ffd58f24cf89af0c9f78e7b2b6d950).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
-# Planned capacity per replica: 2,082,288 KV cache tokens, max concurrency 63.55 at max_model_len 32,768.
+# Planned capacity per replica: 2,080,752 KV cache tokens, max concurrency 63.50 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

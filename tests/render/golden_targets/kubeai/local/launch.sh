@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rendered by llmdeploy from recipe 'kubeai' (recipe sha256 f7050d2d2490f1edb85b2e34e1d1b297296b72f71295973b6630516a2bf8c143).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
-# Planned capacity per replica: 209,120 KV cache tokens, max concurrency 25.53 at max_model_len 8,192.
+# Planned capacity per replica: 207,584 KV cache tokens, max concurrency 25.34 at max_model_len 8,192.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
