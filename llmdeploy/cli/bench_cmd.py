@@ -162,7 +162,7 @@ def compare_command(base: str, new: str, max_regression: str) -> None:
 
 @click.command("bench", cls=_BenchCommand, epilog=_EPILOG)
 @endpoint_options
-@click.option("--num-requests", type=int, help="Measured requests per concurrency level (recipe default 64).")
+@click.option("--num-requests", type=int, help="Measured requests per sweep point (recipe default 64).")
 @click.option(
     "--concurrency", multiple=True, callback=_levels, help="Levels to sweep, e.g. 1,4,16 (default 1,8)."
 )
