@@ -131,7 +131,9 @@ class _BenchCommand(click.Command):
 
     def invoke(self, ctx: click.Context) -> object:
         if "bench_compare_args" in ctx.meta:
-            with compare_command.make_context("compare", ctx.meta["bench_compare_args"], parent=ctx) as sub:
+            with compare_command.make_context(
+                "bench compare", ctx.meta["bench_compare_args"], parent=ctx.parent
+            ) as sub:
                 return compare_command.invoke(sub)
         return super().invoke(ctx)
 
