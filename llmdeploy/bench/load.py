@@ -1,4 +1,8 @@
-"""The load generator: one concurrency level (optionally with Poisson arrivals) over a fixed request list."""
+"""The load generator: one sweep point (a concurrency cap, optionally Poisson arrivals) over a fixed request list.
+
+A multi-turn session is one unit of work: it holds one concurrency slot while its turns go out one
+after another, each resending the session's earlier user turns and the replies the server gave.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import httpx
 
 from llmdeploy.bench.options import BenchOptions
 from llmdeploy.bench.progress import ProgressBar
-from llmdeploy.bench.request import RequestResult, RequestSpec, send_request
+from llmdeploy.bench.request import Message, RequestResult, RequestSpec, send_request
 
 
 @dataclass(frozen=True)
@@ -32,35 +36,58 @@ def make_client(options: BenchOptions, max_connections: int) -> httpx.AsyncClien
     )
 
 
+def work_units(specs: Sequence[RequestSpec]) -> list[list[RequestSpec]]:
+    """Single requests stay alone; the turns of one session become one unit, in turn order."""
+    units: list[list[RequestSpec]] = []
+    sessions: dict[int, list[RequestSpec]] = {}
+    for spec in specs:
+        if spec.session is None:
+            units.append([spec])
+        elif spec.session in sessions:
+            sessions[spec.session].append(spec)
+        else:
+            sessions[spec.session] = [spec]
+            units.append(sessions[spec.session])
+    return [sorted(unit, key=lambda s: s.turn) for unit in units]
+
+
 async def run_level(
     client: httpx.AsyncClient,
     base_url: str,
     model: str,
     specs: Sequence[RequestSpec],
     concurrency: int,
+    request_rate: float | None,
     options: BenchOptions,
     progress: ProgressBar,
 ) -> LevelRun:
-    """At most `concurrency` requests in flight; with a request rate, arrivals are a seeded Poisson process."""
+    """At most `concurrency` units in flight; with a request rate, arrivals are a seeded Poisson process."""
     gate = asyncio.Semaphore(concurrency)
     arrivals = random.Random(options.seed)
 
-    async def one(spec: RequestSpec) -> RequestResult:
+    async def one(unit: list[RequestSpec]) -> list[RequestResult]:
+        results: list[RequestResult] = []
+        history: tuple[Message, ...] = ()
         async with gate:
-            result = await send_request(client, base_url, model, spec, options.endpoint, options.ignore_eos)
-        progress.advance(failed=not result.ok)
-        return result
+            for spec in unit:
+                result = await send_request(
+                    client, base_url, model, spec, options.endpoint, options.ignore_eos, history
+                )
+                progress.advance(failed=not result.ok)
+                results.append(result)
+                history = (*history, ("user", spec.prompt), ("assistant", result.generated_text))
+        return results
 
     start = time.perf_counter()
-    tasks: list[asyncio.Task[RequestResult]] = []
-    for i, spec in enumerate(specs):
-        if options.request_rate is not None and i > 0:
-            await asyncio.sleep(arrivals.expovariate(options.request_rate))
-        tasks.append(asyncio.create_task(one(spec)))
-    results = await asyncio.gather(*tasks)
+    tasks: list[asyncio.Task[list[RequestResult]]] = []
+    for i, unit in enumerate(work_units(specs)):
+        if request_rate is not None and i > 0:
+            await asyncio.sleep(arrivals.expovariate(request_rate))
+        tasks.append(asyncio.create_task(one(unit)))
+    results = [r for unit_results in await asyncio.gather(*tasks) for r in unit_results]
     duration_s = time.perf_counter() - start
     progress.close()
-    return LevelRun(concurrency, options.request_rate, duration_s, tuple(results))
+    return LevelRun(concurrency, request_rate, duration_s, tuple(results))
 
 
 async def warm_up(

@@ -5,6 +5,7 @@
 - TTFT: time to the first token; TPOT: (E2E latency - TTFT) / (output tokens - 1), requests with more
   than one output token only; ITL: every gap between successive streamed chunks; E2EL: request latency
 - percentiles interpolate linearly between closest ranks (numpy's default); times in milliseconds.
+- tok/s per user (MLPerf Endpoints' interactivity axis): 1000 / TPOT p90 in ms.
 Failed requests count towards nothing but `failed` and `failure_reasons`.
 """
 
@@ -76,6 +77,11 @@ class BenchMetrics:
     def failed_fraction(self) -> float:
         return self.failed / self.num_requests if self.num_requests else 0.0
 
+    @property
+    def tok_s_per_user(self) -> float:
+        """1000 / TPOT p90 (ms): the decode speed nine in ten users see at least; 0 without TPOT samples."""
+        return 1000.0 / self.tpot.p90_ms if self.tpot.count and self.tpot.p90_ms > 0 else 0.0
+
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
             "num_requests": self.num_requests,
@@ -89,6 +95,9 @@ class BenchMetrics:
             "request_throughput": self.request_throughput,
             "output_throughput_tok_s": self.output_throughput_tok_s,
             "total_token_throughput_tok_s": self.total_token_throughput_tok_s,
+            "tok_s_per_user": self.tok_s_per_user,
+            "mean_input_tokens": self.total_input_tokens / self.completed if self.completed else 0.0,
+            "mean_output_tokens": self.total_output_tokens / self.completed if self.completed else 0.0,
         }
         for name in ("ttft", "tpot", "itl", "e2el"):
             out[name] = getattr(self, name).to_json()

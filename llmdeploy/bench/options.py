@@ -13,6 +13,8 @@ from typing import Literal
 from llmdeploy.recipe.schema import BenchSection, LengthRange, SLOs
 
 Endpoint = Literal["completions", "chat"]
+Workload = Literal["random", "shared-prefix", "multi-turn"]
+WORKLOADS: tuple[Workload, ...] = ("random", "shared-prefix", "multi-turn")
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,19 @@ class LengthSpec:
 class BenchOptions:
     num_requests: int = 64
     concurrency: tuple[int, ...] = (1, 8)
-    request_rate: float | None = None  # Poisson arrivals per second; None: send as fast as concurrency allows
+    # Poisson arrivals per second, one sweep point per rate and concurrency; empty: as fast as
+    # concurrency allows
+    request_rates: tuple[float, ...] = ()
     input_len: LengthSpec = field(default_factory=lambda: LengthSpec(128, 128))
     output_len: LengthSpec = field(default_factory=lambda: LengthSpec(128, 128))
-    dataset: str | None = None  # JSONL file: {"prompt": ..., "output_len": optional}
+    # JSONL file, one {"prompt": ..., "output_len": optional} or ShareGPT {"conversations": [...]} a line
+    dataset: str | None = None
+    workload: Workload = "random"  # generated requests when no dataset is given
+    num_prefixes: int = 4  # shared-prefix: N prefixes ...
+    suffixes_per_prefix: int = 8  # ... x M suffixes (input_len tokens each)
+    prefix_len: int = 256  # shared-prefix: tokens of each prefix
+    num_turns: int = 4  # multi-turn: user turns per session, each resending the history
+    override_dataset_output_len: bool = False  # output_len beats the lengths a dataset file gives
     ignore_eos: bool = True
     warmup_requests: int = 2
     seed: int = 0
@@ -69,8 +80,29 @@ class BenchOptions:
             raise ValueError(f"num_requests must be at least 1, got {self.num_requests}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError(f"concurrency levels must be at least 1, got {list(self.concurrency)}")
-        if self.request_rate is not None and self.request_rate <= 0:
-            raise ValueError(f"request_rate must be positive, got {self.request_rate}")
+        if any(not rate > 0 for rate in self.request_rates):
+            raise ValueError(f"request rates must be positive, got {list(self.request_rates)}")
+        if self.dataset is not None and self.workload != "random":
+            raise ValueError(
+                f"a dataset file replaces the generated workload; drop --workload {self.workload}"
+            )
+        if self.workload == "multi-turn" and self.endpoint != "chat":
+            raise ValueError("the multi-turn workload resends a chat history: use --endpoint chat")
+        counts = {
+            "num_prefixes": self.num_prefixes,
+            "suffixes_per_prefix": self.suffixes_per_prefix,
+            "prefix_len": self.prefix_len,
+            "num_turns": self.num_turns,
+        }
+        for name, value in counts.items():
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+
+    @property
+    def points(self) -> tuple[tuple[int, float | None], ...]:
+        """The sweep: (max concurrency, request rate or None), every concurrency at every rate."""
+        rates: tuple[float | None, ...] = self.request_rates or (None,)
+        return tuple((c, r) for r in rates for c in self.concurrency)
 
     @classmethod
     def from_section(cls, section: BenchSection, **overrides: object) -> BenchOptions:
@@ -78,7 +110,7 @@ class BenchOptions:
         values: dict[str, object] = {
             "num_requests": section.num_requests,
             "concurrency": tuple(section.concurrency),
-            "request_rate": section.request_rate,
+            "request_rates": () if section.request_rate is None else (section.request_rate,),
             "input_len": LengthSpec.parse(section.input_len),
             "output_len": LengthSpec.parse(section.output_len),
             "dataset": section.dataset,

@@ -1,4 +1,4 @@
-"""The benchmark report: per concurrency level metrics and SLO verdicts, as a table or JSON."""
+"""The benchmark report: per sweep point metrics and SLO verdicts, as a table or JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from llmdeploy.bench.metrics import BenchMetrics
 from llmdeploy.bench.options import BenchOptions
 from llmdeploy.bench.slo import SLOResult
 from llmdeploy.bench.words import PromptCalibration
+from llmdeploy.bench.workload import WorkloadSummary
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,17 @@ class LevelReport:
     def passed(self) -> bool:
         return all(r.ok for r in self.slo_results)
 
-    def to_json(self) -> dict[str, object]:
+    @property
+    def label(self) -> str:
+        return f"c={self.concurrency}" + (f" @{self.request_rate:g}/s" if self.request_rate else "")
+
+    def to_json(self, num_gpus: int | None = None) -> dict[str, object]:
+        per_gpu = None if num_gpus is None else self.metrics.output_throughput_tok_s / num_gpus
         return {
             "max_concurrency": self.concurrency,
             "request_rate": self.request_rate,
             **self.metrics.to_json(),
+            "output_throughput_tok_s_per_gpu": per_gpu,
             "slo": [
                 {"name": r.name, "limit": r.limit, "actual": r.actual, "ok": r.ok} for r in self.slo_results
             ],
@@ -42,6 +49,8 @@ class BenchReport:
     calibration: PromptCalibration | None  # None with a dataset
     levels: tuple[LevelReport, ...]
     notes: tuple[str, ...] = ()
+    workload: WorkloadSummary | None = None
+    num_gpus: int | None = None  # the recipe's GPU count; None with a URL alone or on CPU
 
     @property
     def passed(self) -> bool:
@@ -57,10 +66,12 @@ class BenchReport:
             "options": {
                 "num_requests": o.num_requests,
                 "concurrency": list(o.concurrency),
-                "request_rate": o.request_rate,
+                "request_rate": o.request_rates[0] if len(o.request_rates) == 1 else None,
+                "request_rates": list(o.request_rates),
                 "input_len": str(o.input_len),
                 "output_len": str(o.output_len),
                 "dataset": o.dataset,
+                "workload": o.workload,
                 "ignore_eos": o.ignore_eos,
                 "warmup_requests": o.warmup_requests,
                 "seed": o.seed,
@@ -73,7 +84,9 @@ class BenchReport:
                 "overhead_tokens": self.calibration.overhead_tokens,
                 "measured": self.calibration.measured,
             },
-            "levels": [level.to_json() for level in self.levels],
+            "workload": None if self.workload is None else self.workload.to_json(),
+            "num_gpus": self.num_gpus,
+            "levels": [level.to_json(self.num_gpus) for level in self.levels],
             "passed": self.passed,
             "notes": list(self.notes),
         }
@@ -100,15 +113,14 @@ def _rows(m: BenchMetrics) -> list[tuple[str, str]]:
 
 def format_table(report: BenchReport) -> str:
     """Metrics as rows, one column per concurrency level; failures and SLO verdicts below."""
-    headers = ["metric"] + [
-        f"c={lv.concurrency}" + (f" @{lv.request_rate:g}/s" if lv.request_rate else "")
-        for lv in report.levels
-    ]
+    headers = ["metric"] + [lv.label for lv in report.levels]
     columns = [_rows(lv.metrics) for lv in report.levels]
     labels = [label for label, _ in columns[0]] if columns else []
     table = [headers] + [[label] + [col[i][1] for col in columns] for i, label in enumerate(labels)]
     widths = [max(len(row[c]) for row in table) for c in range(len(headers))]
     lines = [f"benchmark of {report.model} at {report.url} ({report.options.endpoint})"]
+    if report.workload is not None:
+        lines.append(report.workload.describe())
     for i, row in enumerate(table):
         lines.append(
             "  ".join(
@@ -121,10 +133,10 @@ def format_table(report: BenchReport) -> str:
         lines.append("* some output token counts are streamed chunks counted, the server sent no usage")
     for lv in report.levels:
         for reason, count in lv.metrics.failure_reasons:
-            lines.append(f"failed at c={lv.concurrency}: {count} x {reason}")
+            lines.append(f"failed at {lv.label}: {count} x {reason}")
     for lv in report.levels:
         for r in lv.slo_results:
-            lines.append(f"SLO c={lv.concurrency}: {r.describe()}")
+            lines.append(f"SLO {lv.label}: {r.describe()}")
     lines.extend(f"note: {n}" for n in report.notes)
     lines.append("result: " + ("PASS" if report.passed else "FAIL"))
     return "\n".join(lines)

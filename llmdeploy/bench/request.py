@@ -1,8 +1,10 @@
 """One benchmark request: send it streamed, time every token, and say why it failed if it did.
 
-Token timing follows vLLM's serving benchmark: TTFT is the time to the first chunk carrying text,
-inter-token latencies are the gaps between later text chunks. The output token count comes from the
-usage chunk (`stream_options.include_usage`); without one, each text chunk counts as one token.
+Token timing follows `vllm bench serve` exactly: TTFT is the time to the first chunk carrying a choice
+(its text may be empty, as a chat stream's role chunk is), inter-token latencies are the gaps between
+later choice chunks, and the request's latency ends at its last choice chunk (not at `data: [DONE]`).
+The output token count comes from the usage chunk (`stream_options.include_usage`); without one, each
+chunk with text counts as one token.
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ from llmdeploy.bench.options import Endpoint
 
 @dataclass(frozen=True)
 class RequestSpec:
+    """One request. In a multi-turn session (`session` set) the prompt is this turn's user message; the
+    load generator sends it after the session's earlier turns and the replies they got."""
+
     prompt: str
     output_len: int
     target_input_len: int | None = None  # what the prompt was sized for; actual length comes from usage
+    session: int | None = None
+    turn: int = 0
+
+
+Message = tuple[str, str]  # (role, content)
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,13 @@ class RequestResult:
     generated_text: str = ""
 
 
-def request_body(model: str, spec: RequestSpec, endpoint: Endpoint, ignore_eos: bool) -> dict[str, object]:
+def request_body(
+    model: str,
+    spec: RequestSpec,
+    endpoint: Endpoint,
+    ignore_eos: bool,
+    history: tuple[Message, ...] = (),
+) -> dict[str, object]:
     body: dict[str, object] = {
         "model": model,
         "max_tokens": spec.output_len,
@@ -46,7 +62,8 @@ def request_body(model: str, spec: RequestSpec, endpoint: Endpoint, ignore_eos: 
         "stream_options": {"include_usage": True},
     }
     if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        messages = [*history, ("user", spec.prompt)]
+        body["messages"] = [{"role": role, "content": content} for role, content in messages]
     else:
         body["prompt"] = spec.prompt
     if ignore_eos:
@@ -79,15 +96,17 @@ async def send_request(
     spec: RequestSpec,
     endpoint: Endpoint,
     ignore_eos: bool,
+    history: tuple[Message, ...] = (),
 ) -> RequestResult:
     """Never raises for anything the server or network does; the reason goes into the result."""
-    body = request_body(model, spec, endpoint, ignore_eos)
+    body = request_body(model, spec, endpoint, ignore_eos, history)
     start = time.perf_counter()
     ttft_s = 0.0
     last_token_at = start
     itl: list[float] = []
     pieces: list[str] = []
-    num_chunks = 0
+    num_chunks = 0  # chunks carrying a choice
+    num_text_chunks = 0
     usage: dict[str, object] | None = None
     done = False
     try:
@@ -107,10 +126,8 @@ async def send_request(
                     raise _StreamFailure(f"error event in stream: {_error_message(json.dumps(chunk))}")
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    text = _chunk_text(choice, endpoint)
-                    if not text:
-                        continue
+                choices = chunk.get("choices")
+                if choices:
                     now = time.perf_counter()
                     if num_chunks == 0:
                         ttft_s = now - start
@@ -118,7 +135,10 @@ async def send_request(
                         itl.append(now - last_token_at)
                     last_token_at = now
                     num_chunks += 1
-                    pieces.append(text)
+                    text = _chunk_text(choices[0], endpoint)
+                    if text:
+                        num_text_chunks += 1
+                        pieces.append(text)
         if not done:
             raise _StreamFailure("stream ended without data: [DONE]")
     except _StreamFailure as e:
@@ -151,14 +171,14 @@ async def send_request(
         return RequestResult(
             ok=False, error="malformed stream chunk (unexpected shape)", latency_s=time.perf_counter() - start
         )
-    latency_s = time.perf_counter() - start
-    if num_chunks == 0:
-        return RequestResult(ok=False, error="no tokens generated", latency_s=latency_s)
+    if num_text_chunks == 0:
+        return RequestResult(ok=False, error="no tokens generated", latency_s=time.perf_counter() - start)
+    latency_s = last_token_at - start
     prompt_tokens, output_tokens = _usage_counts(usage)
     return RequestResult(
         ok=True,
         prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens if usage is not None else num_chunks,
+        output_tokens=output_tokens if usage is not None else num_text_chunks,
         usage_reported=usage is not None,
         ttft_s=ttft_s,
         itl_s=tuple(itl),

@@ -1,85 +1,124 @@
-"""The request list of a benchmark: random-word prompts of chosen token lengths, or a JSONL dataset.
+"""The request list of a benchmark: a generated workload or a JSONL file, and its summary.
 
-The same seeded list is replayed at every concurrency level, so levels differ only in load.
+The same seeded list is replayed at every sweep point, so points differ only in load. The summary
+names the workload, its seed and a digest of the request list, so a rerun can show it sent the same
+requests; the realised token counts (from the server's `usage`) are in every point's metrics.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 
-from llmdeploy.bench.options import BenchOptions, LengthSpec
+from llmdeploy.bench.datasets import DatasetRow, read_dataset
+from llmdeploy.bench.generators import (
+    draw_length,
+    multi_turn_requests,
+    random_requests,
+    shared_prefix_requests,
+)
+from llmdeploy.bench.options import BenchOptions
 from llmdeploy.bench.request import RequestSpec, endpoint_path
 from llmdeploy.bench.words import PromptCalibration, random_words
-from llmdeploy.errors import Problem, UserError
 
 _PROBE_WORDS = (32, 160)
 
 
-def _draw(length: LengthSpec, rng: random.Random) -> int:
-    return length.min_tokens if length.fixed else rng.randint(length.min_tokens, length.max_tokens)
+@dataclass(frozen=True)
+class WorkloadSummary:
+    name: str  # random, shared-prefix, multi-turn, dataset, sharegpt
+    num_requests: int
+    seed: int
+    digest: str  # sha256 of the measured request list
+    details: tuple[tuple[str, object], ...] = ()
+
+    def describe(self) -> str:
+        extra = "".join(f", {k} {v}" for k, v in self.details)
+        return f"workload: {self.name}, {self.num_requests} requests, seed {self.seed}{extra}, requests sha256 {self.digest[:12]}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "num_requests": self.num_requests,
+            "seed": self.seed,
+            "requests_sha256": self.digest,
+            **dict(self.details),
+        }
 
 
-def synthetic_requests(
-    options: BenchOptions, calibration: PromptCalibration, count: int, seed: int
+@dataclass(frozen=True)
+class Workload:
+    warmup: tuple[RequestSpec, ...]
+    measured: tuple[RequestSpec, ...]
+    summary: WorkloadSummary
+
+
+def request_digest(specs: tuple[RequestSpec, ...]) -> str:
+    text = json.dumps([[s.prompt, s.output_len, s.session, s.turn] for s in specs])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_workload(options: BenchOptions, calibration: PromptCalibration | None) -> Workload:
+    """Warm-up requests first, then the measured ones; a calibration is needed by generated prompts."""
+    count = options.num_requests + options.warmup_requests
+    details: tuple[tuple[str, object], ...] = ()
+    if options.dataset is not None:
+        rows = read_dataset(Path(options.dataset))
+        name = "sharegpt" if any(r.reply is not None for r in rows) else "dataset"
+        specs = dataset_requests(rows, options, calibration or PromptCalibration(), count, options.seed)
+        details = (("file", options.dataset), ("num_rows", len(rows)))
+    else:
+        assert calibration is not None
+        name = options.workload
+        if options.workload == "shared-prefix":
+            specs = shared_prefix_requests(options, calibration, count, options.seed)
+            details = (
+                ("num_prefixes", options.num_prefixes),
+                ("suffixes_per_prefix", options.suffixes_per_prefix),
+                ("prefix_len", options.prefix_len),
+            )
+        elif options.workload == "multi-turn":
+            # sessions are measured whole: warm-up requests come from their own seed, without history
+            measured = multi_turn_requests(options, calibration, options.num_requests, options.seed)
+            warm = random_requests(options, calibration, options.warmup_requests, options.seed + 1)
+            specs = warm + measured
+            details = (("num_turns", options.num_turns),)
+        else:
+            specs = random_requests(options, calibration, count, options.seed)
+        details = (("input_len", str(options.input_len)), ("output_len", str(options.output_len)), *details)
+    warmup = tuple(replace(s, session=None, turn=0) for s in specs[: options.warmup_requests])
+    measured = specs[options.warmup_requests :]
+    summary = WorkloadSummary(name, len(measured), options.seed, request_digest(measured), details)
+    return Workload(warmup, measured, summary)
+
+
+def needs_calibration(options: BenchOptions) -> bool:
+    """Generated prompts are sized with it; a ShareGPT file sizes output lengths from its replies."""
+    if options.dataset is None:
+        return True
+    return not options.override_dataset_output_len and any(
+        r.reply is not None for r in read_dataset(Path(options.dataset))
+    )
+
+
+def dataset_requests(
+    rows: tuple[DatasetRow, ...], options: BenchOptions, calibration: PromptCalibration, count: int, seed: int
 ) -> tuple[RequestSpec, ...]:
-    rng = random.Random(seed)
-    specs = []
-    for _ in range(count):
-        input_len = _draw(options.input_len, rng)
-        output_len = _draw(options.output_len, rng)
-        specs.append(RequestSpec(random_words(calibration.words_for(input_len), rng), output_len, input_len))
-    return tuple(specs)
-
-
-def dataset_requests(path: str, options: BenchOptions, count: int, seed: int) -> tuple[RequestSpec, ...]:
-    """JSONL, one object a line: {"prompt": str, "output_len": int (optional)}; cycled to `count`."""
-    rows = _read_dataset(Path(path))
+    """The file's rows cycled to `count`; a row's own output length unless --output-len overrides it."""
     rng = random.Random(seed)
     specs = []
     for i in range(count):
-        prompt, output_len = rows[i % len(rows)]
-        specs.append(RequestSpec(prompt, output_len or _draw(options.output_len, rng)))
+        row = rows[i % len(rows)]
+        output_len = None if options.override_dataset_output_len else row.output_len
+        if output_len is None and row.reply is not None and not options.override_dataset_output_len:
+            output_len = max(1, round(len(row.reply.split()) * calibration.tokens_per_word))
+        specs.append(RequestSpec(row.prompt, output_len or draw_length(options.output_len, rng)))
     return tuple(specs)
-
-
-def _read_dataset(path: Path) -> list[tuple[str, int | None]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise UserError.one(
-            f"cannot read the dataset: {e.strerror}", file=str(path), fix="give a JSONL file"
-        ) from e
-    rows: list[tuple[str, int | None]] = []
-    problems: list[Problem] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            problems.append(Problem(f"not JSON: {e.msg}", file=str(path), line=number))
-            continue
-        prompt = row.get("prompt") if isinstance(row, dict) else None
-        output_len = row.get("output_len") if isinstance(row, dict) else None
-        if not isinstance(prompt, str) or not prompt:
-            problems.append(
-                Problem('each line needs a non-empty "prompt" string', file=str(path), line=number)
-            )
-        elif output_len is not None and (not isinstance(output_len, int) or output_len < 1):
-            problems.append(Problem('"output_len" must be a positive integer', file=str(path), line=number))
-        else:
-            rows.append((prompt, output_len))
-    if problems:
-        raise UserError(problems)
-    if not rows:
-        raise UserError.one(
-            "the dataset has no prompts", file=str(path), fix='one {"prompt": "..."} per line'
-        )
-    return rows
 
 
 def calibrate(base_url: str, model: str, options: BenchOptions) -> PromptCalibration:

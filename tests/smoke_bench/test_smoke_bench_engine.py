@@ -152,3 +152,64 @@ def test_smoke_records_calibration_and_plan_uses_it(engine: Engine, tmp_path: Pa
     )
     assert other.returncode == 0, other.stderr
     assert "no record in" in other.stdout
+
+
+def test_sweep_of_quickstart_draws_its_points_on_the_pareto_png(engine: Engine, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from llmdeploy.bench.chart import POINT_COLOR
+
+    out, png = tmp_path / "bench.json", tmp_path / "pareto.png"
+    done = run_cli(
+        "bench", str(QUICKSTART), "--set", f"server.port={engine.port}", "--num-requests", "4",
+        "--concurrency", "1,2,4", "--input-len", "32", "--output-len", "8", "--warmup-requests", "1",
+        "--no-progress", "--slo-p99-tpot-ms", "5000", "--output-json", str(out), "--chart", str(png),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the curve comes first, a row per point in sweep order, then the full table
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("point") and "tok/s/user" in lines[0] and "TTFT p90" in lines[0]
+    assert [line.split()[0] for line in lines[2:5]] == ["c=1", "c=2", "c=4"]
+    assert lines.index("") == 5 and lines[6].startswith("benchmark of")
+    report = json.loads(out.read_text())
+    image = Image.open(png)
+    assert image.size == (1600, 480) and png.stat().st_size > 20_000
+    drawn = json.loads(image.info["llmdeploy:points"])
+    assert [p["point"] for p in drawn["points"]] == ["c=1", "c=2", "c=4"]
+    red = tuple(int(POINT_COLOR[i : i + 2], 16) for i in (1, 3, 5))
+    pixels = image.convert("RGB")
+    for point, level in zip(drawn["points"], report["levels"], strict=True):
+        assert point["x"] == pytest.approx(level["tok_s_per_user"]) and level["tok_s_per_user"] > 0
+        assert point["y"] == pytest.approx(level["output_throughput_tok_s"])
+        assert 0 < point["px"] < 1600 and 0 < point["py"] < 480
+        assert pixels.getpixel((point["px"], point["py"])) == red, point  # the marker is drawn there
+
+
+def test_multi_turn_sessions_resend_their_history(engine: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = run_cli(
+        "bench", "--url", engine.url, "--model", MODEL_NAME, "--workload", "multi-turn", "--num-turns", "3",
+        "--num-requests", "6", "--concurrency", "2", "--input-len", "16", "--output-len", "8",
+        "--warmup-requests", "0", "--no-progress", "--output-json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["endpoint"] == "chat" and report["workload"]["name"] == "multi-turn"
+    (level,) = report["levels"]
+    assert (level["completed"], level["total_output_tokens"]) == (6, 6 * 8)
+    # turn 2 and 3 carry the earlier turns and replies: far more than 16 prompt tokens on average
+    assert level["mean_input_tokens"] > 16 + 2 * 8
+
+
+def test_shared_prefix_workload_against_engine(engine: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = run_cli(
+        "bench", "--url", engine.url, "--model", MODEL_NAME, "--workload", "shared-prefix", "--num-prefixes", "2",
+        "--suffixes-per-prefix", "3", "--prefix-len", "64", "--num-requests", "6", "--concurrency", "3",
+        "--input-len", "16", "--output-len", "4", "--warmup-requests", "0", "--no-progress", "--output-json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    (level,) = report["levels"]
+    assert report["workload"]["num_prefixes"] == 2 and level["completed"] == 6
+    assert 6 * 64 <= level["total_input_tokens"] <= 6 * (64 + 16) * 1.3  # realised counts from usage
