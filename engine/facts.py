@@ -152,6 +152,40 @@ def max_concurrency(num_kv_blocks: int, block_size: int, max_model_len: int) -> 
     return num_kv_blocks / blocks_per_request
 
 
+# ---- activation peak (the start-up profile, CUDA) -----------------------------------------------
+# The engine profiles one prefill step of max_num_batched_tokens tokens through the path the server
+# runs (engine/runner/model_runner.py `_profile`): paged K/V and the varlen attention kernel, which
+# keeps no scores, so the peak is linear in the tokens. It comes in the MLP of a layer, while the
+# down projection writes its output: the residual stream and the previous layer's output (2 hidden,
+# held by the layer loop), the attention output and the summed residual (2 hidden), gate/up
+# (2 intermediate), SiLU(gate) * up (1 intermediate) and the output (1 hidden); in the attention half
+# the same stream with q/k/v, the rotated q and k and the attention output (4 hidden + 3 q + 3 kv),
+# whichever is wider. Then the logits of up to max_num_seqs rows (16-bit, then float32).
+PROFILE_FIXED_BYTES = 64 * 2**20  # cuBLAS workspace first allocated in the profile step, rope tables
+
+
+def prefill_activation_bytes(
+    *,
+    num_tokens: int,
+    logit_rows: int,
+    hidden_size: int,
+    intermediate_size: int,
+    q_size: int,
+    kv_size: int,
+    vocab_size: int,
+    dtype_bytes: int,
+    quantization_temp_bytes: int = 0,
+) -> int:
+    """Peak activation bytes of the engine's profile step of num_tokens tokens (per GPU: sizes of this
+    rank's shards). quantization_temp_bytes: what quantized weights add to the widest point, 0 for
+    16-bit weights (see llmdeploy/engines/builtin.py)."""
+    mlp = 5 * hidden_size + 3 * intermediate_size
+    attention = 4 * hidden_size + 3 * q_size + 3 * kv_size
+    layer = num_tokens * max(mlp, attention) * dtype_bytes + quantization_temp_bytes
+    logits = num_tokens * hidden_size * dtype_bytes + logit_rows * vocab_size * (4 + dtype_bytes)
+    return max(layer, logits) + PROFILE_FIXED_BYTES
+
+
 # ---- CUDA graphs (decode steps) ------------------------------------------------------------------
 # The engine captures one graph per (batch size, context bucket) at start-up, after the KV cache is
 # allocated (the graphs hold its addresses), so their memory must be set aside before the KV cache is
