@@ -143,13 +143,19 @@ def quantized_cases(
                 )
                 if device != "cuda":
                     continue
+                from llmdeploy_engine.kernels import triton_tinygemm
+
                 if fmt == "int4":
                     tiny = lambda a=a, w=weights: torch.ops.aten._weight_int4pack_mm(  # noqa: E731
                         a, (q := w()).tg_weight, q.group_size, q.tg_scale_zero
                     )
                     dense = lambda a=a, w=weights: torch.mm(a, w().dequantize(a.dtype).t())  # noqa: E731
                     out.append((f"int4 tinygemm {name}", shape, tiny, nbytes, flops))
+                    tiled = lambda a=a, w=weights: triton_tinygemm.gemm(  # noqa: E731
+                        a, (q := w()).tg_weight, q.tg_scale_zero, q.group_size
+                    )
                     out.append((f"int4 dequant+cublas {name}", shape, dense, nbytes, flops))
+                    out.append((f"int4 triton gemm {name}", shape, tiled, nbytes, flops))
                 else:
                     scaled = lambda a=a, w=weights: w()._batched(None, a, None, None)  # noqa: E731
                     out.append((f"fp8 scaled_mm {name}", shape, scaled, nbytes, flops))

@@ -27,7 +27,8 @@ FP8_MAX = 448.0  # e4m3
 # each weight tile for every block of rows
 DEQUANT_GEMM_ROWS = 1024
 # tinygemm-packed int4 weights (int4_tinygemm.py): tinygemm for up to this many rows (it re-reads the
-# weight for every 16 rows), one dequantization into bfloat16 plus cuBLAS above
+# weight for every 16 rows), triton_tinygemm's dequantize-in-registers GEMM up to DEQUANT_GEMM_ROWS,
+# one dequantization into bfloat16 plus cuBLAS from there on
 TINYGEMM_MAX_ROWS = 32
 _triton_quant: Any = None
 
@@ -278,6 +279,11 @@ class Int4Weight(QuantWeight):
             x = x.contiguous()
         if x.shape[0] <= TINYGEMM_MAX_ROWS:
             y = torch.ops.aten._weight_int4pack_mm(x, self.tg_weight, self.group_size, self.tg_scale_zero)
+            return self._output(y, bias, out)
+        if x.shape[0] < DEQUANT_GEMM_ROWS:
+            from llmdeploy_engine.kernels import triton_tinygemm
+
+            y = triton_tinygemm.gemm(x, self.tg_weight, self.tg_scale_zero, self.group_size)
             return self._output(y, bias, out)
         w = self.dequantize(x.dtype)
         if out is None:

@@ -45,7 +45,7 @@ def test_triton_dequantize_matches_plain_torch(n: int, k: int, group: int) -> No
     sz = tg.scale_and_zero(scales, zeros).cuda()
     got = triton_tinygemm.dequantize(packed, sz, group, k)
     want = tg.dequantize(packed, sz, group, k, torch.float32).to(torch.bfloat16)
-    assert torch.equal(got, want)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)  # one bfloat16 rounding
 
 
 @pytest.mark.parametrize("method", ["awq", "gptq", "gptq-act-order"])
