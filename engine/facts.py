@@ -32,8 +32,9 @@ ARCHITECTURES = {
 }
 
 # bytes the engine stores per parameter of a quantized decoder projection (engine/kernels/quant_linear.py):
-# int4 codes, plus per group of 128 inputs one scale in the model dtype and one uint8 zero point
-# (added in weights_bytes); fp8 one byte (a float32 scale per output row is negligible)
+# int4 codes, plus per group of 128 inputs a scale and a zero point, both in the model dtype in the
+# tinygemm layout CUDA GPUs hold them in (int4_tinygemm.py; added in weights_bytes); fp8 one byte (a
+# float32 scale per output row is negligible)
 INT4_GROUP_SIZE = 128
 STORED_BYTES_PER_LINEAR_PARAM = {"awq": 0.5, "gptq": 0.5, "fp8": 1.0}
 
@@ -47,7 +48,7 @@ def weights_bytes(num_params: int, num_linear_params: int, dtype_bytes: int, qua
     if per_param is None:
         return num_params * dtype_bytes
     if quantization in ("awq", "gptq"):
-        per_param += (dtype_bytes + 1) / INT4_GROUP_SIZE
+        per_param += 2 * dtype_bytes / INT4_GROUP_SIZE
     return math.ceil(num_linear_params * per_param) + (num_params - num_linear_params) * dtype_bytes
 
 
