@@ -65,6 +65,7 @@ HEADINGS = {
     "roofline_tok_s": ("roofline tok/s", ",.0f"),
     "roofline_pct": ("% roofline", ".1f"),
     "achieved_gb_s": ("achieved GB/s", ",.0f"),
+    "activation_gib": ("activation GiB", ".2f"),
     "requests": ("requests", "d"),
     "kv_cache_dtype": ("KV cache", ""),
     "seconds": ("engine s", ".2f"),

@@ -33,7 +33,7 @@ from typing import Any
 import common
 
 COLUMNS = common.columns(
-    "model quantization gpus e2e_tok_s decode_tok_s decode_spread first_step_ms gb_per_token roofline_tok_s roofline_pct achieved_gb_s"
+    "model quantization gpus e2e_tok_s decode_tok_s decode_spread first_step_ms gb_per_token roofline_tok_s roofline_pct achieved_gb_s activation_gib"
 )
 
 
@@ -137,6 +137,7 @@ def measure(hf_id: str, model: str, quantization: str, args: Any, bandwidth: flo
         "roofline_pct": 100 * mid / roofline,
         "achieved_gb_s": mid * per_token / 1e9,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "activation_gib": report.peak_activation_bytes / 2**30,  # the start-up profile's peak
     }
 
 

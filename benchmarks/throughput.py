@@ -12,6 +12,7 @@ generating its longest output); its "useful" tok/s counts each request's own out
 
     python benchmarks/throughput.py                                  # both reference models
     python benchmarks/throughput.py --models qwen2.5-0.5b --peer-requests 256 --peer-batch 256
+    python benchmarks/throughput.py --models llama-3.1-8b --quantization none,awq --no-peer
     python benchmarks/throughput.py --quick                          # CPU, tiny, seconds
 """
 
@@ -19,11 +20,14 @@ from __future__ import annotations
 
 import gc
 import time
+from pathlib import Path
 from typing import Any
 
 import common
 
-COLUMNS = common.columns("model requests kv_cache_dtype seconds tok_s peer_requests peer_useful_tok_s x_peer")
+COLUMNS = common.columns(
+    "model quantization requests kv_cache_dtype seconds tok_s peer_requests peer_useful_tok_s x_peer"
+)
 
 
 def run_engine(engine: Any, prompts: list[list[int]], out_lens: list[int], device: str) -> float:
@@ -83,14 +87,24 @@ def run_peer(hf_id: str, prompts: list[list[int]], out_lens: list[int], batch: i
     return sum(out_lens) / (time.perf_counter() - t0)  # the model is freed with this frame
 
 
-def measure(hf_id: str, args: Any) -> dict[str, Any]:
+def measure(hf_id: str, quantization: str, args: Any) -> dict[str, Any]:
     import torch
+    from latency import quantized_checkpoint
 
     n, device = args.num_requests, args.device
     in_lens = common.uniform_lengths(n, args.min_len, args.max_len, seed=0)
     out_lens = common.uniform_lengths(n, args.min_len, args.max_len, seed=1)
     prompts = common.random_prompts(in_lens, seed=2)
-    engine = common.make_engine(f"random:{hf_id}", device, kv_cache_dtype=args.kv_cache_dtype)
+    dense = quantization == "none"
+    engine = common.make_engine(
+        f"random:{hf_id}"
+        if dense
+        else quantized_checkpoint(hf_id, quantization, args.workdir, device, args.group_size),
+        device,
+        kv_cache_dtype=args.kv_cache_dtype,
+        # a written checkpoint has no tokenizer files: the random model's byte-level one (token ids only)
+        tokenizer=None if dense else f"random:{hf_id}",
+    )
     # warm-up on other prompts: the kernels' variants of mixed prefill + decode steps, CUDA graphs
     warm_lens = common.uniform_lengths(16, args.min_len, args.max_len, seed=3)
     run_engine(engine, common.random_prompts(warm_lens, seed=4), [min(16, args.max_len)] * 16, device)
@@ -102,13 +116,14 @@ def measure(hf_id: str, args: Any) -> dict[str, Any]:
         torch.cuda.empty_cache()
     row: dict[str, Any] = {
         "model": hf_id,
+        "quantization": quantization,
         "requests": n,
         "kv_cache_dtype": args.kv_cache_dtype,
         "seconds": seconds,
         "tok_s": sum(out_lens) / seconds,
         "output_tokens": sum(out_lens),
     }
-    if not args.no_peer:
+    if not args.no_peer and dense:
         k = min(args.peer_requests or n, n)
         common.log(f"  transformers peer on {k} requests, batches of {args.peer_batch} ...")
         peer = run_peer(hf_id, prompts[:k], out_lens[:k], args.peer_batch, device)
@@ -133,17 +148,23 @@ def main() -> None:
     p.add_argument("--peer-requests", type=int, default=128, help="requests the peer runs (0: all)")
     p.add_argument("--peer-batch", type=int, default=128, help="the peer's static batch size")
     p.add_argument("--no-peer", action="store_true", help="leave the transformers peer out")
+    p.add_argument(
+        "--quantization", default="none", help="comma-separated: none, awq, gptq, fp8 (peer: none only)"
+    )
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/llmdeploy-bench-checkpoints"))
+    p.add_argument("--group-size", type=int, default=128, help="AWQ / GPTQ quantization group")
     args = p.parse_args()
     device = common.resolve_device(args)
     if args.quick:
         args.num_requests, args.min_len, args.max_len = 4, 4, 12
-        args.peer_requests, args.peer_batch = 4, 2
+        args.peer_requests, args.peer_batch, args.group_size = 4, 2, 32
     head = common.header(device)
     rows = []
     for hf_id in common.model_ids(args.models, args.quick):
-        common.log(f"{hf_id}: {args.num_requests} requests ...")
-        rows.append(measure(hf_id, args))
-        common.log(f"  {rows[-1]['tok_s']:,.0f} tok/s")
+        for quantization in [q.strip() for q in args.quantization.split(",") if q.strip()]:
+            common.log(f"{hf_id} ({quantization}): {args.num_requests} requests ...")
+            rows.append(measure(hf_id, quantization, args))
+            common.log(f"  {rows[-1]['tok_s']:,.0f} tok/s")
     common.report("throughput", head, rows, COLUMNS, args)
 
 

@@ -36,8 +36,9 @@ ARCHITECTURES = {
 }
 
 # bytes the engine stores per parameter of a quantized decoder projection (engine/kernels/quant_linear.py):
-# int4 codes, plus per group of 128 inputs one scale in the model dtype and one uint8 zero point
-# (added in weights_bytes); fp8 one byte (a float32 scale per output row is negligible)
+# int4 codes, plus per group of 128 inputs a scale and a zero point, both in the model dtype in the
+# tinygemm layout CUDA GPUs hold them in (int4_tinygemm.py; added in weights_bytes); fp8 one byte (a
+# float32 scale per output row is negligible)
 INT4_GROUP_SIZE = 128
 STORED_BYTES_PER_LINEAR_PARAM = {"awq": 0.5, "gptq": 0.5, "fp8": 1.0}
 
@@ -51,7 +52,7 @@ def weights_bytes(num_params: int, num_linear_params: int, dtype_bytes: int, qua
     if per_param is None:
         return num_params * dtype_bytes
     if quantization in ("awq", "gptq"):
-        per_param += (dtype_bytes + 1) / INT4_GROUP_SIZE
+        per_param += 2 * dtype_bytes / INT4_GROUP_SIZE
     return math.ceil(num_linear_params * per_param) + (num_params - num_linear_params) * dtype_bytes
 
 
@@ -154,6 +155,40 @@ def max_concurrency(num_kv_blocks: int, block_size: int, max_model_len: int) -> 
     """How many requests of max_model_len tokens fit at once: blocks / ceil(len / block_size)."""
     blocks_per_request = -(-max_model_len // block_size)
     return num_kv_blocks / blocks_per_request
+
+
+# ---- activation peak (the start-up profile, CUDA) -----------------------------------------------
+# The engine profiles one prefill step of max_num_batched_tokens tokens through the path the server
+# runs (engine/runner/model_runner.py `_profile`): paged K/V and the varlen attention kernel, which
+# keeps no scores, so the peak is linear in the tokens. It comes in the MLP of a layer, while the
+# down projection writes its output: the residual stream and the previous layer's output (2 hidden,
+# held by the layer loop), the attention output and the summed residual (2 hidden), gate/up
+# (2 intermediate), SiLU(gate) * up (1 intermediate) and the output (1 hidden); in the attention half
+# the same stream with q/k/v, the rotated q and k and the attention output (4 hidden + 3 q + 3 kv),
+# whichever is wider. Then the logits of up to max_num_seqs rows (16-bit, then float32).
+PROFILE_FIXED_BYTES = 64 * 2**20  # cuBLAS workspace first allocated in the profile step, rope tables
+
+
+def prefill_activation_bytes(
+    *,
+    num_tokens: int,
+    logit_rows: int,
+    hidden_size: int,
+    intermediate_size: int,
+    q_size: int,
+    kv_size: int,
+    vocab_size: int,
+    dtype_bytes: int,
+    quantization_temp_bytes: int = 0,
+) -> int:
+    """Peak activation bytes of the engine's profile step of num_tokens tokens (per GPU: sizes of this
+    rank's shards). quantization_temp_bytes: what quantized weights add to the widest point, 0 for
+    16-bit weights (see llmdeploy/engines/builtin.py)."""
+    mlp = 5 * hidden_size + 3 * intermediate_size
+    attention = 4 * hidden_size + 3 * q_size + 3 * kv_size
+    layer = num_tokens * max(mlp, attention) * dtype_bytes + quantization_temp_bytes
+    logits = num_tokens * hidden_size * dtype_bytes + logit_rows * vocab_size * (4 + dtype_bytes)
+    return max(layer, logits) + PROFILE_FIXED_BYTES
 
 
 # ---- CUDA graphs (decode steps) ------------------------------------------------------------------

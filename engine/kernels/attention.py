@@ -208,6 +208,33 @@ def warm_query_lens(group: int, limit: int) -> list[int]:
     return lens
 
 
+def profile_batch(num_tokens: int, max_seq_len: int, block_size: int) -> ForwardBatch:
+    """A step of new sequences only: num_tokens prompt tokens in sequences of up to max_seq_len, each
+    sequence's K/V in its own run of blocks from block 0 on (a cache of ceil(num_tokens / block_size)
+    blocks holds them all), every sequence sampled. The engine's memory profile runs it, so it
+    measures the path a served prefill takes."""
+    starts = list(range(0, num_tokens, max_seq_len))
+    lens = [min(max_seq_len, num_tokens - s) for s in starts]
+    tables, positions, slots = [], [], []
+    first_block = 0
+    for length in lens:
+        blocks = -(-length // block_size)
+        tables.append(list(range(first_block, first_block + blocks)))
+        positions += range(length)
+        slots += range(first_block * block_size, first_block * block_size + length)
+        first_block += blocks
+    return ForwardBatch(
+        input_ids=[0] * num_tokens,
+        positions=positions,
+        slot_mapping=slots,
+        query_start=starts,
+        query_len=lens,
+        context_len=lens,
+        block_tables=tables,
+        sample_indices=list(range(len(lens))),
+    )
+
+
 def build_profile_metadata(num_tokens: int, max_seq_len: int, device: torch.device) -> AttentionMetadata:
     """Metadata for a cache-free prefill of num_tokens tokens split into sequences of max_seq_len."""
     chunks = []
@@ -340,6 +367,12 @@ def _paged_attention(
         qp = q[rows].transpose(0, 1)[None]
         if chunk.context_blocks is None:
             kp, vp = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
+            if q.is_cuda and kp.shape[1] != qp.shape[1]:
+                # not every fused CUDA backend takes enable_gqa (the memory-efficient one does not), and
+                # the math path SDPA falls back to materializes heads x tokens^2 scores: K/V expanded to
+                # every head (linear in the tokens) keep the fused backends open
+                group = qp.shape[1] // kp.shape[1]
+                kp, vp = kp.repeat_interleave(group, dim=1), vp.repeat_interleave(group, dim=1)
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
         else:
             assert kv_cache is not None

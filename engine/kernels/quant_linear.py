@@ -26,6 +26,10 @@ FP8_MAX = 448.0  # e4m3
 # from this many rows on, one dequantization into the model dtype plus cuBLAS beats re-dequantizing
 # each weight tile for every block of rows
 DEQUANT_GEMM_ROWS = 1024
+# tinygemm-packed int4 weights (int4_tinygemm.py): tinygemm for up to this many rows (it re-reads the
+# weight for every 16 rows), triton_tinygemm's dequantize-in-registers GEMM up to DEQUANT_GEMM_ROWS,
+# one dequantization into bfloat16 plus cuBLAS from there on
+TINYGEMM_MAX_ROWS = 32
 _triton_quant: Any = None
 
 
@@ -164,6 +168,35 @@ class Int4Weight(QuantWeight):
         if act_order:
             self.register_buffer("perm", torch.zeros(in_features, dtype=torch.int64))
         self._perm_set = False
+        self.tinygemm = False  # repack_tinygemm: the codes are in tinygemm's layout (tg_* buffers)
+
+    def repack_tinygemm(self) -> bool:
+        """On CUDA with bfloat16 activations, move the codes, scales and zero points into tinygemm's
+        layout (int4_tinygemm.py) once the rows are written; the engine's buffers are freed. False
+        (nothing changed) where tinygemm does not apply."""
+        from llmdeploy_engine.kernels import int4_tinygemm as tg
+
+        if self.tinygemm or not self.qweight.is_cuda:
+            return False
+        if torch.cuda.get_device_capability(self.qweight.device) < (8, 0):
+            return False  # tinygemm's tensor-core path is built for SM80 and later
+        if not tg.supported(self.out_features, self.in_features, self.group_size, self.scales.dtype):
+            return False
+        tiles = tg.inner_k_tiles(self.in_features)
+        assert tiles is not None
+        with torch.no_grad():
+            u8 = tg.pack_bytes(self.codes())
+            packed = torch.ops.aten._convert_weight_to_int4pack(u8, tiles)
+            scale_zero = tg.scale_and_zero(self.scales, self.zeros)
+        del u8
+        self.register_buffer("tg_weight", packed)
+        self.register_buffer("tg_scale_zero", scale_zero)
+        empty = self.qweight.new_empty(0)
+        self.qweight = empty
+        self.zeros = self.zeros.new_empty(0)
+        self.scales = self.scales.new_empty(0)  # keeps the dtype (`dtype`)
+        self.tinygemm = True
+        return True
 
     @property
     def dtype(self) -> torch.dtype:
@@ -214,6 +247,13 @@ class Int4Weight(QuantWeight):
         return unpack_last(self.qweight)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.tinygemm:
+            from llmdeploy_engine.kernels import triton_tinygemm
+
+            w = triton_tinygemm.dequantize(
+                self.tg_weight, self.tg_scale_zero, self.group_size, self.in_features
+            )
+            return w.to(dtype)
         kernels = _kernels(self.scales)
         if kernels is not None:
             return kernels.int4_dequantize(self.qweight, self.scales, self.zeros, self.group_size, dtype)
@@ -226,7 +266,29 @@ class Int4Weight(QuantWeight):
         return x.index_select(-1, self.perm) if self.act_order else x
 
     def _fusable(self) -> bool:
-        return not self.act_order  # the prologues read inputs in order; gathered inputs go unfused
+        # the prologues read inputs in order (gathered inputs go unfused) and the engine's layout
+        return not self.act_order and not self.tinygemm
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if not self.tinygemm:
+            return super().linear(x, bias, out)
+        x = self._input(x)
+        if x.stride(-1) != 1 or not x.is_contiguous():
+            x = x.contiguous()
+        if x.shape[0] <= TINYGEMM_MAX_ROWS:
+            y = torch.ops.aten._weight_int4pack_mm(x, self.tg_weight, self.group_size, self.tg_scale_zero)
+            return self._output(y, bias, out)
+        if x.shape[0] < DEQUANT_GEMM_ROWS:
+            from llmdeploy_engine.kernels import triton_tinygemm
+
+            y = triton_tinygemm.gemm(x, self.tg_weight, self.tg_scale_zero, self.group_size)
+            return self._output(y, bias, out)
+        w = self.dequantize(x.dtype)
+        if out is None:
+            return F.linear(x, w, bias)
+        return torch.addmm(bias, x, w.t(), out=out) if bias is not None else torch.mm(x, w.t(), out=out)
 
     def _gemv(self, kernels: Any, x: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         pair: tuple[torch.Tensor, torch.Tensor | None] = kernels.gemv(
@@ -295,9 +357,13 @@ class Fp8Weight(QuantWeight):
         self, kernels: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
     ) -> torch.Tensor:
         # per-token dynamic activation scales (the checkpoint's static input_scale is not used)
+        # in the activations' dtype: float32 copies of x would cost 8 bytes an element of activation
+        # memory at prefill (0.9 GiB for the 8B's down projection at 8,192 tokens); the scale passed
+        # on is the reciprocal of the multiplier actually used, so the rounding of 1 / scale cancels
         amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
-        x_scale = amax / FP8_MAX
-        xq = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        inverse = (FP8_MAX / amax).to(x.dtype)
+        x_scale = 1.0 / inverse.float()
+        xq = (x * inverse).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         w = self.weight_bytes.view(torch.float8_e4m3fn)
         y = torch._scaled_mm(
             xq, w.t(), scale_a=x_scale, scale_b=self.weight_scale[None, :], out_dtype=x.dtype

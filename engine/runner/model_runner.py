@@ -20,8 +20,13 @@ from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.kernels import kv_cache
-from llmdeploy_engine.kernels.attention import build_attention_metadata, build_profile_metadata, pack_aligned
-from llmdeploy_engine.kernels.quant_linear import QuantWeight
+from llmdeploy_engine.kernels.attention import (
+    build_attention_metadata,
+    build_profile_metadata,
+    pack_aligned,
+    profile_batch,
+)
+from llmdeploy_engine.kernels.quant_linear import Int4Weight, QuantWeight
 from llmdeploy_engine.model.model import CausalLM
 from llmdeploy_engine.parallel.distributed import (
     SINGLE,
@@ -279,6 +284,11 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
             logger.info("GGUF weights kept compact on the CPU (tensors per kernel: %s)", counts)
         else:
             model.load_weights(self._checkpoint_weights())
+        repacked = sum(w.repack_tinygemm() for w in model.modules() if isinstance(w, Int4Weight))
+        if repacked:
+            logger.info(
+                "int4 weights of %d projections repacked for tinygemm (torch._weight_int4pack_mm)", repacked
+            )
         return model.eval()
 
     def _compact_gguf(self) -> bool:
@@ -303,18 +313,33 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
             return 0, 0, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
+        n = self.max_num_batched_tokens
+        # the server's path: a prefill step of n tokens in sequences of up to model_len, its K/V written
+        # to a paged cache and attended in place (the varlen kernel, linear in the tokens). Every layer
+        # shares one scratch cache of n tokens, allocated before the baseline: the real cache is budgeted
+        # apart, so only what the step itself allocates counts as activation
+        batch = profile_batch(n, model_len, self.block_size)
+        mc = self.model_config
+        kv_heads = local_kv_heads(mc.num_key_value_heads, self.parallel.world_size)
+        scratch_blocks = sum(len(table) for table in batch.block_tables)
+        scratch_shape = (scratch_blocks, self.block_size, kv_heads, mc.head_dim)
+        scratch = (
+            torch.zeros(scratch_shape, dtype=self.kv_dtype, device=self.device),
+            torch.zeros(scratch_shape, dtype=self.kv_dtype, device=self.device),
+        )
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        positions = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
+        meta = build_attention_metadata(batch, self.block_size, self.device)
+        num_rows = min(self.config.max_num_seqs, n)
+        torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        n = self.max_num_batched_tokens
-        ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        positions = torch.arange(n, device=self.device) % model_len
-        meta = build_profile_metadata(n, model_len, self.device)
-        num_rows = min(self.config.max_num_seqs, n)
         with torch.inference_mode():
-            hidden = self.model(ids, positions, meta, None)
+            hidden = self.model(ids, positions, meta, [scratch] * mc.num_hidden_layers)
             self.model.compute_logits(hidden[:num_rows])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch, meta, hidden
         free, total = torch.cuda.mem_get_info(self.device)
         non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
         torch.cuda.empty_cache()

@@ -45,7 +45,6 @@ BUILTIN_QUANTIZATIONS = ("none", *_QUANTIZATION)
 # its images are the tags docs/docker.md's build commands give docker/engine*.Dockerfile
 ENGINE_IMAGE = "llmdeploy/engine"
 CPU_IMAGE_SUFFIX = "-cpu"
-ATTENTION_BYTES_PER_SCORE = 9.55  # calibrated: built-in engine, H200, Llama-3.1-8B and Qwen2.5-0.5B
 NON_TORCH_GIB = 0.67  # calibrated: built-in engine's measured non-torch (CUDA context, cuBLAS), H200
 KV_TOKENS_GAUGE = "llmdeploy:kv_cache_tokens"
 
@@ -160,10 +159,9 @@ class BuiltinEngine(EngineDefaults):
             return assemble_plan(inputs, budget, weights, act, 0, 0, kv, batched, seqs, note)
         total = int(inputs.total_memory_gib * GIB)
         usable = int(total * inputs.gpu_memory_utilization)
-        # the engine profiles one prefill of `batched` tokens through its torch attention path, which
-        # materializes the scores: heads x tokens^2 x ~9.5 bytes (measured on an H200, see docs/planner.md)
-        heads = max(1, inputs.spec.num_attention_heads // inputs.tensor_parallel_size)
-        act = max(act, int(heads * batched * batched * ATTENTION_BYTES_PER_SCORE))
+        # the engine profiles one prefill of `batched` tokens through the server's path (paged K/V, the
+        # varlen attention kernel): linear in the tokens (facts.prefill_activation_bytes)
+        act = prefill_activation_bytes(inputs, batched, min(seqs, batched))
         # it counts everything outside torch's pool, the CUDA context included (0.67 GiB measured)
         non_torch = int(NON_TORCH_GIB * GIB)
         explicit = int(inputs.kv_cache_memory_gib * GIB) if inputs.kv_cache_memory_gib else None
@@ -201,6 +199,33 @@ def _weights_bytes(inputs: PlanInputs) -> int:
             inputs.effective_quantization,
         )
         / inputs.tensor_parallel_size
+    )
+
+
+def prefill_activation_bytes(inputs: PlanInputs, batched: int, logit_rows: int) -> int:
+    """The engine's profiled activation peak on CUDA (builtin_rule.prefill_activation_bytes) for this
+    rank's shards. int4 weights are dequantized into a temporary at prefill sizes (the largest
+    projection: gate/up merged, or q/k/v); fp8 weights quantize the down projection's input per token
+    into a 16-bit and an fp8 temporary."""
+    spec, tp = inputs.spec, inputs.tensor_parallel_size
+    inter = spec.intermediate_size // tp
+    dtype = inputs.model_dtype_bytes
+    temp = 0
+    if inputs.effective_quantization in ("awq", "gptq"):
+        qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim // tp
+        temp = max(2 * inter, qkv) * spec.hidden_size * dtype
+    elif inputs.effective_quantization == "fp8":
+        temp = batched * inter * (dtype + 1)
+    return builtin_rule.prefill_activation_bytes(
+        num_tokens=batched,
+        logit_rows=logit_rows,
+        hidden_size=spec.hidden_size,
+        intermediate_size=inter,
+        q_size=spec.num_attention_heads * spec.head_dim // tp,
+        kv_size=max(1, spec.num_kv_heads // tp) * spec.head_dim,
+        vocab_size=spec.vocab_size,
+        dtype_bytes=dtype,
+        quantization_temp_bytes=temp,
     )
 
 

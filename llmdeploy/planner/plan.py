@@ -87,7 +87,7 @@ def suggest_fixes(inputs: PlanInputs, plan: MemoryPlan) -> list[str]:
         fixes.append(
             f"--max-model-len {context:,} (limits.max_model_len): the largest context the KV cache holds"
         )
-    kinds = _change_kinds(inputs)
+    kinds = _change_kinds(inputs, plan)
     for kind in kinds:
         for label, fields in kind:
             result = plan_for(replace(inputs, **fields))
@@ -139,8 +139,18 @@ def _largest_context(inputs: PlanInputs, plan: MemoryPlan) -> int | None:
     return low or None
 
 
-def _change_kinds(inputs: PlanInputs) -> list[list[Change]]:
+def _change_kinds(inputs: PlanInputs, plan: MemoryPlan) -> list[list[Change]]:
     kinds: list[list[Change]] = []
+    # the activation peak grows with the tokens a step batches: fewer is the cheapest change
+    fewer: list[Change] = [
+        (
+            f"--max-num-batched-tokens {tokens:,} (limits.max_num_batched_tokens)",
+            {"max_num_batched_tokens": tokens},
+        )
+        for tokens in _halvings(plan.max_num_batched_tokens, 512)
+    ]
+    if fewer:
+        kinds.append(fewer)
     if inputs.kv_dtype_bytes > 1:
         kinds.append([("--kv-cache-dtype fp8 (kv_cache.dtype)", {"kv_cache_dtype": "fp8"})])
     if inputs.effective_quantization in _INT4_FROM and inputs.spec.source != "gguf":
@@ -164,6 +174,15 @@ def _change_kinds(inputs: PlanInputs) -> list[list[Change]]:
         if larger:
             kinds.append(larger)
     return kinds
+
+
+def _halvings(value: int, floor: int) -> list[int]:
+    """value / 2, value / 4, ... down to floor (the smallest change first)."""
+    out = []
+    while value // 2 >= floor:
+        value //= 2
+        out.append(value)
+    return out
 
 
 def _first_fitting_pair(inputs: PlanInputs, first: list[Change], second: list[Change]) -> str | None:

@@ -89,3 +89,55 @@ def test_builtin_plan_sets_graph_memory_aside_like_the_engine() -> None:
     eager = plan_from_inputs(replace(inputs, enforce_eager=True))
     assert eager.cuda_graph_gib == 0
     assert eager.kv_cache_gib - plan.kv_cache_gib == expected / GIB
+
+
+def test_builtin_activation_is_linear_in_the_batched_tokens() -> None:
+    """The profile step attends through the varlen kernel (no scores): Llama-3.1-8B at 8,192 batched
+    tokens is charged its MLP's widest point, 8,192 x (5 x 4,096 + 3 x 14,336) x 2 bytes + 64 MiB,
+    where the scores once cost 19.1 GiB; twice the tokens, about twice the bytes."""
+    from dataclasses import replace
+
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner import PlanInputs, plan_from_inputs
+
+    inputs = PlanInputs(
+        spec=resolve_model("meta-llama/Llama-3.1-8B"),
+        engine="builtin",
+        device="cuda",
+        gpu_memory_gib=139.8,
+        max_model_len=8192,
+    )
+    plan = plan_from_inputs(inputs)
+    assert plan.max_num_batched_tokens == 8192
+    assert plan.activation_gib * GIB == 8192 * (5 * 4096 + 3 * 14336) * 2 + 64 * 2**20
+    assert plan.activation_gib < 2
+    double = plan_from_inputs(replace(inputs, max_num_batched_tokens=16384))
+    assert 1.9 < double.activation_gib / plan.activation_gib < 2.0
+
+
+def test_fixes_name_fewer_batched_tokens_where_that_fits() -> None:
+    from dataclasses import replace
+
+    from llmdeploy.catalog.models import resolve_model
+    from llmdeploy.planner import PlanInputs, plan_from_inputs
+    from llmdeploy.planner.plan import suggest_fixes
+
+    # Llama-3.1-8B bf16 on a 24 GiB card: the weights (15 GiB) leave too little once a step batches
+    # 65,536 tokens (7.8 GiB of activations); 8,192 leave room for the cache
+    inputs = PlanInputs(
+        spec=resolve_model("meta-llama/Llama-3.1-8B"),
+        engine="builtin",
+        device="cuda",
+        gpu_memory_gib=24.0,
+        max_model_len=8192,
+        max_num_batched_tokens=65536,
+    )
+    plan = plan_from_inputs(inputs)
+    assert not plan.fits
+    fixes = [fix for fix in suggest_fixes(inputs, plan) if fix.startswith("--max-num-batched-tokens ")]
+    assert len(fixes) == 1 and "(limits.max_num_batched_tokens)" in fixes[0], fixes
+    tokens = int(fixes[0].split()[1].replace(",", ""))
+    assert plan_from_inputs(replace(inputs, max_num_batched_tokens=tokens)).fits
+    assert not plan_from_inputs(
+        replace(inputs, max_num_batched_tokens=2 * tokens)
+    ).fits  # the smallest change
