@@ -87,6 +87,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         queue_full_errors=(async_engine.QueueFullError,),
         shutdown_errors=(async_engine.EngineShutdownError,),
         log_requests=not args.disable_log_requests,
+        grammar_compile_timeout_s=args.grammar_compile_timeout_s,
     )
 
     _check_port_free(args.host, args.port, serve_cli)

@@ -56,6 +56,7 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer.hf, vocab_size=vocab_size, stop_token_ids=stop_ids or None
         )
+        self._info = info
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
         self._cache: OrderedDict[StructuredOutputsParams, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -75,25 +76,27 @@ class GrammarCompiler:
         return compiled
 
     def _compile(self, spec: StructuredOutputsParams) -> Any:
-        c = self._compiler
-        try:
-            if spec.json is not None:
-                # compact JSON (", " and ": "): with any whitespace allowed, a sampled model can emit
-                # newlines and spaces without end
-                return c.compile_json_schema(spec.json, any_whitespace=False, strict_mode=True)
-            if spec.json_object:
-                return c.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
-            if spec.regex is not None:
-                return c.compile_regex(spec.regex)
-            if spec.choice is not None:
-                return c.compile_grammar(choice_grammar(spec.choice))
-            if spec.structural_tag is not None:
-                return c.compile_structural_tag(spec.structural_tag)
-            assert spec.grammar is not None
-            return c.compile_grammar(spec.grammar)
-        except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses with its reason
-            what = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
-            raise ValueError(f"invalid {what.get(spec.kind, spec.kind)}: {clean_reason(e)}") from e
+        return compile_spec(self._compiler, spec)
+
+    def cached(self, spec: StructuredOutputsParams) -> bool:
+        with self._lock:
+            return spec in self._cache
+
+    def add(self, spec: StructuredOutputsParams, compiled: Any) -> None:
+        """Keep a grammar compiled elsewhere (a grammar worker process) for `spec`."""
+        with self._lock:
+            self._cache[spec] = compiled
+            self._cache.move_to_end(spec)
+            while len(self._cache) > GRAMMAR_CACHE_SIZE:
+                self._cache.popitem(last=False)
+
+    def tokenizer_info_json(self) -> str:
+        """The tokenizer's vocabulary and metadata as xgrammar serializes them (for a worker process)."""
+        return str(self._info.serialize_json())
+
+    def deserialize(self, text: str) -> Any:
+        """A grammar a worker compiled and serialized, bound to this compiler's tokenizer."""
+        return self._xgr.CompiledGrammar.deserialize_json(text, self._info)
 
     def batch_fill(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
         """Fill row rows[k] of `bitmask` from matchers[k], on xgrammar's threads."""
@@ -133,6 +136,67 @@ class GrammarMatcher:
     @property
     def is_terminated(self) -> bool:
         return bool(self._m.is_terminated())
+
+
+def compile_spec(compiler: Any, spec: StructuredOutputsParams) -> Any:
+    """`spec` compiled by an xgrammar GrammarCompiler; ValueError with the library's reason."""
+    try:
+        if spec.json is not None:
+            return compiler.compile_grammar(json_schema_grammar(spec.json))
+        if spec.json_object:
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+        if spec.regex is not None:
+            return compiler.compile_regex(spec.regex)
+        if spec.choice is not None:
+            return compiler.compile_grammar(choice_grammar(spec.choice))
+        if spec.structural_tag is not None:
+            return compiler.compile_structural_tag(spec.structural_tag)
+        assert spec.grammar is not None
+        return compiler.compile_grammar(spec.grammar)
+    except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses with its reason
+        what = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+        raise ValueError(f"invalid {what.get(spec.kind, spec.kind)}: {clean_reason(e)}") from e
+
+
+def json_schema_grammar(schema: str) -> str:
+    r"""The EBNF grammar of JSON texts valid against `schema`: compact (", " and ": "; with any
+    whitespace allowed a sampled model can emit newlines and spaces without end) and strict JSON.
+
+    xgrammar (0.2.9) writes the characters of a string with minLength / maxLength (and of property
+    names with those bounds) as `[^"\\\r\n]`, which admits the raw control characters U+0000-U+001F
+    that RFC 8259 forbids inside strings, so a sampled reply could fail `json.loads`. In a JSON grammar
+    a negated character class can only match inside a string, so every one of them is given
+    `\0-\x1f` too (`strict_character_classes`). Raises what xgrammar raises for a bad schema."""
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+    return strict_character_classes(str(grammar))
+
+
+def strict_character_classes(ebnf: str) -> str:
+    r"""`ebnf` with every negated character class `[^...]` outside quoted literals also excluding the
+    control characters `\0-\x1f` (those already excluding them are left as they are)."""
+    out: list[str] = []
+    i, n = 0, len(ebnf)
+    while i < n:
+        ch = ebnf[i]
+        if ch == '"' or ch == "[":
+            close = '"' if ch == '"' else "]"
+            j = i + 1
+            while j < n and ebnf[j] != close:
+                j += 2 if ebnf[j] == "\\" else 1
+            token = ebnf[i : j + 1]
+            if token.startswith("[^") and not token.startswith(_CONTROLS_EXCLUDED):
+                token = _CONTROLS_EXCLUDED + token[2:]
+            out.append(token)
+            i = j + 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+_CONTROLS_EXCLUDED = "[^\\0-\\x1f"
 
 
 def clean_reason(e: BaseException) -> str:
