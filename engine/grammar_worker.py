@@ -1,16 +1,19 @@
-"""A grammar worker process: compiles structured-output constraints for the server and can be killed.
+"""A grammar worker process: proves that a constraint compiles within the time bound, and can be killed.
 
 xgrammar's compilation is one C++ call that cannot be interrupted, and a large or deeply nested
-schema can keep it busy for many seconds; in a thread it would run on after its client left or its
-time was up. The server (server/grammar_pool.py) runs it here instead, in a process it kills when the
-time bound passes or the client hangs up. The process gets the tokenizer's vocabulary once (xgrammar's
-serialized TokenizerInfo, a file named on the command line) and then answers jobs on stdin/stdout:
+schema can keep it busy for minutes; in a thread it would run on after its client left or its time
+was up. The server (server/grammar_pool.py) first compiles each new constraint here, in a process it
+kills when the time bound passes or the client hangs up, and compiles it in its own process only once
+it is known to finish in time. (Handing the compiled grammar back is no option: xgrammar's
+serialized form of a 30 KB schema's grammar is ~500 MB of JSON and takes minutes to write and read.)
 
-  job:    4-byte big-endian length, then JSON: {"spec": {field: value}} (a StructuredOutputsParams)
-          or {"tools": {"fmt": ..., "functions": [...]}} (a forced tool call, tool_calls.py)
-  answer: 4-byte length of a JSON head, 4-byte length of a payload, the head, the payload:
-          head {"ok": true, "grammar": EBNF text for a tools job} + payload: the compiled grammar
-          serialized by xgrammar; or head {"ok": false, "error": reason} + empty payload.
+The process gets the tokenizer's vocabulary once (xgrammar's serialized TokenizerInfo, a file named
+on the command line) and then answers jobs on stdin/stdout, each a 4-byte big-endian length and JSON:
+
+  job:    {"spec": {field: value}} (a StructuredOutputsParams) or
+          {"tools": {"fmt": ..., "functions": [...]}} (a forced tool call, tool_calls.py)
+  answer: {"ok": true, "grammar": the EBNF text of a tools job, else null}
+          or {"ok": false, "error": reason}
 
 Run as `python -m llmdeploy_engine.grammar_worker TOKENIZER_INFO_FILE`.
 """
@@ -26,11 +29,10 @@ from typing import IO, Any
 from llmdeploy_engine.sampling_params import StructuredOutputsParams
 
 HEADER = struct.Struct(">I")
-ANSWER_HEADER = struct.Struct(">II")
 
 
-def job_bytes(job: dict[str, Any]) -> bytes:
-    data = json.dumps(job, ensure_ascii=False).encode()
+def frame(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message, ensure_ascii=False).encode()
     return HEADER.pack(len(data)) + data
 
 
@@ -51,13 +53,12 @@ def spec_job(spec: StructuredOutputsParams) -> dict[str, Any]:
     return {"spec": fields}
 
 
-def _answer(out: IO[bytes], head: dict[str, Any], payload: bytes = b"") -> None:
-    data = json.dumps(head).encode()
-    out.write(ANSWER_HEADER.pack(len(data), len(payload)) + data + payload)
+def _answer(out: IO[bytes], message: dict[str, Any]) -> None:
+    out.write(frame(message))
     out.flush()
 
 
-def _run(job: dict[str, Any], compiler: Any) -> tuple[dict[str, Any], bytes]:
+def _run(job: dict[str, Any], compiler: Any) -> dict[str, Any]:
     from llmdeploy_engine.structured_output import compile_spec
 
     grammar = None
@@ -71,14 +72,15 @@ def _run(job: dict[str, Any], compiler: Any) -> tuple[dict[str, Any], bytes]:
         if "choice" in fields:
             fields["choice"] = tuple(fields["choice"])
         spec = StructuredOutputsParams(**fields)
-    compiled = compile_spec(compiler, spec)
-    return {"ok": True, "grammar": grammar}, compiled.serialize_json().encode()
+    compile_spec(compiler, spec)
+    return {"ok": True, "grammar": grammar}
 
 
 def main(info_path: str) -> None:
     # answers go to the original stdout; anything a library prints goes to stderr (the server's log)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    os.nice(10)  # the server's event loop and engine loop come first on a busy host
     import xgrammar as xgr
 
     with open(info_path, encoding="utf-8") as f:
@@ -93,10 +95,10 @@ def main(info_path: str) -> None:
         (size,) = HEADER.unpack(header)
         job = json.loads(source.read(size))
         try:
-            head, payload = _run(job, compiler)
+            answer = _run(job, compiler)
         except ValueError as e:
-            head, payload = {"ok": False, "error": str(e)}, b""
-        _answer(out, head, payload)
+            answer = {"ok": False, "error": str(e)}
+        _answer(out, answer)
 
 
 if __name__ == "__main__":

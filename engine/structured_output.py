@@ -11,9 +11,11 @@ batch are left alone, so constrained and unconstrained requests share one batch,
 a CUDA-graph replay are masked after the graph, so graphs stay on. After a token is appended the
 sequence's matcher advances; a matcher that reaches the end of its grammar ends the sequence.
 
-Compilation happens before a request reaches the engine loop where the server can do it (it calls
-`GrammarCompiler.compile` on a worker thread, so the event loop and the engine loop never wait on
-a large schema); the engine's own call is then a cache hit.
+Compilation happens before a request reaches the engine loop where the server can do it
+(server/grammar_pool.py: bounded in size and time, proven in a worker process it can kill, then
+compiled on the pool's own threads, so the event loop and the engine loop never wait on a large
+schema); the engine's own call is then a cache hit. JSON schemas compile through
+`json_schema_grammar`, which keeps every reply strict JSON.
 """
 
 from __future__ import annotations
@@ -82,21 +84,9 @@ class GrammarCompiler:
         with self._lock:
             return spec in self._cache
 
-    def add(self, spec: StructuredOutputsParams, compiled: Any) -> None:
-        """Keep a grammar compiled elsewhere (a grammar worker process) for `spec`."""
-        with self._lock:
-            self._cache[spec] = compiled
-            self._cache.move_to_end(spec)
-            while len(self._cache) > GRAMMAR_CACHE_SIZE:
-                self._cache.popitem(last=False)
-
     def tokenizer_info_json(self) -> str:
         """The tokenizer's vocabulary and metadata as xgrammar serializes them (for a worker process)."""
         return str(self._info.serialize_json())
-
-    def deserialize(self, text: str) -> Any:
-        """A grammar a worker compiled and serialized, bound to this compiler's tokenizer."""
-        return self._xgr.CompiledGrammar.deserialize_json(text, self._info)
 
     def batch_fill(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
         """Fill row rows[k] of `bitmask` from matchers[k], on xgrammar's threads."""

@@ -9,6 +9,7 @@ compile, or one past the size or time bound, is a 400 naming the field it came f
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import Request
@@ -21,7 +22,7 @@ from llmdeploy_engine.server.state import ServerState
 POOL_KEY = "grammar_pool"
 
 
-def grammar_pool(state: ServerState, param: str | None) -> GrammarPool:
+async def grammar_pool(state: ServerState, param: str | None) -> GrammarPool:
     """The server's pool (started on the first constrained request); 400 without xgrammar."""
     pool = state.extra.get(POOL_KEY)
     if pool is None:
@@ -29,14 +30,17 @@ def grammar_pool(state: ServerState, param: str | None) -> GrammarPool:
         if compiler_of is None:
             raise bad_request("this engine does not serve structured outputs", param)
         try:
-            compiler = compiler_of()
+            # reading the vocabulary takes a second or more: not on the event loop
+            compiler = await asyncio.to_thread(compiler_of)
         except ImportError as e:
             raise bad_request(
                 f"structured outputs need the xgrammar package ({e}); install the engine extra", param
             ) from e
-        pool = state.extra.setdefault(
-            POOL_KEY, GrammarPool(compiler, timeout_s=state.settings.grammar_compile_timeout_s)
-        )
+        pool = state.extra.get(POOL_KEY)
+        if pool is None:  # (another request may have made it meanwhile)
+            pool = GrammarPool(compiler, timeout_s=state.settings.grammar_compile_timeout_s)
+            state.extra[POOL_KEY] = pool
+            pool.warm_up()
     assert isinstance(pool, GrammarPool)
     return pool
 
@@ -58,7 +62,7 @@ async def _compiled(request: Request, work: Any, param: str | None) -> Any:
 async def compile_constraint(
     request: Request, state: ServerState, spec: StructuredOutputsParams, param: str | None
 ) -> None:
-    pool = grammar_pool(state, param)
+    pool = await grammar_pool(state, param)
     await _compiled(request, pool.compile(spec), param)
 
 
@@ -66,7 +70,7 @@ async def tool_call_constraint(
     request: Request, state: ServerState, fmt: str, functions: list[dict[str, Any]]
 ) -> StructuredOutputsParams:
     """The compiled constraint that forces one call to one of `functions` (tool_calls.py)."""
-    pool = grammar_pool(state, "tools")
+    pool = await grammar_pool(state, "tools")
     spec = await _compiled(request, pool.tool_call_constraint(fmt, functions), "tools")
     assert isinstance(spec, StructuredOutputsParams)
     return spec

@@ -4,12 +4,16 @@ Every structured-output constraint (response_format, structured_outputs, guided_
 every forced tool call's grammar is compiled here before its request reaches the engine:
 
 - size: a constraint whose text passes MAX_CONSTRAINT_BYTES is refused (400) before anything compiles;
-- time: xgrammar's compile is one C++ call that cannot be interrupted, so it runs in a worker process
-  (grammar_worker.py) that is killed when the time bound passes (400 naming the bound) or when the
-  client hangs up (the route cancels the wait); a replacement starts on the next job;
-- pool: `num_workers` processes, and at most `max_waiting` jobs wait for one (more: 503 with
-  Retry-After), so hostile schemas can hold the pool for at most the time bound each, and requests
-  without a constraint never touch it (they do not share a thread pool with it either);
+- time: xgrammar's compile is one C++ call that cannot be interrupted, so a new constraint compiles
+  first in a worker process (grammar_worker.py) that is killed when the time bound passes (400
+  naming the bound) or when the client hangs up (the route cancels the wait); a replacement starts
+  on the next job. Only a constraint that compiled there in time is compiled again here, on the
+  pool's own threads (xgrammar releases the GIL while it compiles), where the compiled grammar can be
+  used: a constraint's first request costs two compiles, and the one here is bounded by the proof;
+- pool: `num_workers` processes and as many threads, and at most `max_waiting` jobs wait for one
+  (more: 503 with Retry-After), so hostile schemas can hold the pool for about twice the time bound
+  each, and requests without a constraint never touch it (nor the default thread pool that request
+  parsing and tokenization use);
 - cache: the compiled grammar goes into the engine's GrammarCompiler cache (LRU, keyed by the
   constraint), so the engine's own compile when the request is added is a hit and a repeated schema
   compiles once; identical jobs in flight share one compile. xgrammar's own compiler cache would live
@@ -26,10 +30,11 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections import OrderedDict
 from typing import Any
 
-from llmdeploy_engine.grammar_worker import ANSWER_HEADER, job_bytes, spec_job
+from llmdeploy_engine.grammar_worker import HEADER, frame, spec_job
 from llmdeploy_engine.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger("llmdeploy_engine.server")
@@ -79,21 +84,28 @@ class _Worker:
             raise
         return worker
 
-    async def answer(self) -> tuple[dict[str, Any], bytes]:
+    async def answer(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        head_size, payload_size = ANSWER_HEADER.unpack(await self.proc.stdout.readexactly(ANSWER_HEADER.size))
-        head = json.loads(await self.proc.stdout.readexactly(head_size))
-        return head, await self.proc.stdout.readexactly(payload_size)
+        (size,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
+        answer = json.loads(await self.proc.stdout.readexactly(size))
+        assert isinstance(answer, dict)
+        return answer
 
-    async def ask(self, job: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    async def ask(self, job: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(job_bytes(job))
+        self.proc.stdin.write(frame(job))
         await self.proc.stdin.drain()
         return await self.answer()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()  # the loop's child watcher reaps it
+
+
+def _lower_priority() -> None:
+    """This thread (a compile) yields the CPU to the event loop and the engine loop on a busy host."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 class GrammarPool:
@@ -120,10 +132,22 @@ class GrammarPool:
         self._jobs: dict[str, asyncio.Task[Any]] = {}
         self._job_waiters: dict[str, int] = {}
         self._tool_grammars: OrderedDict[str, str] = OrderedDict()
-        # deserializing a compiled grammar takes a moment: on a thread of its own, not the default
-        # executor that request parsing and tokenization share
-        self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llmdeploy-grammar")
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            num_workers, thread_name_prefix="llmdeploy-grammar", initializer=_lower_priority
+        )
         self.num_killed = 0
+        self._warming: asyncio.Future[None] | None = None
+
+    def warm_up(self) -> None:
+        """Start one worker now, so the first constraint does not wait for a process to start."""
+
+        async def start() -> None:
+            try:
+                self._idle.append(await _Worker.start(await self._info_file()))
+            except Exception as e:  # the first job starts one itself and reports what fails
+                logger.warning("could not start a grammar worker ahead of time: %s", e)
+
+        self._warming = asyncio.ensure_future(start())
 
     async def compile(self, spec: StructuredOutputsParams) -> None:
         """Compile `spec` into the engine's cache (at once when it is there already)."""
@@ -180,21 +204,21 @@ class GrammarPool:
                 task.exception()  # retrieved: a failure is raised to every waiter, logged by none
 
     async def _compile_spec(self, spec: StructuredOutputsParams) -> None:
-        _, payload = await self._run(spec_job(spec))
-        compiled = await self._deserialize(payload)
-        self.compiler.add(spec, compiled)
+        await self._run(spec_job(spec))
+        await self._compile_here(spec)
 
     async def _compile_tools(self, job: dict[str, Any]) -> str:
-        head, payload = await self._run(job)
-        grammar = str(head["grammar"])
-        self.compiler.add(StructuredOutputsParams(grammar=grammar), await self._deserialize(payload))
+        answer = await self._run(job)
+        grammar = str(answer["grammar"])
+        await self._compile_here(StructuredOutputsParams(grammar=grammar))
         return grammar
 
-    async def _deserialize(self, payload: bytes) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, self.compiler.deserialize, payload.decode())
+    async def _compile_here(self, spec: StructuredOutputsParams) -> None:
+        """Compile into the engine's cache on the pool's threads (known to finish within the bound;
+        a client leaving now no longer stops it, and the next request with it is a cache hit)."""
+        await asyncio.get_running_loop().run_in_executor(self._threads, self.compiler.compile, spec)
 
-    async def _run(self, job: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    async def _run(self, job: dict[str, Any]) -> dict[str, Any]:
         if self._num_waiting >= self.max_waiting:
             raise PoolBusy(f"{self._num_waiting} constraints are waiting to compile")
         self._num_waiting += 1
@@ -206,7 +230,7 @@ class GrammarPool:
             worker = self._idle.pop() if self._idle else await _Worker.start(await self._info_file())
             self._busy.add(worker)
             try:
-                head, payload = await asyncio.wait_for(worker.ask(job), self.timeout_s)
+                answer = await asyncio.wait_for(worker.ask(job), self.timeout_s)
             except BaseException as e:  # past the time bound, the client left, or the worker died
                 worker.kill()
                 self.num_killed += 1
@@ -223,9 +247,9 @@ class GrammarPool:
             self._idle.append(worker)
         finally:
             self._slots.release()
-        if not head.get("ok"):
-            raise ConstraintRefused(str(head.get("error", "the constraint cannot be compiled")))
-        return head, payload
+        if not answer.get("ok"):
+            raise ConstraintRefused(str(answer.get("error", "the constraint cannot be compiled")))
+        return answer
 
     async def _info_file(self) -> str:
         if self._info_path is None:
@@ -240,6 +264,8 @@ class GrammarPool:
 
     def close(self) -> None:
         """Stop every worker (the server is going away)."""
+        if self._warming is not None:
+            self._warming.cancel()
         for worker in [*self._idle, *self._busy]:
             worker.kill()
         self._idle.clear()
