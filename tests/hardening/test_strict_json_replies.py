@@ -21,7 +21,7 @@ from hardening.figures import record
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 pytest.importorskip("xgrammar")
 
-NUM_REQUESTS = 24
+NUM_REQUESTS = 8
 N_PER_REQUEST = 4
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"b": {"type": "string", "maxLength": 8}}, "required": ["b"]},
@@ -38,7 +38,6 @@ SCHEMAS: list[dict[str, Any]] = [
         "properties": {"m": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 5}}},
         "required": ["m"],
     },
-    {"type": "object", "properties": {"free": {"type": "string"}}, "required": ["free"]},
 ]
 
 
@@ -63,7 +62,7 @@ def test_json_schema_replies_are_strict_json(server: EngineServer) -> None:
             json={
                 "model": "smollm2",
                 "prompt": "JSON:",
-                "max_tokens": 64,
+                "max_tokens": 40,
                 "temperature": 1.0,
                 "n": N_PER_REQUEST,
                 "seed": i,
