@@ -86,6 +86,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         queue_full_errors=(async_engine.QueueFullError,),
         shutdown_errors=(async_engine.EngineShutdownError,),
         log_requests=not args.disable_log_requests,
+        grammar_compile_timeout_s=args.grammar_compile_timeout_s,
     )
 
     _check_port_free(args.host, args.port, serve_cli)
@@ -98,6 +99,10 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         sys.exit(2)
     app = build_app(settings, engine=engine)
     getattr(engine.tokenizer, "max_chars_per_token", None)  # computed once now, not in the first request
+    try:  # the grammar compiler reads the vocabulary (~1 s): now, not in the first constrained request
+        engine.grammar_compiler()
+    except Exception as e:  # no xgrammar, or a tokenizer it cannot read: constrained requests say so
+        logger.info("structured outputs unavailable: %s", e)
     # the process that parses big request bodies starts now, not on the first big body
     threading.Thread(target=request_body.parser_pool, name="llmdeploy-parser-start", daemon=True).start()
     config_http = uvicorn_config(

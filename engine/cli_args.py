@@ -16,6 +16,7 @@ from llmdeploy_engine.cli_values import (
     non_negative_int,
     port_number,
     positive_int,
+    positive_seconds,
     speculative_config_arg,
     steps_or_auto,
 )
@@ -230,6 +231,14 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="log level of the HTTP server",
     )
     server.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
+    server.add_argument(
+        "--grammar-compile-timeout-s",
+        type=positive_seconds,
+        default=10.0,
+        metavar="S",
+        help="a structured-output or forced tool-call grammar that takes longer to compile is refused "
+        "with HTTP 400 (it compiles in a worker process, which is then stopped)",
+    )
     server.add_argument(
         "--cpu-threads",
         type=positive_int,

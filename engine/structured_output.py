@@ -11,9 +11,11 @@ batch are left alone, so constrained and unconstrained requests share one batch,
 a CUDA-graph replay are masked after the graph, so graphs stay on. After a token is appended the
 sequence's matcher advances; a matcher that reaches the end of its grammar ends the sequence.
 
-Compilation happens before a request reaches the engine loop where the server can do it (it calls
-`GrammarCompiler.compile` on a worker thread, so the event loop and the engine loop never wait on
-a large schema); the engine's own call is then a cache hit.
+Compilation happens before a request reaches the engine loop where the server can do it
+(server/grammar_pool.py: bounded in size and time, proven in a worker process it can kill, then
+compiled on the pool's own threads, so the event loop and the engine loop never wait on a large
+schema); the engine's own call is then a cache hit. JSON schemas compile through
+`json_schema_grammar`, which keeps every reply strict JSON.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer.hf, vocab_size=vocab_size, stop_token_ids=stop_ids or None
         )
+        self._info = info
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
         self._cache: OrderedDict[StructuredOutputsParams, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -75,25 +78,15 @@ class GrammarCompiler:
         return compiled
 
     def _compile(self, spec: StructuredOutputsParams) -> Any:
-        c = self._compiler
-        try:
-            if spec.json is not None:
-                # compact JSON (", " and ": "): with any whitespace allowed, a sampled model can emit
-                # newlines and spaces without end
-                return c.compile_json_schema(spec.json, any_whitespace=False, strict_mode=True)
-            if spec.json_object:
-                return c.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
-            if spec.regex is not None:
-                return c.compile_regex(spec.regex)
-            if spec.choice is not None:
-                return c.compile_grammar(choice_grammar(spec.choice))
-            if spec.structural_tag is not None:
-                return c.compile_structural_tag(spec.structural_tag)
-            assert spec.grammar is not None
-            return c.compile_grammar(spec.grammar)
-        except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses with its reason
-            what = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
-            raise ValueError(f"invalid {what.get(spec.kind, spec.kind)}: {clean_reason(e)}") from e
+        return compile_spec(self._compiler, spec)
+
+    def cached(self, spec: StructuredOutputsParams) -> bool:
+        with self._lock:
+            return spec in self._cache
+
+    def tokenizer_info_json(self) -> str:
+        """The tokenizer's vocabulary and metadata as xgrammar serializes them (for a worker process)."""
+        return str(self._info.serialize_json())
 
     def batch_fill(self, matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
         """Fill row rows[k] of `bitmask` from matchers[k], on xgrammar's threads."""
@@ -133,6 +126,67 @@ class GrammarMatcher:
     @property
     def is_terminated(self) -> bool:
         return bool(self._m.is_terminated())
+
+
+def compile_spec(compiler: Any, spec: StructuredOutputsParams) -> Any:
+    """`spec` compiled by an xgrammar GrammarCompiler; ValueError with the library's reason."""
+    try:
+        if spec.json is not None:
+            return compiler.compile_grammar(json_schema_grammar(spec.json))
+        if spec.json_object:
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+        if spec.regex is not None:
+            return compiler.compile_regex(spec.regex)
+        if spec.choice is not None:
+            return compiler.compile_grammar(choice_grammar(spec.choice))
+        if spec.structural_tag is not None:
+            return compiler.compile_structural_tag(spec.structural_tag)
+        assert spec.grammar is not None
+        return compiler.compile_grammar(spec.grammar)
+    except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses with its reason
+        what = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+        raise ValueError(f"invalid {what.get(spec.kind, spec.kind)}: {clean_reason(e)}") from e
+
+
+def json_schema_grammar(schema: str) -> str:
+    r"""The EBNF grammar of JSON texts valid against `schema`: compact (", " and ": "; with any
+    whitespace allowed a sampled model can emit newlines and spaces without end) and strict JSON.
+
+    xgrammar (0.2.9) writes the characters of a string with minLength / maxLength (and of property
+    names with those bounds) as `[^"\\\r\n]`, which admits the raw control characters U+0000-U+001F
+    that RFC 8259 forbids inside strings, so a sampled reply could fail `json.loads`. In a JSON grammar
+    a negated character class can only match inside a string, so every one of them is given
+    `\0-\x1f` too (`strict_character_classes`). Raises what xgrammar raises for a bad schema."""
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+    return strict_character_classes(str(grammar))
+
+
+def strict_character_classes(ebnf: str) -> str:
+    r"""`ebnf` with every negated character class `[^...]` outside quoted literals also excluding the
+    control characters `\0-\x1f` (those already excluding them are left as they are)."""
+    out: list[str] = []
+    i, n = 0, len(ebnf)
+    while i < n:
+        ch = ebnf[i]
+        if ch == '"' or ch == "[":
+            close = '"' if ch == '"' else "]"
+            j = i + 1
+            while j < n and ebnf[j] != close:
+                j += 2 if ebnf[j] == "\\" else 1
+            token = ebnf[i : j + 1]
+            if token.startswith("[^") and not token.startswith(_CONTROLS_EXCLUDED):
+                token = _CONTROLS_EXCLUDED + token[2:]
+            out.append(token)
+            i = j + 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+_CONTROLS_EXCLUDED = "[^\\0-\\x1f"
 
 
 def clean_reason(e: BaseException) -> str:

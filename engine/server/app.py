@@ -21,6 +21,7 @@ from fastapi.responses import PlainTextResponse, Response
 from llmdeploy_engine.server import openai_routes, tgi_routes
 from llmdeploy_engine.server.auth import APIKeyMiddleware
 from llmdeploy_engine.server.body_limit import BodyLimitMiddleware
+from llmdeploy_engine.server.constraints import close_grammar_pool
 from llmdeploy_engine.server.errors import (
     APIError,
     drop_validation_responses,
@@ -83,6 +84,7 @@ def build_app(
             yield
         finally:
             stop_parser_pool()
+            close_grammar_pool(state)
             if state.engine is not None:
                 await _shutdown(state.engine)
 
@@ -101,9 +103,11 @@ def build_app(
         return error_response(APIError(499, "the client closed the request", code="client_closed_request"))
 
     app.add_exception_handler(ClientDisconnected, on_disconnect)
+    app.add_middleware(BodyLimitMiddleware)
     if settings.api_key:
+        # outermost: a request without the key is refused from its headers, before any of its body is
+        # read (the body limit collects a chunked body whole), so unauthenticated uploads cost nothing
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
-    app.add_middleware(BodyLimitMiddleware)  # outermost: an oversized body is refused before auth reads it
 
     @app.get(
         "/health",

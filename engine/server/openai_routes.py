@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from llmdeploy_engine.sampling_params import StructuredOutputsParams
-from llmdeploy_engine.server.constraints import compile_constraint
+from llmdeploy_engine.server.constraints import compile_constraint, tool_call_constraint
 from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, bad_request
 from llmdeploy_engine.server.generation import (
     Part,
@@ -70,20 +70,20 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 async def _constraint(
-    state: ServerState, body: _SamplingFields, forced: StructuredOutputsParams | None = None
+    request: Request, state: ServerState, body: _SamplingFields, tools: ToolPlan | None = None
 ) -> StructuredOutputsParams | None:
-    """The request's structured-output constraint, compiled (off the event loop), or None; 400 for a
-    bad one. `forced`: the constraint a forced tool call brings (then the body may set none)."""
+    """The request's structured-output constraint, compiled (in the grammar pool), or None; 400 for a
+    bad one. A forced tool call brings its own constraint (then the body may set none)."""
     try:
         spec, param = body.structured_outputs_params()
     except ValueError as e:
         raise bad_request(str(e), "response_format") from e
-    if forced is not None:
+    if tools is not None and tools.forced is not None:
         if spec is not None:
             raise bad_request(f"{param} cannot be combined with a forced tool call (tool_choice)", param)
-        spec, param = forced, "tools"
+        return await tool_call_constraint(request, state, tools.fmt, tools.forced)
     if spec is not None:
-        await compile_constraint(state, spec, param)
+        await compile_constraint(request, state, spec, param)
     return spec
 
 
@@ -130,7 +130,7 @@ async def create_completion(request: Request) -> Any:
     body = await read_body(request, CompletionRequest)
     check_model(state, body.model)
     state.ready_engine()
-    constraint = await _constraint(state, body)
+    constraint = await _constraint(request, state, body)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     inputs, parts = await asyncio.to_thread(_prepare_completion, state, body, request_id, constraint)
     tokenizer = state.ready_engine().tokenizer
@@ -232,7 +232,7 @@ async def create_chat_completion(request: Request) -> Any:
     check_model(state, body.model)
     state.ready_engine()
     tools = chat_tool_plan(state, body)
-    constraint = await _constraint(state, body, tools.constraint if tools is not None else None)
+    constraint = await _constraint(request, state, body, tools)
     tool_format = tools.fmt if tools is not None else None
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     part = await asyncio.to_thread(_prepare_chat, state, body, request_id, tools, constraint)

@@ -26,6 +26,9 @@ from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Arrays and objects inside each other; OpenAI allows 10 levels in a structured-output schema (about
+# 25 levels of the request body), and Python's own parser stops near 1,000 with a RecursionError.
+MAX_JSON_DEPTH = 64
 BIG_BODY_BYTES = 1 << 20  # a thread parses 1 MiB of JSON in a few ms; past that, the worker process
 _POOL: concurrent.futures.ProcessPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -46,23 +49,43 @@ def _is_json(content_type: str | None) -> bool:
     return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
-def _surrogate_path(value: Any, path: tuple[str | int, ...]) -> tuple[str | int, ...] | None:
-    """Where the first string with a lone surrogate (JSON `"\\ud800"`) is; such text has no UTF-8 form."""
-    if isinstance(value, str):
-        return path if _SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if _SURROGATE.search(key):
-                return (*path, key)
-            found = _surrogate_path(item, (*path, key))
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _surrogate_path(item, (*path, i))
-            if found is not None:
-                return found
+def _shown(key: str) -> str:
+    """A key as an error may quote it: a lone surrogate has no UTF-8 form, so it shows escaped."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _problem(value: Any) -> tuple[str, tuple[str | int, ...]] | None:
+    """The first ("depth" | "surrogate", path) in a parsed body, walked without recursion: a string with
+    a lone surrogate (JSON `"\\ud800"`, which has no UTF-8 form) or nesting past MAX_JSON_DEPTH."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return "surrogate", path
+        elif isinstance(item, dict | list):
+            if len(path) >= MAX_JSON_DEPTH:
+                return "depth", path
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in reversed(list(pairs)):
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return "surrogate", (*path, key)
+                if isinstance(child, str | dict | list):
+                    stack.append((child, (*path, key)))
     return None
+
+
+def _too_deep() -> RequestValidationError:
+    return RequestValidationError(
+        [
+            {
+                "type": "json_too_deep",
+                "loc": ("body",),
+                "msg": f"JSON nested deeper than {MAX_JSON_DEPTH} levels",
+                "input": None,
+            }
+        ]
+    )
 
 
 def parse(raw: bytes, content_type: str | None, model: type[M]) -> M:
@@ -92,12 +115,17 @@ def parse(raw: bytes, content_type: str | None, model: type[M]) -> M:
                 }
             ]
         ) from None
+    except RecursionError:
+        raise _too_deep() from None
     except UnicodeDecodeError:
         raise RequestValidationError(
             [{"type": "json_invalid", "loc": ("body",), "msg": "the body is not valid UTF-8", "input": {}}]
         ) from None
-    where = _surrogate_path(data, ())
-    if where is not None:
+    problem = _problem(data)
+    if problem is not None and problem[0] == "depth":
+        raise _too_deep()
+    if problem is not None:
+        where = [_shown(x) if isinstance(x, str) else x for x in problem[1]]
         raise RequestValidationError(
             [
                 {

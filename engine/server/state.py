@@ -40,6 +40,7 @@ class ServerSettings:
     # exception types the engine raises once shutdown() stopped it (answered with 503 "shutting down")
     shutdown_errors: tuple[type[BaseException], ...] = ()
     log_requests: bool = True
+    grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer is a 400
 
     @property
     def model_name(self) -> str:

@@ -73,8 +73,8 @@ def _top_tokens(
     return [_token(tokenizer, t, step, special) for t, _ in ranked]
 
 
-async def _grammar(state: ServerState, body: TGIRequest) -> StructuredOutputsParams | None:
-    """The request's `grammar` parameter, compiled (off the event loop), or None; 400 for a bad one."""
+async def _grammar(request: Request, state: ServerState, body: TGIRequest) -> StructuredOutputsParams | None:
+    """The request's `grammar` parameter, compiled (in the grammar pool), or None; 400 for a bad one."""
     grammar = body.parameters.grammar
     if grammar is None:
         return None
@@ -82,7 +82,7 @@ async def _grammar(state: ServerState, body: TGIRequest) -> StructuredOutputsPar
         constraint = grammar.constraint()
     except ValueError as e:
         raise bad_request(str(e), "grammar") from e
-    await compile_constraint(state, constraint, "grammar")
+    await compile_constraint(request, state, constraint, "grammar")
     return constraint
 
 
@@ -131,7 +131,7 @@ def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[
 async def _submit(request: Request, body: TGIRequest) -> tuple[ServerState, Submission, int]:
     state = server_state(request)
     state.ready_engine()
-    constraint = await _grammar(state, body)
+    constraint = await _grammar(request, state, body)
     ids, params = await asyncio.to_thread(_prepare, state, body, constraint)
     return state, Submission(state, [(ids, params, f"tgi-{uuid.uuid4().hex}")]), len(ids)
 

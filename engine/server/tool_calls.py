@@ -9,7 +9,9 @@ tools are then left out of the prompt and no call is parsed).
 
 `tool_choice: "required"` and a named function are guaranteed through a structured-output
 constraint (an EBNF grammar, structured_output.py): the reply must be one call, in the template's format, to one of
-the tools (the named one), its arguments valid against that tool's `parameters` schema.
+the tools (the named one), its arguments valid against that tool's `parameters` schema. Building that
+grammar from the schemas can take seconds for a large one, so `forced_call_constraint` runs in a
+grammar worker process (grammar_pool.py), never on the event loop.
 """
 
 from __future__ import annotations
@@ -23,19 +25,19 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llmdeploy_engine.sampling_params import StructuredOutputsParams
 from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from llmdeploy_engine.server.tool_parser import HERMES_CLOSE, HERMES_OPEN
-from llmdeploy_engine.structured_output import clean_reason
+from llmdeploy_engine.structured_output import clean_reason, json_schema_grammar
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """How one chat request uses its tools: the format, the tools for the template, and the
-    constraint that forces a call (None for auto)."""
+    """How one chat request uses its tools: the format, the tools for the template, and the functions
+    one of which must be called (None for auto; `forced_call_constraint` builds the constraint)."""
 
     fmt: str
     tools: list[dict[str, Any]]
-    constraint: StructuredOutputsParams | None
+    forced: list[dict[str, Any]] | None
 
 
 def template_tool_format(template: str | None) -> str | None:
@@ -64,12 +66,11 @@ def plan_tools(body: ChatCompletionRequest, template: str | None) -> ToolPlan | 
             'template (--tokenizer FOLDER whose tokenizer_config.json has one) or send tool_choice "none"'
         )
     tools = [t.model_dump(exclude_none=True) for t in body.tools]
-    constraint = None
+    forced = None
     if mode != "auto":
         wanted = body.tool_choice.function.name if isinstance(body.tool_choice, NamedToolChoice) else None
-        functions = [t["function"] for t in tools if wanted is None or t["function"]["name"] == wanted]
-        constraint = forced_call_constraint(fmt, functions)
-    return ToolPlan(fmt, tools, constraint)
+        forced = [t["function"] for t in tools if wanted is None or t["function"]["name"] == wanted]
+    return ToolPlan(fmt, tools, forced)
 
 
 def forced_call_constraint(fmt: str, functions: list[dict[str, Any]]) -> StructuredOutputsParams:
@@ -89,7 +90,7 @@ def forced_call_constraint(fmt: str, functions: list[dict[str, Any]]) -> Structu
     ]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     try:
-        call = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+        call = xgr.Grammar.from_ebnf(json_schema_grammar(json.dumps(schema)))
     except Exception as e:
         raise ValueError(f"tools: a function's parameters schema cannot be used: {clean_reason(e)}") from e
     if fmt == "hermes":

@@ -30,6 +30,15 @@ def _completion(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, **fields}
 
 
+def _nested(path: str, depth: int) -> bytes:
+    base = _chat() if path == CHAT else _completion() if path == COMPLETIONS else {"inputs": "hi"}
+    return (json.dumps(base)[:-1] + ', "extra": ' + "[" * depth + "]" * depth + "}").encode()
+
+
+def _schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+
+
 # (name, path, body: dict/list/str for JSON or bytes as is)
 CASES: list[tuple[str, str, Any]] = [
     ("truncated JSON", CHAT, b'{"model": "smollm2", "messages": ['),
@@ -88,6 +97,22 @@ CASES: list[tuple[str, str, Any]] = [
     ),
     ("TGI temperature 0", "/", {"inputs": "hi", "parameters": {"temperature": 0, "max_new_tokens": 2}}),
     ("TGI inputs past max_model_len", "/generate", {"inputs": "word " * (8 * MAX_MODEL_LEN)}),
+    *(
+        (f"JSON nested {depth} levels on {path}", path, _nested(path, depth))
+        for depth in (65, 990, 20_000)
+        for path in (CHAT, COMPLETIONS, "/generate", "/generate_stream")
+    ),
+    ("lone surrogate in an unknown key", CHAT, _chat(**{"\ud800": 1})),
+    ("lone surrogate in a nested key", COMPLETIONS, _completion(extra={"a": [{"\udfff": 1}]})),
+    (
+        "lone surrogate in a schema property name",
+        CHAT,
+        _chat(
+            response_format=_schema_format({"type": "object", "properties": {"\udbff": {"type": "string"}}})
+        ),
+    ),
+    ("lone surrogate in a guided_json key", COMPLETIONS, _completion(guided_json={"\ud800x": {}})),
+    ("lone surrogate in a TGI key", "/generate", {"inputs": "hi", "parameters": {"\udc00": 1}}),
 ]
 
 # cases where a 2xx is also a fine answer (the server may clamp or accept the value)

@@ -13,7 +13,12 @@ import pytest
 import torch
 from llmdeploy_engine.loading.tokenizer import Tokenizer
 from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest
-from llmdeploy_engine.server.tool_calls import plan_tools, template_messages, template_tool_format
+from llmdeploy_engine.server.tool_calls import (
+    forced_call_constraint,
+    plan_tools,
+    template_messages,
+    template_tool_format,
+)
 from llmdeploy_engine.server.tool_parser import parse_tool_calls
 from llmdeploy_engine.structured_output import GrammarCompiler, fill_grammar_mask
 from tool_templates import HERMES_TEMPLATE, LLAMA31_TEMPLATE
@@ -97,7 +102,7 @@ def test_tool_results_and_calls_render_through_the_template(tokenizer: Tokenizer
         (LLAMA31_TEMPLATE, '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
     ):
         plan = plan_tools(body, template)
-        assert plan is not None and plan.constraint is None  # auto: nothing forced
+        assert plan is not None and plan.forced is None  # auto: nothing forced
         text = Tokenizer(tokenizer.hf, template).apply_chat_template(
             template_messages(body.messages), tools=plan.tools
         )
@@ -110,8 +115,8 @@ def test_forced_calls_always_parse_with_valid_arguments(
     compiler: GrammarCompiler, tokenizer: Tokenizer, template: str, choice: object
 ) -> None:
     plan = plan_tools(request(tools=[WEATHER, TIME], tool_choice=choice), template)
-    assert plan is not None and plan.constraint is not None
-    compiled = compiler.compile(plan.constraint)
+    assert plan is not None and plan.forced is not None
+    compiled = compiler.compile(forced_call_constraint(plan.fmt, plan.forced))
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
     gen = torch.Generator().manual_seed(1)
     for _ in range(2):
