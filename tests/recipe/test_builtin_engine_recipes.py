@@ -21,9 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 ENV = {"AGENT_API_KEY": "unused"}
 OTHER_GAPS = {
-    # the engine profiles an 8,192-token prefill through torch attention (engines/builtin.py):
-    # ~17 GiB of scores on a 24 GB card next to the 7B's int4 weights
-    "personal": "does not fit: the built-in engine's prefill profile needs limits.max_num_batched_tokens <= 4096 on 24 GB",
     "production": "speculative.draft_model by hub id: the built-in engine loads local files only",
     "production-h100": "speculative.draft_model by hub id: the built-in engine loads local files only",
     "tgi": "server.hf_token: the built-in engine never downloads from a model hub",
