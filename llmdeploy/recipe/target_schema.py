@@ -37,6 +37,12 @@ from llmdeploy.recipe.serving_schema import (
 class LocalTarget(Section):
     type: Literal["local"]
     state_dir: str | None = Field(default=None, description="where pid, port and log are kept")
+    llm_d_router: bool = Field(
+        default=False,
+        description="also render llm-d's router files for this engine: llm-d/endpoints.yaml (the "
+        "router's no-Kubernetes endpoints file, naming server.host:server.port) and "
+        "llm-d/epp-config.yaml (the endpoint picker reading it from /etc/epp)",
+    )
 
 
 class DockerTarget(Section):
@@ -48,6 +54,12 @@ class DockerTarget(Section):
         le=65536,
         allow_inf_nan=False,
         description="shared memory for the container (tensor parallelism needs several GiB)",
+    )
+    llm_d_router: bool = Field(
+        default=False,
+        description="also render llm-d's router files for this engine: llm-d/endpoints.yaml (the "
+        "router's no-Kubernetes endpoints file, naming server.host:server.port) and "
+        "llm-d/epp-config.yaml (the endpoint picker reading it from /etc/epp)",
     )
 
 

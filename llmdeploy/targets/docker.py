@@ -2,7 +2,8 @@
 
 Render writes docker-compose.yaml (llmdeploy/render/renderer.py); apply, status, logs and down run
 Compose (llmdeploy/apply/docker.py). This module owns the recipe's `target: {type: docker}` section
-(`llmdeploy.recipe.target_schema.DockerTarget`).
+(`llmdeploy.recipe.target_schema.DockerTarget`); with `llm_d_router: true`, render adds llm-d's
+router files for the engine Compose publishes (llmdeploy/targets/llm_d_router.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from llmdeploy.targets.base import (
     SecretSource,
     no_diff,
 )
+from llmdeploy.targets.llm_d_router import local_router_files, router_problems
 
 COMPOSE_FILE = "docker-compose.yaml"
 
@@ -40,13 +42,17 @@ class Docker:
     kubernetes_backed = False
 
     def problems(self, recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
-        return []
+        return router_problems(recipe, _section(recipe).llm_d_router)
 
     def notes(self, recipe: Recipe) -> list[str]:
         return []
 
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
-        return Rendered({COMPOSE_FILE: render_compose(recipe, _section(recipe), plan)})
+        section = _section(recipe)
+        files = {COMPOSE_FILE: render_compose(recipe, section, plan)}
+        if section.llm_d_router:
+            files.update(local_router_files(recipe))
+        return Rendered(files)
 
     def apply(self, recipe: Recipe, plan: MemoryPlan, request: ApplyRequest, console: Console) -> ApplyResult:
         from llmdeploy.apply.docker import apply_docker

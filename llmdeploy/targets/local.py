@@ -2,7 +2,8 @@
 
 Render writes launch.sh and engine.env (llmdeploy/render/renderer.py); apply, status, logs and down
 are llmdeploy/apply/local.py (state in llmdeploy/apply/local_state.py). This module owns the
-recipe's `target: {type: local}` section (`llmdeploy.recipe.target_schema.LocalTarget`).
+recipe's `target: {type: local}` section (`llmdeploy.recipe.target_schema.LocalTarget`); with
+`llm_d_router: true`, render adds llm-d's router files for the engine (llmdeploy/targets/llm_d_router.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from llmdeploy.targets.base import (
     SecretSource,
     no_diff,
 )
+from llmdeploy.targets.llm_d_router import local_router_files, router_problems
+
+
+def _section(recipe: Recipe) -> LocalTarget:
+    assert isinstance(recipe.target, LocalTarget), recipe.target.type
+    return recipe.target
 
 
 class Local:
@@ -33,13 +40,16 @@ class Local:
     kubernetes_backed = False
 
     def problems(self, recipe: Recipe, plan: MemoryPlan | None) -> list[Problem]:
-        return []
+        return router_problems(recipe, _section(recipe).llm_d_router)
 
     def notes(self, recipe: Recipe) -> list[str]:
         return []
 
     def render(self, recipe: Recipe, plan: MemoryPlan | None) -> Rendered:
-        return Rendered(render_local_files(recipe, plan))
+        files = render_local_files(recipe, plan)
+        if _section(recipe).llm_d_router:
+            files = {**files, **local_router_files(recipe)}
+        return Rendered(files)
 
     def apply(self, recipe: Recipe, plan: MemoryPlan, request: ApplyRequest, console: Console) -> ApplyResult:
         from llmdeploy.apply.local import apply_local

@@ -2,7 +2,8 @@
 controller would, so `apply` has something to wait on and `smoke` a URL to read.
 
 - KServe's LLMInferenceService: the `Ready` condition and `status.url`
-  (`http://<name>.<namespace>.svc.cluster.local`, as KServe reports a cluster-local URL);
+  (`http://<name>.<namespace>.svc.cluster.local`, as KServe reports a cluster-local URL, unless the
+  test names the URL of an engine it started itself in `urls`);
 - KubeAI's Model: `status.replicas` with every wanted replica ready.
 
 It writes nothing else (no pods, no routing); the fake kubelet makes Deployments' pods ready.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,14 @@ def kserve_url(name: str, namespace: str) -> str:
     return f"http://{name}.{namespace}.svc.cluster.local"
 
 
-def _status(kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+def _status(kind: str, obj: dict[str, Any], urls: Mapping[str, str]) -> dict[str, Any] | None:
     meta, status = obj["metadata"], obj.get("status") or {}
     if kind == "LLMInferenceService":
         if any(c.get("type") == "Ready" for c in status.get("conditions") or []):
             return None
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         return {
-            "url": kserve_url(meta["name"], meta["namespace"]),
+            "url": urls.get(meta["name"]) or kserve_url(meta["name"], meta["namespace"]),
             "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
         }
     want = max(1, int(obj["spec"].get("minReplicas") or 1))
@@ -44,8 +46,10 @@ def _status(kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class FakePlatformController:
-    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, urls: Mapping[str, str] | None = None) -> None:
+        """`urls`: the status.url to report per LLMInferenceService name (default: cluster-local)."""
         self.kubeconfig, self.namespace = kubeconfig, namespace
+        self.urls = dict(urls or {})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.error: BaseException | None = None
@@ -78,7 +82,7 @@ class FakePlatformController:
 
     def _settle(self, client: KubeClient, rt: ResourceType) -> None:
         for obj in client.list(rt, self.namespace):
-            status = _status(rt.kind, obj)
+            status = _status(rt.kind, obj, self.urls)
             if status is None:
                 continue
             client.request(

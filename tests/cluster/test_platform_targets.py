@@ -2,10 +2,12 @@
 (tests/targets/crds), every object rendered for the shipped kserve, llm-d and kubeai recipes (and
 SGLang on kserve and llm-d) taken by server-side apply with no field pruned, and the CLI's apply /
 diff / status / down against it, a fake controller setting the status a real one would;
-`smoke`'s URL comes from the platform's status."""
+`smoke`'s URL comes from the platform's status, and `smoke` passes against a built-in engine the
+test starts at the URL the fake KServe controller reports."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from engine_server import start as start_engine
 from fake_platform_controller import FakePlatformController, kserve_url
 from targets.platform_schemas import CRD_FILES, installable_crds
 
@@ -155,3 +159,69 @@ def test_apply_diff_status_down_through_the_cli(
     assert down.returncode == 0, down.stdout + down.stderr
     gone = _llmdeploy("status", recipe, kubeconfig=kubeconfig, namespace=namespace)
     assert gone.returncode != 0 and "not deployed" in gone.stdout, gone.stdout + gone.stderr
+
+
+SMOKE_MODEL_NAME = "smollm2-135m-instruct"
+
+
+def _kserve_smollm2(namespace: str) -> dict[str, Any]:
+    """The quickstart's model and smoke prompt as KServe would serve it: vLLM, weights from the hub
+    (KServe takes no PyPI package), KServe's port; the served name is what KServe's
+    `spec.model.name` and the engine's --served-model-name both carry."""
+    data = yaml.safe_load((ROOT / "recipes" / "quickstart.yaml").read_text())
+    data["name"] = "smoke-kserve"
+    data["model"] = {"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "dtype": "float32"}
+    data["engine"] = {"type": "vllm"}
+    data["kv_cache"] = {"block_size": 128}
+    data["server"] = {"host": "0.0.0.0", "port": 8000, "served_model_name": SMOKE_MODEL_NAME}
+    data["target"] = {"type": "kserve", "namespace": namespace}
+    return data
+
+
+def test_smoke_reaches_the_engine_at_the_url_kserve_reports(
+    platform_crds: None, kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    """`llmdeploy smoke RECIPE` on a kserve recipe asks the cluster for the LLMInferenceService's
+    status.url and runs its checks there: the fake controller reports the URL of a built-in engine
+    this test started on loopback, so every check passing means smoke found that URL and talked to
+    a real engine."""
+    recipe = tmp_path / "smoke-kserve.yaml"
+    recipe.write_text(yaml.safe_dump(_kserve_smollm2(namespace), sort_keys=False))
+    engine = start_engine(
+        tmp_path,
+        *("--kv-cache-memory-bytes", str(512 * 2**20), "--max-model-len", "2048", "--max-num-seqs", "32"),
+        served_model_name=SMOKE_MODEL_NAME,
+    )
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    try:
+        with FakePlatformController(kubeconfig, namespace, urls={"smoke-kserve": engine.url}):
+            applied = _llmdeploy(
+                "apply", str(recipe), "--yes", "--timeout", "120", kubeconfig=kubeconfig, namespace=namespace
+            )
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+            # smoke has no --kubeconfig: it reads the cluster the way kubectl does, from $KUBECONFIG
+            smoked = subprocess.run(
+                [sys.executable, "-m", "llmdeploy.cli.main", "smoke", str(recipe), "--startup-timeout", "60",
+                 "--log-file", str(engine.log_path)],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env=env,
+                timeout=600,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        assert smoked.returncode == 0, smoked.stdout + smoked.stderr
+        assert f"smoke test of {SMOKE_MODEL_NAME} at {engine.url}" in smoked.stdout, smoked.stdout
+        for check in (
+            "health",
+            "list models",
+            "chat completion",
+            "streamed chat completion",
+            "recipe prompt 1",
+        ):
+            assert f"ok    {check}" in smoked.stdout, smoked.stdout
+        # the engine itself answered: its access log shows the chat requests smoke sent
+        assert "/v1/chat/completions" in engine.log(), engine.log()[-2000:]
+    finally:
+        engine.stop(timeout_s=20)
+        _llmdeploy("down", str(recipe), "--yes", kubeconfig=kubeconfig, namespace=namespace)

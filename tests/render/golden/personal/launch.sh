@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'personal' (recipe sha256 cc16a41744cbf88719d0b61430e3caf3763c84ef2579810d7193e4976139e26f).
+# Rendered by llmdeploy from recipe 'personal' (recipe sha256 8f5584e1bad9c49b11267e72c3810a7d614455bbacca802c8c74511f46c1d0d9).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 293,584 KV cache tokens, max concurrency 8.96 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

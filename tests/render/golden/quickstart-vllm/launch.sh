@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 0f6a143945dc5cbedd1f502a005e3984742ac31c5a7f48524ace419c662a53aa).
+# Rendered by llmdeploy from recipe 'quickstart-vllm' (recipe sha256 85409eae5a3253b27d978cecfcfed308c77597d8b276343894745bdf970900d3).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 11,648 KV cache tokens, max concurrency 5.69 at max_model_len 2,048.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

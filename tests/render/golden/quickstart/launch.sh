@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 a3b4c3874def71f7328f590dc30e2e0c334ee185adfae7ab517c1cc090930dc4).
+# Rendered by llmdeploy from recipe 'quickstart' (recipe sha256 b01789def3ed932d76c894f4d82bfd1130d119ae7752f4c6ad69e16f31e98ac6).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 11,648 KV cache tokens, max concurrency 5.69 at max_model_len 2,048.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'kserve' (recipe sha256 29cf044025009b830f858892267e95f445ffd58f24cf89af0c9f78e7b2b6d950).
+# Rendered by llmdeploy from recipe 'kserve' (recipe sha256 6d24d4ff7438cbb1091efc36d5412772085b45ec6eab62990574f1cdf63e62eb).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 2,080,752 KV cache tokens, max concurrency 63.50 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

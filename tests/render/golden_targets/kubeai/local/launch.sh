@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'kubeai' (recipe sha256 f7050d2d2490f1edb85b2e34e1d1b297296b72f71295973b6630516a2bf8c143).
+# Rendered by llmdeploy from recipe 'kubeai' (recipe sha256 ce1246c61abdea262b4112dc0c423ace1df5e7369cf3c7a61f804d5c5e1ff424).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 207,584 KV cache tokens, max concurrency 25.34 at max_model_len 8,192.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'llm-d' (recipe sha256 9bd2a53e9b59c0d52d0832ff9bbcf7a7c63987d0ffb31a6a27d5c07fb7bbb40e).
+# Rendered by llmdeploy from recipe 'llm-d' (recipe sha256 ba50612fbe5cfbd84d9c71d99edac0a2ac54604224363d603437adb9c4a43218).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 353,072 KV cache tokens, max concurrency 21.55 at max_model_len 16,384.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

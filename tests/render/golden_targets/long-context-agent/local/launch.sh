@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'long-context-agent' (recipe sha256 ec4e2c120bbc538aa9d5295963252e6a257fc7b90e54928ea78530996f70a60f).
+# Rendered by llmdeploy from recipe 'long-context-agent' (recipe sha256 cb121ec46723ea70e72f11af5580f6cf082ece9a8cf644feba388c2f3711a7fa).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 1,088,272 KV cache tokens, max concurrency 16.61 at max_model_len 65,536.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

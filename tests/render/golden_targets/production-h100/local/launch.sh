@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'production-h100' (recipe sha256 d434e6e30366f11a56c2c20840172cb00d643aeaf9c40e494f58e972d294041d).
+# Rendered by llmdeploy from recipe 'production-h100' (recipe sha256 17e1e22e66649e25c8d8a7bb9c18f9296e74b91a1513a5dfee740a542e7bd0e4).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 689,072 KV cache tokens, max concurrency 21.03 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'production-stack' (recipe sha256 a9a8ec8ce498778721da25643d2431b82aa703e037c6a29452a135eb2761d272).
+# Rendered by llmdeploy from recipe 'production-stack' (recipe sha256 bf7e103aedfa8122b398489a669bd7be6d7725db4e865099704e689a12611bb0).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 450,608 KV cache tokens, max concurrency 13.75 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

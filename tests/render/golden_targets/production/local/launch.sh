@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'production' (recipe sha256 8a892b1c9db00bdce2e1a929752495aa0326332249edcbe3a027c3630304a7ab).
+# Rendered by llmdeploy from recipe 'production' (recipe sha256 c3076ae30334fd735954a96a6950ca893e8c60beb83339b2b370d5aaf7e9ad87).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 690,816 KV cache tokens, max concurrency 21.08 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'sglang' (recipe sha256 7d742e8d14cc0bb511c5295a4c36cba2f487392935af21557428145fd8efa596).
+# Rendered by llmdeploy from recipe 'sglang' (recipe sha256 d9b72aa1f9d3ad4e72312ec8bfd12b0d0c314ceabb7a41cc710599c3f1cbb531).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 1,617,856 KV cache tokens, max concurrency 49.37 at max_model_len 32,768.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.

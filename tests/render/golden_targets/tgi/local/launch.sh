@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rendered by llmdeploy from recipe 'tgi' (recipe sha256 6c25def276b9976dfc72ec04fc614f49e4241f6e13ffce0034e83f5e66fd049d).
+# Rendered by llmdeploy from recipe 'tgi' (recipe sha256 a1facdcb6fa20037815f2d2effee99c84813d5004f81a39e505c6288a573e9df).
 # Generated file: edit the recipe and run `llmdeploy render` again instead.
 # Planned capacity per replica: 193,040 KV cache tokens, max concurrency 23.56 at max_model_len 8,192.
 # Starts the engine in the foreground on this machine; `llmdeploy apply` does the same and keeps state.
