@@ -28,17 +28,14 @@ from engine_path import import_engine  # noqa: E402
 
 import_engine()  # the checkout's engine/ as llmdeploy_engine where it is not installed
 
+from llmdeploy_engine.facts import ARCHITECTURES  # noqa: E402
+
 # short names for the reference models; any catalog id (`llmdeploy models`) works too
 MODELS = {"qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B", "llama-3.1-8b": "meta-llama/Llama-3.1-8B"}
 DEFAULT_MODELS = "qwen2.5-0.5b,llama-3.1-8b"
 QUICK_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # --quick: the smallest catalog architecture
 # transformers class -> model_type, for the architectures the built-in engine runs
-MODEL_TYPES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+MODEL_TYPES = ARCHITECTURES
 
 # transformers config field -> the catalog ModelSpec's
 HF_FIELDS = dict(

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from llmdeploy_engine.cli_values import (
+    context_len_or_auto,
     fraction,
     non_negative_int,
     port_number,
@@ -21,10 +22,10 @@ from llmdeploy_engine.cli_values import (
     steps_or_auto,
 )
 from llmdeploy_engine.config import ALLREDUCE_CHOICES, EngineConfig
+from llmdeploy_engine.facts import KV_CACHE_DTYPES, MAX_DEFAULT_BATCHED_TOKENS, MIN_DEFAULT_BATCHED_TOKENS
 
 API_KEY_ENV_VARS = ("LLMDEPLOY_API_KEY", "VLLM_API_KEY")
 DTYPES = ("auto", "float16", "bfloat16", "float32", "half", "float", "fp16", "bf16")
-KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEVICES = ("auto", "cuda", "cpu")
 _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32"}
 
@@ -73,9 +74,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--max-model-len",
-        type=positive_int,
+        type=context_len_or_auto,
         default=None,
-        help="context length in tokens; accepts 32k / 4K (default: the model's, capped by the KV cache)",
+        help="context length in tokens; accepts 32k / 4K (default: the model's; start-up fails when the "
+        "KV cache cannot hold it, as in vLLM), or auto: the longest context the KV cache holds",
     )
     model.add_argument(
         "--seed", type=int, default=d.seed, help="random seed for sampling without a per-request seed"
@@ -125,7 +127,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens",
         type=positive_int,
         default=None,
-        help="most tokens in one step (default: max(max_model_len, 2048) capped at 8192)",
+        help=f"most tokens in one step (default: max(max_model_len, {MIN_DEFAULT_BATCHED_TOKENS}) capped at "
+        f"{MAX_DEFAULT_BATCHED_TOKENS})",
     )
     sched.add_argument(
         "--enable-chunked-prefill",

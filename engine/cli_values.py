@@ -7,6 +7,7 @@ import argparse
 import json
 import re
 
+from llmdeploy_engine.facts import AUTO_MAX_MODEL_LEN
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)\s*(?:[iI]?[bB])?\s*$")
@@ -60,6 +61,19 @@ def steps_or_auto(text: str) -> int | None:
         return positive_int(text)
     except (argparse.ArgumentTypeError, ValueError):
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or auto, got {text!r}") from None
+
+
+def context_len_or_auto(text: str) -> int:
+    """--max-model-len: tokens (4096, 32k), or auto / -1 (vLLM's spelling): the longest context the KV
+    cache holds, up to the model's (facts.AUTO_MAX_MODEL_LEN)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return AUTO_MAX_MODEL_LEN
+    try:
+        return positive_int(text)
+    except (argparse.ArgumentTypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of tokens such as 4096 or 32k, or auto, got {text!r}"
+        ) from None
 
 
 def port_number(text: str) -> int:

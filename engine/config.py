@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmdeploy_engine import facts
 from llmdeploy_engine.core.gc_tuning import GC_GEN0_THRESHOLD
 from llmdeploy_engine.model.quant_config import QuantSpec
 from llmdeploy_engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -29,14 +30,16 @@ class EngineConfig:
     # GGUF weights on the CPU: auto | quantized (kept compact, torch's int4 / fp16 CPU kernels) |
     # float32 (dequantized at load); gguf_compact.py
     cpu_weights: str = "auto"
-    max_model_len: int | None = None  # default: the model's context, capped by the KV cache
-    gpu_memory_utilization: float = 0.9
+    # default (None): the model's context, refused at start-up when the KV cache cannot hold it (vLLM's
+    # rule); facts.AUTO_MAX_MODEL_LEN (-1, `--max-model-len auto`): the longest context the KV cache holds
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = facts.DEFAULT_GPU_MEMORY_UTILIZATION
     kv_cache_memory_bytes: int | None = None  # explicit KV budget (required sizing rule on CPU)
-    kv_cache_dtype: str = "auto"  # auto | fp16 | bf16 | fp8 | fp8_e4m3 | fp8_e5m2 (fp8 = e4m3)
+    kv_cache_dtype: str = "auto"  # one of facts.KV_CACHE_DTYPES (auto: the model's dtype; fp8 = e4m3)
     calculate_kv_scales: bool = True  # fp8 KV: per-layer scales from a start-up calibration pass, else 1.0
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # default: max(max_model_len, 2048) capped at 8192
+    block_size: int = facts.DEFAULT_BLOCK_SIZE
+    max_num_seqs: int = facts.DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None  # default: facts.default_max_num_batched_tokens
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     tensor_parallel_size: int = 1

@@ -1,5 +1,6 @@
-"""Facts about the built-in engine that the toolkit needs too: its KV-cache sizing rule, its decode
-CUDA-graph sizes, the architectures it runs and llmdeploy's cache folder.
+"""Facts about the built-in engine that the toolkit needs too: the architectures and KV-cache dtypes it
+runs, its default budgets, its context-length rule, its KV-cache sizing rule, its decode CUDA-graph
+sizes and llmdeploy's cache folder. Each is written here once; the engine and the toolkit read it.
 
 The engine's allocator calls these functions with measured values; the planner calls them with its
 estimates, so the two can only differ in the inputs. Pure Python (no torch, pydantic or PyYAML), so
@@ -34,6 +35,43 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
+
+# --kv-cache-dtype names (vLLM's: plain fp8 is e4m3) -> the format the cache stores (torch's name; the
+# engine's kernels/kv_cache.py maps it to the torch dtype). "auto" stores the model's dtype. An fp8 cache
+# also keeps one float32 scale per layer for K and for V, which the plan leaves out.
+KV_CACHE_STORAGE = {
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
+KV_CACHE_DTYPES = ("auto", *KV_CACHE_STORAGE)  # the --kv-cache-dtype choices
+_STORAGE_BYTES = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+KV_CACHE_DTYPE_BYTES = {name: _STORAGE_BYTES[storage] for name, storage in KV_CACHE_STORAGE.items()}
+
+
+def kv_cache_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
+    """Bytes per KV element: the named format's, or the model dtype's for auto."""
+    if kv_cache_dtype == "auto":
+        return model_dtype_bytes
+    return KV_CACHE_DTYPE_BYTES[kv_cache_dtype]
+
+
+# ---- default budgets (vLLM's defaults, which the engine keeps) ------------------------------------
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV block
+DEFAULT_MAX_NUM_SEQS = 256
+# the default token budget of a step: max_model_len, at least 2048 and at most 8192
+MIN_DEFAULT_BATCHED_TOKENS = 2048
+MAX_DEFAULT_BATCHED_TOKENS = 8192
+
+
+def default_max_num_batched_tokens(max_model_len: int) -> int:
+    """The step's token budget when max_num_batched_tokens is unset: max(max_model_len, 2048) capped at
+    8192. The start-up profile runs one prefill of this many tokens, so it also sets the activation peak."""
+    return min(max(max_model_len, MIN_DEFAULT_BATCHED_TOKENS), MAX_DEFAULT_BATCHED_TOKENS)
+
 
 # bytes the engine stores per parameter of a quantized decoder projection (engine/kernels/quant_linear.py):
 # int4 codes, plus per group of 128 inputs a scale and a zero point, both in the model dtype in the
@@ -155,6 +193,64 @@ def max_concurrency(num_kv_blocks: int, block_size: int, max_model_len: int) -> 
     """How many requests of max_model_len tokens fit at once: blocks / ceil(len / block_size)."""
     blocks_per_request = -(-max_model_len // block_size)
     return num_kv_blocks / blocks_per_request
+
+
+# ---- context length (vLLM's rule) ------------------------------------------------------------------
+# vLLM derives an unset max_model_len from the model's config and refuses to start when the KV cache
+# cannot hold one request of that length, naming the longest one it could hold
+# (v1/core/kv_cache_utils.py, check_enough_kv_cache_memory); `--max-model-len auto` (stored as -1)
+# starts with that longest length instead, never past the model's own (_auto_fit_max_model_len).
+# The engine follows both. "Holds one request" is max_concurrency >= 1, which the planner's verdict
+# (llmdeploy/engines/plan_assembly.py) reads too, so a plan that says "fits" is an engine that starts.
+AUTO_MAX_MODEL_LEN = -1
+
+
+def requested_context_len(max_model_len: int | None, model_max_len: int) -> int:
+    """The context the engine sizes its start-up for (activation profile, CUDA graphs, step budget) and
+    the planner plans: max_model_len when set, else (unset or auto) the model's own."""
+    if max_model_len is None or max_model_len == AUTO_MAX_MODEL_LEN:
+        return model_max_len
+    return max_model_len
+
+
+def longest_context(num_kv_blocks: int, block_size: int, model_max_len: int) -> int:
+    """The longest request the KV cache holds, never past the model's context."""
+    return min(num_kv_blocks * block_size, model_max_len)
+
+
+def context_problem(
+    max_model_len: int | None, model_max_len: int, num_kv_blocks: int, block_size: int
+) -> str | None:
+    """Why the engine refuses to start with this context, or None: an unset or explicit length must
+    fit in the KV cache whole (one request at max_concurrency >= 1); auto needs one block."""
+    if max_model_len == AUTO_MAX_MODEL_LEN:
+        return None if num_kv_blocks > 0 else "max_model_len auto: the KV cache holds no block"
+    length = requested_context_len(max_model_len, model_max_len)
+    if max_concurrency(num_kv_blocks, block_size, length) >= 1:
+        return None
+    which = (
+        f"max_model_len {length}"
+        if max_model_len is not None
+        else (f"the model's context of {length} tokens (max_model_len unset)")
+    )
+    return (
+        f"{which} needs more KV cache than is available ({num_kv_blocks * block_size} tokens); the "
+        f"longest context it holds is {longest_context(num_kv_blocks, block_size, model_max_len)}: set "
+        "max_model_len to at most that (or auto), or raise gpu_memory_utilization / kv_cache_memory_bytes"
+    )
+
+
+def max_model_len_for(
+    max_model_len: int | None, model_max_len: int, num_kv_blocks: int, block_size: int
+) -> int:
+    """The context the engine serves: the requested (or the model's) length, or for auto the longest
+    one the KV cache holds. ValueError with context_problem's reason when it refuses."""
+    problem = context_problem(max_model_len, model_max_len, num_kv_blocks, block_size)
+    if problem is not None:
+        raise ValueError(problem)
+    if max_model_len == AUTO_MAX_MODEL_LEN:
+        return longest_context(num_kv_blocks, block_size, model_max_len)
+    return requested_context_len(max_model_len, model_max_len)
 
 
 # ---- activation peak (the start-up profile, CUDA) -----------------------------------------------

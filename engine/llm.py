@@ -13,6 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.facts import DEFAULT_GPU_MEMORY_UTILIZATION
 from llmdeploy_engine.llm_engine import LLMEngine
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.sampling_params import RequestOutputKind, SamplingParams
@@ -31,7 +32,7 @@ class LLM:
         *,
         tokenizer: str | None = None,
         dtype: str = "auto",
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         max_model_len: int | None = None,
         kv_cache_dtype: str = "auto",
         quantization: str | None = None,

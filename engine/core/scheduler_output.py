@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.core.sequence import Sequence
+from llmdeploy_engine.facts import default_max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class SchedulerConfig:
 
     @classmethod
     def from_engine(cls, config: EngineConfig, max_model_len: int) -> SchedulerConfig:
-        budget = config.max_num_batched_tokens or min(max(max_model_len, 2048), 8192)
+        budget = config.max_num_batched_tokens or default_max_num_batched_tokens(max_model_len)
         if not config.enable_chunked_prefill:
             budget = max(budget, max_model_len)  # a whole prompt must fit in one step
         return cls(

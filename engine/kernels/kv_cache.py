@@ -14,16 +14,13 @@ CPU, and a byte copy is the same copy on every device; 16/32-bit caches are inde
 from __future__ import annotations
 
 import torch
+from llmdeploy_engine.facts import KV_CACHE_STORAGE
 
-# --kv-cache-dtype names (vLLM's: plain "fp8" means e4m3) -> storage dtype; "auto" is the model dtype
+# --kv-cache-dtype names (facts.KV_CACHE_STORAGE) -> storage dtype, and torch's own names of the 16-bit
+# formats (LLM(kv_cache_dtype="bfloat16")); "auto" is the model dtype
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp8": torch.float8_e4m3fn,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
+    **{name: getattr(torch, storage) for name, storage in KV_CACHE_STORAGE.items()},
+    **{storage: getattr(torch, storage) for storage in KV_CACHE_STORAGE.values() if "float8" not in storage},
 }
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # calibrated scale = amax * margin / fp8 max: headroom for inputs whose K/V exceed what calibration saw

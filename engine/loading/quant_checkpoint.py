@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.config import ModelConfig
+from llmdeploy_engine.facts import ARCHITECTURES
 from llmdeploy_engine.kernels.int4_formats import pack_awq, pack_gptq, quantize_int4
 
 METHODS = ("awq", "gptq", "fp8")
@@ -40,8 +41,7 @@ def hf_config_dict(mc: ModelConfig) -> dict[str, Any]:
             "high_freq_factor": r.high_freq_factor,
             "original_max_position_embeddings": r.original_max_position_embeddings,
         }
-    classes = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-    classes["qwen3"] = "Qwen3ForCausalLM"
+    classes = {arch: name for name, arch in ARCHITECTURES.items()}
     return {
         "architectures": [classes[mc.architecture]],
         "model_type": mc.architecture,

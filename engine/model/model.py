@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import torch
 from llmdeploy_engine.config import ModelConfig, RopeScaling
+from llmdeploy_engine.facts import ARCHITECTURES
 from llmdeploy_engine.kernels import ops
 from llmdeploy_engine.kernels.attention import AttentionMetadata, fused_rope_decode, paged_attention
 from llmdeploy_engine.kernels.kv_cache import KVAmaxObserver
@@ -28,7 +29,7 @@ from llmdeploy_engine.model.parallel_layers import (
 from llmdeploy_engine.parallel.distributed import ATTENTION_SLOT, MLP_SLOT, SINGLE, ParallelState
 from torch import nn
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES.values())  # llama | mistral | qwen2 | qwen3
 
 
 class RMSNorm(nn.Module):

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import torch
+from llmdeploy_engine import facts
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.core.runner_interface import Runner
@@ -40,7 +41,6 @@ from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
     check_quantization,
     check_tensor_parallel,
-    default_max_num_batched_tokens,
     load_model_config,
     local_kv_heads,
     resolve_device,
@@ -143,15 +143,15 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
                 weights_bytes += w.stored_bytes() - shared
         load_time_s = time.perf_counter() - start
 
-        model_len = config.max_model_len or self.model_config.max_position_embeddings
-        self.max_num_batched_tokens = config.max_num_batched_tokens or default_max_num_batched_tokens(
+        model_len = facts.requested_context_len(
+            config.max_model_len, self.model_config.max_position_embeddings
+        )
+        self.max_num_batched_tokens = config.max_num_batched_tokens or facts.default_max_num_batched_tokens(
             model_len
         )
         peak_activation_bytes, non_torch_bytes, total_bytes = self._profile(model_len)
         if kv_cache.is_fp8(self.kv_dtype) and config.calculate_kv_scales:
             self._calibrate_kv_scales()
-
-        from llmdeploy_engine import facts
 
         mc = self.model_config
         self.num_local_kv_heads = local_kv_heads(mc.num_key_value_heads, tp)
@@ -188,7 +188,9 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
                 )
                 + "); raise gpu_memory_utilization or kv_cache_memory_bytes, or use a smaller model"
             )
-        self.max_model_len = self._max_model_len(model_len)
+        self.max_model_len = facts.max_model_len_for(
+            config.max_model_len, mc.max_position_embeddings, self.num_kv_blocks, self.block_size
+        )
         # CUDA graphs pad a batch up to a captured size: the padding rows write and read one block of
         # their own past the pool (the scheduler never hands it out), 2 MiB for an 8B model at 16
         # tokens a block, inside the graphs' fixed reserve (facts.CUDA_GRAPH_FIXED_BYTES)
@@ -374,17 +376,6 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
             "fp8 KV scales from %d calibration tokens: k %.3g..%.3g, v %.3g..%.3g",
             n, min(k_scales), max(k_scales), min(v_scales), max(v_scales),
         )  # fmt: skip
-
-    def _max_model_len(self, model_len: int) -> int:
-        capacity = self.num_kv_blocks * self.block_size
-        if self.config.max_model_len is None:
-            return min(model_len, capacity)
-        if self.config.max_model_len > capacity:
-            raise ValueError(
-                f"max_model_len {self.config.max_model_len} needs more KV cache than is available "
-                f"({capacity} tokens); lower max_model_len or raise gpu_memory_utilization / kv_cache_memory_bytes"
-            )
-        return self.config.max_model_len
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         mc = self.model_config

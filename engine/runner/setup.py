@@ -120,10 +120,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def default_max_num_batched_tokens(max_model_len: int) -> int:
-    return min(max(max_model_len, 2048), 8192)
-
-
 def check_tensor_parallel(mc: ModelConfig, tp: int) -> None:
     """Clear errors for a tensor_parallel_size the model's shape cannot be split by."""
     if tp < 1:

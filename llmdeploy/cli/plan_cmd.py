@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
+from llmdeploy_engine import facts as builtin_rule
 
 from llmdeploy.catalog.gpus import GPUSpec
 from llmdeploy.engines import ENGINES, get_engine
@@ -17,7 +18,7 @@ from llmdeploy.memory.memory_plan import MemoryPlan
 from llmdeploy.planner.envelope import EnvelopeBudget
 
 _QUANT = ["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
-_KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+_KV = list(builtin_rule.KV_CACHE_DTYPES)
 
 
 @click.command("plan")
@@ -33,14 +34,19 @@ _KV = ["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
     "with --fit, repeat it to limit the candidates.",
 )
 @click.option("--gpu-memory-gib", type=float, help="Memory per GPU as CUDA reports it, instead of --gpu.")
-@click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
+@click.option(
+    "--gpu-memory-utilization",
+    type=float,
+    default=builtin_rule.DEFAULT_GPU_MEMORY_UTILIZATION,
+    show_default=True,
+)
 @click.option("--max-model-len", type=int)
 @click.option("--tensor-parallel-size", "-tp", type=int, default=1, show_default=True)
 @click.option("--pipeline-parallel-size", "-pp", type=int, default=1, show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "float16", "bfloat16", "float32"]), default="auto")
 @click.option("--quantization", type=click.Choice(_QUANT), default="none")
 @click.option("--kv-cache-dtype", type=click.Choice(_KV), default="auto")
-@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--block-size", type=int, default=builtin_rule.DEFAULT_BLOCK_SIZE, show_default=True)
 @click.option("--max-num-batched-tokens", type=int)
 @click.option("--max-num-seqs", type=int)
 @click.option("--kv-cache-memory-gib", type=float, help="Explicit KV budget per GPU (or CPU).")
@@ -277,7 +283,6 @@ def _shape_only(
     tensor_parallel_size: int,
 ) -> MemoryPlan:
     from llmdeploy.catalog.gpus import resolve_gpu
-    from llmdeploy.memory.plan_inputs import KV_DTYPE_BYTES
     from llmdeploy.planner.envelope import GB, GIB, envelope_budget, envelope_plan
 
     missing = [
@@ -297,7 +302,7 @@ def _shape_only(
             head_dim,
             memory_gb,
             weight_bytes,
-            KV_DTYPE_BYTES.get(kv_cache_dtype, 2),
+            builtin_rule.kv_cache_dtype_bytes(kv_cache_dtype, 2),
             max_model_len or 8192,
             tensor_parallel_size,
         )

@@ -25,17 +25,11 @@ if TYPE_CHECKING:  # the recipe models (pydantic) stay unimported: `plan --model
     from llmdeploy.catalog.model_spec import ModelSpec
     from llmdeploy.recipe.schema import Recipe
 
-# What the built-in engine can run: engine/model.py SUPPORTED_ARCHITECTURES and engine/kv_cache.py's
-# KV dtypes (tests keep them equal). The toolkit never imports the engine (it imports torch).
-BUILTIN_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-# --kv-cache-dtype spellings; fp8 is e4m3 (vLLM's meaning), stored with per-layer scales, 1 byte per
-# element in the plan
-_KV_DTYPES = {dtype: dtype for dtype in ("fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")}
+# What the built-in engine can run: the architectures and --kv-cache-dtype spellings of its facts module
+# (torch-free; the toolkit never imports the rest of the engine). fp8 is e4m3 (vLLM's meaning), stored
+# with per-layer scales, 1 byte per element in the plan.
+BUILTIN_ARCHITECTURES = builtin_rule.ARCHITECTURES
+_KV_DTYPES = {dtype: dtype for dtype in builtin_rule.KV_CACHE_STORAGE}
 # --quantization methods: GGUF files (dequantized to 16-bit at load) and AWQ / GPTQ int4 and fp8
 # (compressed-tensors) checkpoints, kept quantized (engine/quant_config.py)
 _QUANTIZATION = {method: method for method in ("gguf", "awq", "gptq", "fp8")}
@@ -148,8 +142,10 @@ class BuiltinEngine(EngineDefaults):
     def memory_plan(self, inputs: PlanInputs) -> MemoryPlan:
         if inputs.device == "cpu" and inputs.dtype == "auto":
             inputs = replace(inputs, dtype="float32")  # it computes in float32 on CPU
-        seqs = inputs.max_num_seqs or 256
-        batched = inputs.max_num_batched_tokens or min(max(inputs.context_len, 2048), 8192)
+        seqs = inputs.max_num_seqs or builtin_rule.DEFAULT_MAX_NUM_SEQS
+        batched = inputs.max_num_batched_tokens or builtin_rule.default_max_num_batched_tokens(
+            inputs.context_len
+        )
         weights = _weights_bytes(inputs)
         act = activation_bytes(inputs, batched, min(seqs, batched))
         if inputs.device == "cpu":

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llmdeploy_engine import facts as builtin_rule
+
 from llmdeploy.catalog.gpus import GPUSpec, resolve_gpu
 from llmdeploy.catalog.model_spec import ModelSpec
 from llmdeploy.catalog.models import infer_quantization, resolve_model
@@ -15,8 +17,9 @@ if TYPE_CHECKING:  # the recipe's pydantic models cost ~0.3 s to import; `plan -
 
 GIB = 2**30
 
-# bytes per KV element for each --kv-cache-dtype (auto = the model dtype)
-KV_DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# bytes per KV element for each --kv-cache-dtype but auto (the model dtype): the built-in engine's table,
+# which holds vLLM's names
+KV_DTYPE_BYTES = builtin_rule.KV_CACHE_DTYPE_BYTES
 MODEL_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 CPU_DEFAULT_KV_GIB = 4.0  # vLLM's CPU backend default KV space (VLLM_CPU_KVCACHE_SPACE)
 
@@ -29,13 +32,13 @@ class PlanInputs:
     device: str = "cuda"
     gpu: GPUSpec | None = None
     gpu_memory_gib: float | None = None  # overrides the catalog figure
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = builtin_rule.DEFAULT_GPU_MEMORY_UTILIZATION
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     dtype: str = "auto"
     quantization: str = "none"
     kv_cache_dtype: str = "auto"
-    block_size: int = 16
+    block_size: int = builtin_rule.DEFAULT_BLOCK_SIZE
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
@@ -78,7 +81,8 @@ class PlanInputs:
 
     @property
     def context_len(self) -> int:
-        return self.max_model_len or self.spec.max_position_embeddings
+        """max_model_len, else the model's context (the engines' rule, builtin_rule.requested_context_len)."""
+        return builtin_rule.requested_context_len(self.max_model_len, self.spec.max_position_embeddings)
 
 
 def inputs_from_recipe(recipe: Recipe) -> PlanInputs:

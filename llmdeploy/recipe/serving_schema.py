@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from llmdeploy_engine import facts as builtin_rule
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmdeploy.recipe.field_types import (
@@ -24,6 +25,8 @@ from llmdeploy.recipe.field_types import (
 )
 
 Quantization = Literal["none", "awq", "gptq", "fp8", "int8", "int4", "bitsandbytes", "gguf"]
+# the built-in engine's table (builtin_rule.KV_CACHE_DTYPES, vLLM's names), spelled out for the type
+# checker; tests/recipe/test_facts_in_schema.py holds the two equal
 KVCacheDtype = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 ModelDtype = Literal["auto", "float16", "bfloat16", "float32"]
 EngineType = Literal["vllm", "tgi", "builtin", "sglang"]
@@ -109,7 +112,12 @@ class KVCacheSection(Section):
     dtype: KVCacheDtype = Field(
         default="auto", description="KV cache dtype (vLLM --kv-cache-dtype); fp8 halves KV memory per token"
     )
-    block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block (vLLM --block-size)")
+    block_size: int = Field(
+        default=builtin_rule.DEFAULT_BLOCK_SIZE,
+        ge=1,
+        le=1024,
+        description="tokens per KV block (vLLM --block-size)",
+    )
     prefix_caching: bool = Field(
         default=True, description="reuse the KV of shared prompt prefixes (vLLM --enable-prefix-caching)"
     )
@@ -120,13 +128,16 @@ class LimitsSection(Section):
         default=None, ge=1, le=COUNT_MAX, description="context length; default: the model's"
     )
     max_num_seqs: int = Field(
-        default=256, ge=1, le=COUNT_MAX, description="most requests running at once (vLLM --max-num-seqs)"
+        default=builtin_rule.DEFAULT_MAX_NUM_SEQS,
+        ge=1,
+        le=COUNT_MAX,
+        description="most requests running at once (vLLM --max-num-seqs)",
     )
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, le=COUNT_MAX, description="default: engine's own default"
     )
     gpu_memory_utilization: float = Field(
-        default=0.9,
+        default=builtin_rule.DEFAULT_GPU_MEMORY_UTILIZATION,
         gt=0,
         le=1,
         allow_inf_nan=False,

