@@ -6,15 +6,18 @@ print a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from llmdeploy.bench import BenchOptions, bench
+from llmdeploy.bench.request import RequestResult, RequestSpec, send_request
 from llmdeploy.smoke import smoke
 
 pytestmark = pytest.mark.slow  # each test starts the fault server and the CLI as processes
@@ -94,6 +97,32 @@ def test_counts_chunks_without_usage(fault_server: str, tmp_path: Path) -> None:
     assert done.returncode == 0
     level = report["levels"][0]
     assert (level["completed"], level["total_output_tokens"], level["usage_reported"]) == (5, 20, False)
+
+
+def test_requests_share_one_keep_alive_connection(fault_server: str) -> None:
+    """Each stream is read to its end after [DONE], so the next request reuses the connection (as vLLM's
+    client does) instead of paying a new connect inside its TTFT."""
+    connects: list[str] = []
+
+    async def trace(name: str, info: dict[str, object]) -> None:
+        if name == "connection.connect_tcp.complete":
+            connects.append(name)
+
+    async def traced(request: httpx.Request) -> None:
+        request.extensions["trace"] = trace
+
+    async def run() -> list[RequestResult]:
+        async with httpx.AsyncClient(event_hooks={"request": [traced]}) as client:
+            return [
+                await send_request(
+                    client, fault_server, "ok", RequestSpec("one two three", 4), endpoint, False
+                )
+                for endpoint in ("completions", "chat", "completions")
+            ]
+
+    results = asyncio.run(run())
+    assert [r.ok for r in results] == [True] * 3
+    assert len(connects) == 1
 
 
 def test_dropped_connections_are_counted_with_reasons(
