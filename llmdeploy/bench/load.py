@@ -93,10 +93,13 @@ async def run_level(
 async def warm_up(
     client: httpx.AsyncClient, base_url: str, model: str, specs: Sequence[RequestSpec], options: BenchOptions
 ) -> tuple[RequestResult, ...]:
-    """Sequential requests whose results are thrown away (first-request compile, caches, connections)."""
-    return tuple(
-        [
-            await send_request(client, base_url, model, spec, options.endpoint, options.ignore_eos)
-            for spec in specs
-        ]
-    )
+    """Unmeasured requests (first-request compile, caches, connections), at most the largest
+    concurrency at a time as `vllm bench serve` sends its warm-ups, so they open the keep-alive
+    connections the first point's requests then reuse instead of connecting inside their TTFT."""
+    slots = asyncio.Semaphore(max(options.concurrency))
+
+    async def one(spec: RequestSpec) -> RequestResult:
+        async with slots:
+            return await send_request(client, base_url, model, spec, options.endpoint, options.ignore_eos)
+
+    return tuple(await asyncio.gather(*(one(spec) for spec in specs)))
