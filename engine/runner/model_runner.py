@@ -36,6 +36,7 @@ from llmdeploy_engine.parallel.distributed import (
     init_parallel,
 )
 from llmdeploy_engine.runner.graph_sizing import GraphSizing
+from llmdeploy_engine.runner.multi_step import DecodeWindow
 from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
     check_quantization,
@@ -47,7 +48,8 @@ from llmdeploy_engine.runner.setup import (
     resolve_dtype,
 )
 from llmdeploy_engine.runner.startup_report import StartupReport
-from llmdeploy_engine.runner.window_steps import WindowSteps
+from llmdeploy_engine.runner.window_steps import EagerWindows
+from llmdeploy_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("llmdeploy_engine")
 
@@ -57,7 +59,7 @@ CALIBRATION_TOKENS = 512
 CALIBRATION_SEQ_LEN = 128
 
 
-class ModelRunner(GraphSizing, WindowSteps, Runner):
+class ModelRunner(GraphSizing, Runner):
     """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
     starts ranks 1..N-1 (`llmdeploy_engine.runner.tp_worker`), which construct theirs with `rank`/`port`.
     `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
@@ -99,6 +101,7 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_dtype = kv_cache.kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.block_size = config.block_size
+        self.windows = EagerWindows(self)  # decode windows (multi_step.py), run eagerly
         torch.manual_seed(config.seed)
         held_bytes = 0
         if self.device.type == "cuda":
@@ -400,6 +403,28 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         ]
 
     # phase: run
+    def execute_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """A decode window run eagerly (EagerWindows.run)."""
+        return self.windows.run(batch, num_steps, params, seed)
+
+    def launch_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+        follow: DecodeWindow | None = None,
+        follow_rows: list[int] | None = None,
+    ) -> DecodeWindow:
+        """`execute_multi_step` without waiting for the ids (EagerWindows.launch)."""
+        return self.windows.launch(batch, num_steps, params, seed, follow, follow_rows)
+
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""
