@@ -35,7 +35,7 @@ from llmdeploy_engine.parallel.distributed import (
     destroy_parallel,
     init_parallel,
 )
-from llmdeploy_engine.runner.graph_sizing import GraphSizing
+from llmdeploy_engine.runner import graph_sizing
 from llmdeploy_engine.runner.multi_step import DecodeWindow
 from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
@@ -59,7 +59,7 @@ CALIBRATION_TOKENS = 512
 CALIBRATION_SEQ_LEN = 128
 
 
-class ModelRunner(GraphSizing, Runner):
+class ModelRunner(Runner):
     """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
     starts ranks 1..N-1 (`llmdeploy_engine.runner.tp_worker`), which construct theirs with `rank`/`port`.
     `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
@@ -161,7 +161,9 @@ class ModelRunner(GraphSizing, Runner):
         self.kv_bytes_per_token = facts.kv_bytes_per_token(  # per rank
             mc.num_hidden_layers, self.num_local_kv_heads, mc.head_dim, self.kv_dtype.itemsize
         )
-        graph_reserve = self._cuda_graph_reserve(model_len)
+        graph_reserve = graph_sizing.cuda_graph_reserve(
+            config, self.model_config, self.device, self.dtype, self.kv_dtype, model_len
+        )
         explicit = config.kv_cache_memory_bytes
         if self.device.type == "cpu" and explicit is None:
             explicit = CPU_DEFAULT_KV_CACHE_BYTES
@@ -242,10 +244,19 @@ class ModelRunner(GraphSizing, Runner):
             tp,
             port,
             self.device,
-            self._symm_mem_bytes(),
-            self._gather_bytes(tp),
+            graph_sizing.symm_mem_bytes(self.config.max_num_seqs, self.model_config.hidden_size),
+            graph_sizing.gather_bytes(self.config.max_num_seqs, self.model_config.vocab_size, tp, self.dtype),
             self.config.tp_all_reduce,
         )
+
+    def graph_logits_rows(self) -> int:
+        """Rows up to which decode CUDA graphs compute their logits inside (graph_sizing.py)."""
+        return graph_sizing.graph_logits_rows(self.parallel, self.model_config.vocab_size, self.dtype)
+
+    @property
+    def graphs_with_tensor_parallel(self) -> bool:
+        """Whether decode steps may be captured in CUDA graphs at this tensor-parallel size."""
+        return graph_sizing.graphs_with_tensor_parallel(self.parallel)
 
     def capture_graphs_on_workers(self) -> None:
         """Tell ranks 1..N-1 to capture their CUDA graphs now (rank 0 captures right after)."""
