@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from typing import Any
 
@@ -34,6 +33,7 @@ from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig
 from llmdeploy_engine.core.sequence import Sequence
 from llmdeploy_engine.core.stop_checker import StopChecker
 from llmdeploy_engine.core.window_policy import WindowPolicy
+from llmdeploy_engine.grammars import Grammars
 from llmdeploy_engine.outputs import RequestMetrics, RequestOutput
 from llmdeploy_engine.runner.stack import build_runner
 from llmdeploy_engine.sampling_params import SamplingParams
@@ -85,10 +85,10 @@ class LLMEngine:
 
             self.speculator = build_speculator(config, runner, self.sampler)
         self.requests: dict[str, RequestState] = {}
-        self._grammar_compiler: Any = None  # built on the first constrained request
-        self._grammar_lock = threading.Lock()
+        model_config = runner.model_config
+        self.grammars = Grammars(tokenizer, model_config.vocab_size if model_config is not None else None)
         self.outputs = OutputProcessor(
-            self.scheduler, self.sampler, tokenizer, self.speculator, self.requests, self._grammar_mask
+            self.scheduler, self.sampler, tokenizer, self.speculator, self.requests, self.grammars.mask
         )
         self.window_policy = WindowPolicy.choose(
             config.num_scheduler_steps,
@@ -144,26 +144,9 @@ class LLMEngine:
         return text, ids, max_tokens
 
     def grammar_compiler(self) -> Any:
-        """The structured-output compiler for this engine's tokenizer (built once, on first use; any
-        thread may call it and its `compile`: the server compiles off the engine loop)."""
-        with self._grammar_lock:
-            if self._grammar_compiler is None:
-                from llmdeploy_engine.structured_output import GrammarCompiler
-
-                model_config = self.runner.model_config
-                vocab = model_config.vocab_size if model_config is not None else None
-                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab or self.tokenizer.vocab_size)
-            return self._grammar_compiler
-
-    def _grammar_mask(self, matchers: list[Any]) -> Any:
-        """The bitmask of the rows whose sequence has a grammar (None when none has): filled now, on the
-        host, while the device runs the step's forward pass. Here, not in the torch-free core:
-        structured_output reads the vocabulary with the grammar library."""
-        if all(m is None for m in matchers):
-            return None
-        from llmdeploy_engine.structured_output import fill_grammar_mask
-
-        return fill_grammar_mask(self.grammar_compiler(), matchers)
+        """The structured-output compiler for this engine's tokenizer (Grammars.compiler: built once,
+        on first use; any thread may call it and its `compile`)."""
+        return self.grammars.compiler()
 
     def add_request(
         self,

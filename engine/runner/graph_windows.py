@@ -4,6 +4,7 @@ eager window."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,9 @@ class GraphWindows(WindowExecutor):
     window's packed block tables."""
 
     def __init__(self, graphs: Any) -> None:
-        self.graphs = graphs
+        # a proxy: the graph runner holds this executor, and a cycle would keep a dropped engine's
+        # graphs and KV cache until the cyclic collector runs
+        self.graphs = weakref.proxy(graphs)
         self.block_size: int = graphs.block_size
         # their own pinned buffer (grown on demand), event and device copy
         self._window_host = torch.zeros(0, dtype=torch.long)

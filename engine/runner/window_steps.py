@@ -3,6 +3,7 @@ device, each run eagerly and fed the tokens the step before chose, with one host
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -22,7 +23,9 @@ class EagerWindows(WindowExecutor):
     """Runs windows on `runner` (a ModelRunner: its model, KV caches and device)."""
 
     def __init__(self, runner: Any) -> None:
-        self.runner = runner
+        # a proxy: the runner holds this executor, and a cycle would keep a dropped engine's KV cache
+        # until the cyclic collector runs
+        self.runner = weakref.proxy(runner)
         self.block_size: int = runner.block_size
 
     def max_position(self) -> int:
