@@ -242,7 +242,7 @@ class LLMEngine:
         windows = self.windows
         if windows.inflight is not None:
             return windows.finish()
-        windows.break_chain()
+        windows.chained_done_s = None  # a scheduled step breaks the chain of windows
         if self.speculator is not None:
             self.speculator.set_proposals(self.scheduler.running, self._num_tokens_left)
         out = self.scheduler.schedule()
@@ -255,7 +255,7 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
         if self.speculator is not None:
             out = self.speculator.fill(out, self.scheduler, self.requests)
-        else:
+        elif self.window_policy.enabled:
             max_steps, sampled_rows = self.window_policy.plan(out, self.requests, len(self.scheduler.running))
             if max_steps:
                 out, outputs = windows.run(out, max_steps, sampled_rows)

@@ -76,12 +76,10 @@ class DecodeWindows:
         self.outputs = outputs
         self.requests = requests
         self.inflight: LaunchedWindow | None = None  # launched, its tokens not processed yet
-        self._window_done: float | None = None  # when the last window's ids were read, in a chain
+        # when the last window's ids were read (perf_counter), in a chain of follow-ons; the engine
+        # clears it when a scheduled step breaks the chain
+        self.chained_done_s: float | None = None
         self.num_windows_by_steps: dict[int, int] = {}  # windows launched, by number of steps
-
-    def break_chain(self) -> None:
-        """A scheduled step runs: the next window does not follow the last one."""
-        self._window_done = None
 
     def run(
         self, out: SchedulerOutput, max_steps: int, sampled_rows: bool
@@ -131,9 +129,9 @@ class DecodeWindows:
         start = time.perf_counter()
         ids = window.handle.result()
         done = time.perf_counter()
-        if self._window_done is not None:
-            self.policy.observe(done - start, done - self._window_done)
-        self._window_done = done if self.inflight is not None else None
+        if self.chained_done_s is not None:
+            self.policy.observe(done - start, done - self.chained_done_s)
+        self.chained_done_s = done if self.inflight is not None else None
         return self.outputs.process_window(window.out, ids)
 
     def _follow_on(self, window: LaunchedWindow) -> LaunchedWindow | None:
