@@ -255,7 +255,7 @@ def max_model_len_for(
 
 # ---- activation peak (the start-up profile, CUDA) -----------------------------------------------
 # The engine profiles one prefill step of max_num_batched_tokens tokens through the path the server
-# runs (engine/runner/model_runner.py `_profile`): paged K/V and the varlen attention kernel, which
+# runs (engine/runner/startup.py `profile_memory`): paged K/V and the varlen attention kernel, which
 # keeps no scores, so the peak is linear in the tokens. It comes in the MLP of a layer, while the
 # down projection writes its output: the residual stream and the previous layer's output (2 hidden,
 # held by the layer loop), the attention output and the summed residual (2 hidden), gate/up

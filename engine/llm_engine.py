@@ -4,13 +4,14 @@ Each request's `SamplingParams.output_kind` says what it gets back: CUMULATIVE (
 far, every step it advanced), DELTA (what is new since its previous output) or FINAL_ONLY (one output
 at finish; no per-step outputs are built, and without stop strings no per-token detokenization).
 
-A step is one of: a scheduled forward pass whose logits the sampler turns into tokens
-(output_processor.py); a decode window of several steps run on the device, maybe launched ahead of the
-last one's outputs (decode_windows.py, window lengths window_sizing.py); or a speculative step whose
-draft tokens the target model verifies (spec_decode/).
+A step (`step()`): the scheduler picks the sequences and their tokens; the window policy
+(core/window_policy.py) says whether they run as a decode window of several steps on the device, maybe
+launched ahead of the last one's outputs (core/decode_windows.py), or as one forward pass on the
+runner, or as a speculative step whose draft tokens the target model verifies (spec_decode/); the
+output processor (core/output_processor.py) turns the tokens into sequences and RequestOutputs.
 
-Owns the model runner (runner_interface.Runner; runner_stack.build_runner), block manager, scheduler,
-sampler and tokenizer. Single-threaded: every call must come from one thread (AsyncLLMEngine runs it
+Owns each of those objects: the model runner (runner_interface.Runner; runner/stack.build_runner), the
+block manager, scheduler, window policy, decode windows, output processor, sampler and tokenizer. Single-threaded: every call must come from one thread (AsyncLLMEngine runs it
 on its own loop thread).
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from typing import Any
 
@@ -32,6 +32,8 @@ from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig
 from llmdeploy_engine.core.sequence import Sequence
 from llmdeploy_engine.core.stop_checker import StopChecker
+from llmdeploy_engine.core.window_policy import WindowPolicy
+from llmdeploy_engine.grammars import Grammars
 from llmdeploy_engine.outputs import RequestMetrics, RequestOutput
 from llmdeploy_engine.runner.stack import build_runner
 from llmdeploy_engine.sampling_params import SamplingParams
@@ -41,7 +43,7 @@ __all__ = ["EngineStats", "LLMEngine"]
 logger = logging.getLogger("llmdeploy_engine")
 
 
-class LLMEngine(DecodeWindows, OutputProcessor):
+class LLMEngine:
     def __init__(
         self,
         config: EngineConfig,
@@ -82,14 +84,27 @@ class LLMEngine(DecodeWindows, OutputProcessor):
             from llmdeploy_engine.spec_decode.speculator import build_speculator
 
             self.speculator = build_speculator(config, runner, self.sampler)
-        self._init_windows(config, runner)
         self.requests: dict[str, RequestState] = {}
-        self._grammar_compiler: Any = None  # built on the first constrained request
-        self._grammar_lock = threading.Lock()
+        model_config = runner.model_config
+        self.grammars = Grammars(tokenizer, model_config.vocab_size if model_config is not None else None)
+        self.outputs = OutputProcessor(
+            self.scheduler, self.sampler, tokenizer, self.speculator, self.requests, self.grammars.mask
+        )
+        self.window_policy = WindowPolicy.choose(
+            config.num_scheduler_steps,
+            config.async_scheduling,
+            runs_windows=runner.runs_windows,
+            launches_windows=runner.launches_windows,
+            sampling=runner.multi_step_sampling,
+            on_gpu=str(runner.device).startswith("cuda"),
+            speculating=self.speculator is not None,
+            max_num_seqs=sched_config.max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
+        self.windows = DecodeWindows(
+            self.window_policy, runner, self.scheduler, self.sampler, self.outputs, self.requests
+        )
         raise_gc_threshold(config.gc_gen0_threshold)
-        self._prompt_tokens_total = 0
-        self._generation_tokens_total = 0
-        self._num_requests_finished = 0
 
     def close(self) -> None:
         """Release the runner's processes (tensor-parallel workers); the engine is unusable after."""
@@ -129,26 +144,9 @@ class LLMEngine(DecodeWindows, OutputProcessor):
         return text, ids, max_tokens
 
     def grammar_compiler(self) -> Any:
-        """The structured-output compiler for this engine's tokenizer (built once, on first use; any
-        thread may call it and its `compile`: the server compiles off the engine loop)."""
-        with self._grammar_lock:
-            if self._grammar_compiler is None:
-                from llmdeploy_engine.structured_output import GrammarCompiler
-
-                model_config = self.runner.model_config
-                vocab = model_config.vocab_size if model_config is not None else None
-                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab or self.tokenizer.vocab_size)
-            return self._grammar_compiler
-
-    def _grammar_mask(self, matchers: list[Any]) -> Any:
-        """The bitmask of the rows whose sequence has a grammar (None when none has): filled now, on the
-        host, while the device runs the step's forward pass. Here, not in the torch-free core:
-        structured_output reads the vocabulary with the grammar library."""
-        if all(m is None for m in matchers):
-            return None
-        from llmdeploy_engine.structured_output import fill_grammar_mask
-
-        return fill_grammar_mask(self.grammar_compiler(), matchers)
+        """The structured-output compiler for this engine's tokenizer (Grammars.compiler: built once,
+        on first use; any thread may call it and its `compile`)."""
+        return self.grammars.compiler()
 
     def add_request(
         self,
@@ -216,8 +214,8 @@ class LLMEngine(DecodeWindows, OutputProcessor):
             matchers=matchers,
         )
         self.requests[request_id] = req
-        if self.scheduler.running:  # it will wait for the windows in flight (see _window_steps)
-            self._arrived_while_decoding = time.monotonic()
+        if self.scheduler.running:  # it will wait for the windows in flight (WindowPolicy.window_steps)
+            self.window_policy.note_arrival()
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -227,9 +225,7 @@ class LLMEngine(DecodeWindows, OutputProcessor):
         if req is None:
             return None
         self.scheduler.abort(request_id)
-        req.metrics.finished_time = time.time()
-        self._num_requests_finished += 1
-        return self._make_output(req)
+        return self.outputs.finish_aborted(req)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -240,9 +236,13 @@ class LLMEngine(DecodeWindows, OutputProcessor):
     # ---- one step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        if self._inflight is not None:
-            return self._finish_window()
-        self._window_done = None  # a scheduled step breaks the chain of windows
+        """One step: schedule, then a decode window (WindowPolicy.plan) or one forward pass on the
+        runner, then the sampled tokens into outputs. With asynchronous windows, a window launched
+        last step is finished first (its follow-on launched, its tokens processed)."""
+        windows = self.windows
+        if windows.inflight is not None:
+            return windows.finish()
+        windows.chained_done_s = None  # a scheduled step breaks the chain of windows
         if self.speculator is not None:
             self.speculator.set_proposals(self.scheduler.running, self._num_tokens_left)
         out = self.scheduler.schedule()
@@ -255,15 +255,31 @@ class LLMEngine(DecodeWindows, OutputProcessor):
                 metrics.first_scheduled_time = now
         if self.speculator is not None:
             out = self.speculator.fill(out, self.scheduler, self.requests)
-        elif self.num_scheduler_steps > 1 or self._async_windows:
-            out, outputs = self._run_window(out)
-            if outputs is not None:
-                return outputs
+        elif self.window_policy.enabled:
+            max_steps, sampled_rows = self.window_policy.plan(out, self.requests, len(self.scheduler.running))
+            if max_steps:
+                out, outputs = windows.run(out, max_steps, sampled_rows)
+                if outputs is not None:
+                    return outputs
         logits = self.runner.execute(out.batch)
         self.scheduler.update_computed(out)
         if out.batch.num_logits is not None:
-            return self._process_verified(out, logits)
-        return self._process_samples(out, logits)
+            return self.outputs.process_verified(out, logits)
+        return self.outputs.process_samples(out, logits)
+
+    def _num_tokens_left(self, seq: Sequence) -> int:
+        checker = self.requests[seq.request_id].checkers[seq.index]
+        return min(checker.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+
+    @property
+    def num_scheduler_steps(self) -> int:
+        """The fixed decode-window length, or the most steps auto may choose (WindowPolicy)."""
+        return self.window_policy.num_scheduler_steps
+
+    @property
+    def num_windows_by_steps(self) -> dict[int, int]:
+        """Decode windows launched, by number of steps."""
+        return self.windows.num_windows_by_steps
 
     # ---- observability ------------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -278,9 +294,9 @@ class LLMEngine(DecodeWindows, OutputProcessor):
             prefix_cache_queries_tokens=pc.num_query_tokens,
             prefix_cache_hits_tokens=pc.num_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
-            prompt_tokens_total=self._prompt_tokens_total,
-            generation_tokens_total=self._generation_tokens_total,
-            num_requests_finished=self._num_requests_finished,
+            prompt_tokens_total=self.outputs.prompt_tokens_total,
+            generation_tokens_total=self.outputs.generation_tokens_total,
+            num_requests_finished=self.outputs.num_requests_finished,
             startup_report=self.runner.startup_report,
             **self._spec_decode_stats(),
         )

@@ -1,7 +1,7 @@
 """Decode windows: multi-step decoding and launching the next window ahead of the last one's outputs.
 
 Multi-step decoding (`num_scheduler_steps` = N > 1): when a scheduled step is pure decode, nothing
-waits, speculative decoding is off, the runner has `execute_multi_step` and every sequence's next
+waits, speculative decoding is off, the runner runs windows (`Runner.runs_windows`) and every sequence's next
 tokens can be chosen on the device (greedy, or, when the runner has `multi_step_sampling`, unseeded
 sampling with temperature / top-k / top-p / min-p; never logprobs, penalties or unmet min_tokens),
 the runner runs up to N decode steps back to back, feeding each step's tokens to the next on the
@@ -27,31 +27,28 @@ or when not every running sequence is in the window; the tokens it computes for 
 stopped in window k (EOS, a stop string) or was aborted are dropped, and their slots were freed with
 the sequence (the device runs the follow-on's writes to them before anything launched later).
 
-Window length auto: window_sizing.py.
+Which steps are windows and how long: window_policy.py (window length auto: window_sizing.py).
+The runner's window executor runs them (runner/window_executor.py).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmdeploy_engine.config import EngineConfig
+from llmdeploy_engine.core.output_processor import OutputProcessor
 from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.core.scheduler import Scheduler, SchedulerOutput
-from llmdeploy_engine.core.sequence import Sequence
-from llmdeploy_engine.core.window_sizing import ARRIVAL_HOLD_S, ARRIVAL_WINDOW_STEPS, WindowSizer
+from llmdeploy_engine.core.window_policy import WindowPolicy
 from llmdeploy_engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from llmdeploy_engine.core.request_state import RequestState
 
-logger = logging.getLogger("llmdeploy_engine")
-
 
 @dataclass(frozen=True)
-class _Window:
+class LaunchedWindow:
     """A decode window launched without waiting for its ids (asynchronous scheduling)."""
 
     out: SchedulerOutput
@@ -60,99 +57,58 @@ class _Window:
 
 
 class DecodeWindows:
-    """LLMEngine's decode-window half (a mixin: it shares the engine's runner, scheduler, sampler and
-    requests)."""
+    """Runs the windows the policy grants on the runner and hands their tokens to the output
+    processor; holds the asynchronous window in flight (`inflight`) and counts windows by length."""
 
-    runner: Runner
-    scheduler: Scheduler
-    sampler: Any
-    requests: dict[str, RequestState]
-    max_model_len: int
-    speculator: Any
-
-    if TYPE_CHECKING:
-
-        def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]: ...
-
-    def _init_windows(self, config: EngineConfig, runner: Runner) -> None:
-        self.num_scheduler_steps = 1  # fixed window length, or the most steps auto may choose
-        if config.num_scheduler_steps is not None and config.num_scheduler_steps > 1:
-            if self.speculator is not None:
-                logger.warning("num_scheduler_steps is ignored with speculative decoding: one step per call")
-            elif not runner.runs_windows:
-                logger.warning("num_scheduler_steps is ignored: this runner has no multi-step decoding")
-            else:
-                self.num_scheduler_steps = config.num_scheduler_steps
-        self._window_sampling = runner.multi_step_sampling
-        asked = config.async_scheduling
-        # auto: on with multi-step windows, and on a CUDA device (one-step windows: the host's work for
-        # step k overlaps step k + 1 on the device); off on the CPU, where a launch runs at once, so
-        # launching ahead would only hold each step's outputs back by a step
-        on_gpu = str(runner.device).startswith("cuda")
-        self._async_windows = (
-            ((self.num_scheduler_steps > 1 or on_gpu) if asked is None else asked)
-            and self.speculator is None
-            and runner.launches_windows
-        )
-        if asked and not self._async_windows:
-            logger.warning(
-                "async_scheduling is ignored: %s",
-                "one step per call with speculative decoding"
-                if self.speculator is not None
-                else "this runner cannot launch decode windows",
-            )
-        self._inflight: _Window | None = None  # the launched window whose tokens are not processed yet
-        # num_scheduler_steps auto with asynchronous windows on a CUDA device: each window's length
-        # from how long the host waited for the one before (window_sizing.WindowSizer); else fixed
-        self._sizer: WindowSizer | None = None
-        self._arrived_while_decoding = -float("inf")  # time.monotonic() of the last such request
-        if config.num_scheduler_steps is None and self._async_windows and on_gpu:
-            self._sizer = WindowSizer()
-            self.num_scheduler_steps = self._sizer.max_steps
-        self._window_done: float | None = None  # when the last window's ids were read, in a chain
+    def __init__(
+        self,
+        policy: WindowPolicy,
+        runner: Runner,
+        scheduler: Scheduler,
+        sampler: Any,
+        outputs: OutputProcessor,
+        requests: dict[str, RequestState],
+    ) -> None:
+        self.policy = policy
+        self.runner = runner
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.outputs = outputs
+        self.requests = requests
+        self.inflight: LaunchedWindow | None = None  # launched, its tokens not processed yet
+        # when the last window's ids were read (perf_counter), in a chain of follow-ons; the engine
+        # clears it when a scheduled step breaks the chain
+        self.chained_done_s: float | None = None
         self.num_windows_by_steps: dict[int, int] = {}  # windows launched, by number of steps
-        if self._sizer is not None:
-            logger.info(
-                "Asynchronous scheduling: on; decode windows of 1-%d steps, longer while the host's "
-                "work a window exceeds the device's (num_scheduler_steps auto)",
-                self._sizer.max_steps,
-            )
-        elif self.num_scheduler_steps > 1:
-            logger.info(
-                "Multi-step decoding: up to %d decode steps a window, asynchronous scheduling %s",
-                self.num_scheduler_steps,
-                "on" if self._async_windows else "off",
-            )
-        elif self._async_windows:
-            logger.info("Asynchronous scheduling: on (decode steps launched one ahead of their outputs)")
 
-    def _run_window(self, out: SchedulerOutput) -> tuple[SchedulerOutput, list[RequestOutput] | None]:
-        """Run the scheduled step as a decode window when it may be one: (the step, its outputs); None
-        outputs: run the step (its slots maybe reserved for a window) as one ordinary step."""
-        max_steps, sampled_rows = self._window_limit(out)
-        if max_steps > 1 or (max_steps == 1 and self._async_windows):
-            out, num_steps = self.scheduler.reserve_decode_window(out, max_steps)
-            if num_steps >= 1 and self._async_windows:  # windows of any length, one step included
-                self._inflight = self._launch_window(out, num_steps, sampled_rows)
-                return out, self._finish_window()
-            if num_steps > 1:
-                if sampled_rows:
-                    params = [e.seq.params for e in out.scheduled]
-                    seed = self.sampler.window_seed()
-                    ids = self.runner.execute_multi_step(out.batch, num_steps, params, seed)
-                else:
-                    ids = self.runner.execute_multi_step(out.batch, num_steps)
-                return out, self._process_window(out, ids)
+    def run(
+        self, out: SchedulerOutput, max_steps: int, sampled_rows: bool
+    ) -> tuple[SchedulerOutput, list[RequestOutput] | None]:
+        """Run the scheduled step as a decode window of up to `max_steps` steps (WindowPolicy.plan)
+        when the scheduler reserves its slots: (the step, its outputs); None outputs: run the step
+        (its slots maybe reserved for a window) as one ordinary step."""
+        out, num_steps = self.scheduler.reserve_decode_window(out, max_steps)
+        if num_steps >= 1 and self.policy.async_windows:  # windows of any length, one step included
+            self.inflight = self._launch(out, num_steps, sampled_rows)
+            return out, self.finish()
+        if num_steps > 1:
+            if sampled_rows:
+                params = [e.seq.params for e in out.scheduled]
+                seed = self.sampler.window_seed()
+                ids = self.runner.execute_multi_step(out.batch, num_steps, params, seed)
+            else:
+                ids = self.runner.execute_multi_step(out.batch, num_steps)
+            return out, self.outputs.process_window(out, ids)
         return out, None
 
-    def _launch_window(
+    def _launch(
         self,
         out: SchedulerOutput,
         num_steps: int,
         sampled_rows: bool,
-        follow: _Window | None = None,
+        follow: LaunchedWindow | None = None,
         follow_rows: list[int] | None = None,
-    ) -> _Window:
+    ) -> LaunchedWindow:
         params = [e.seq.params for e in out.scheduled] if sampled_rows else None
         seed = self.sampler.window_seed() if sampled_rows else None
         handle = self.runner.launch_multi_step(
@@ -160,96 +116,37 @@ class DecodeWindows:
         )
         counts = self.num_windows_by_steps
         counts[num_steps] = counts.get(num_steps, 0) + 1
-        return _Window(out, num_steps, handle)
+        return LaunchedWindow(out, num_steps, handle)
 
-    def _finish_window(self) -> list[RequestOutput]:
+    def finish(self) -> list[RequestOutput]:
         """Launch the window after the one in flight (when it may run), then wait for the one in flight
         and process its tokens (asynchronous scheduling, see the module docstring)."""
-        window = self._inflight
+        window = self.inflight
         assert window is not None
-        self._inflight = self._follow_on(window)
-        if self._sizer is None:
-            return self._process_window(window.out, window.handle.result())
+        self.inflight = self._follow_on(window)
+        if self.policy.sizer is None:
+            return self.outputs.process_window(window.out, window.handle.result())
         start = time.perf_counter()
         ids = window.handle.result()
         done = time.perf_counter()
-        if self._window_done is not None:
-            self._sizer.observe(done - start, done - self._window_done)
-        self._window_done = done if self._inflight is not None else None
-        return self._process_window(window.out, ids)
+        if self.chained_done_s is not None:
+            self.policy.observe(done - start, done - self.chained_done_s)
+        self.chained_done_s = done if self.inflight is not None else None
+        return self.outputs.process_window(window.out, ids)
 
-    def _follow_on(self, window: _Window) -> _Window | None:
+    def _follow_on(self, window: LaunchedWindow) -> LaunchedWindow | None:
         """The next window for the sequences `window` does not certainly end, launched now; or None."""
-        rows: list[int] = []
-        ending = 0  # still running, but window ends them
-        longest = 0
-        sampled_rows = False
-        requests = self.requests
-        max_len, num_steps = self.max_model_len, window.num_steps
-        for i, entry in enumerate(window.out.scheduled):
-            seq = entry.seq
-            if seq.is_finished:  # stopped in the window before this one, or aborted since
-                continue
-            req = requests[seq.request_id]
-            # _num_tokens_left, inline (per sequence and step; the counts' properties too)
-            num_tokens = len(seq.token_ids)
-            left = (
-                min(
-                    req.checkers[seq.index].max_tokens - (num_tokens - seq.num_prompt_tokens),
-                    max_len - num_tokens,
-                )
-                - num_steps
-            )
-            if left <= 0:  # the window ends it (max_tokens or the longest context)
-                ending += 1
-                continue
-            rows.append(i)
-            if left > longest:
-                longest = left
-            if req.window_kind == 2:
-                sampled_rows = True
+        rows, ending, longest, sampled_rows = self.policy.follow_rows(
+            window.out, window.num_steps, self.requests
+        )
         followed = self.scheduler.follow_decode_window(
-            window.out, window.num_steps, rows, min(self._window_steps(), longest), ending
+            window.out,
+            window.num_steps,
+            rows,
+            min(self.policy.window_steps(len(self.scheduler.running)), longest),
+            ending,
         )
         if followed is None:
             return None
         out, num_steps = followed
-        return self._launch_window(out, num_steps, sampled_rows, window, rows)
-
-    def _window_steps(self) -> int:
-        """The next window's length: num_scheduler_steps, or with auto the sizer's choice, at most
-        ARRIVAL_WINDOW_STEPS within ARRIVAL_HOLD_S of a request added while sequences decode while a
-        max_num_seqs slot is free (a request that arrives waits for the windows in flight)."""
-        if self._sizer is None:
-            return self.num_scheduler_steps
-        steps = self._sizer.steps
-        if (
-            steps > ARRIVAL_WINDOW_STEPS
-            and time.monotonic() - self._arrived_while_decoding < ARRIVAL_HOLD_S
-            and len(self.scheduler.running) < self.scheduler.config.max_num_seqs
-        ):
-            return ARRIVAL_WINDOW_STEPS
-        return steps
-
-    def _num_tokens_left(self, seq: Sequence) -> int:
-        checker = self.requests[seq.request_id].checkers[seq.index]
-        return min(checker.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
-
-    def _window_limit(self, out: SchedulerOutput) -> tuple[int, bool]:
-        """(how many decode steps this scheduled step may run back to back, whether a row samples):
-        0 unless every sequence's next tokens can be chosen on the device (no window: one ordinary
-        step), else num_scheduler_steps cut to the longest remaining output (steps past every
-        max_tokens would be thrown away)."""
-        longest = 1
-        sampled_rows = False
-        requests = self.requests
-        top_kind = 2 if self._window_sampling else 1
-        for entry in out.scheduled:
-            seq = entry.seq
-            req = requests[seq.request_id]
-            kind = req.window_kind
-            if not 0 < kind <= top_kind or seq.num_output_tokens < req.params.min_tokens:
-                return 0, False
-            sampled_rows = sampled_rows or kind == 2
-            longest = max(longest, req.checkers[seq.index].max_tokens - seq.num_output_tokens)
-        return min(self._window_steps(), longest), sampled_rows
+        return self._launch(out, num_steps, sampled_rows, window, rows)

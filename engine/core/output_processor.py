@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from llmdeploy_engine.core.request_state import RequestState
 from llmdeploy_engine.core.scheduler import Scheduler, SchedulerOutput
@@ -17,23 +18,32 @@ logger = logging.getLogger("llmdeploy_engine")
 
 
 class OutputProcessor:
-    """LLMEngine's output half (a mixin: it shares the engine's scheduler, sampler, tokenizer,
-    requests and counters)."""
+    """Turns a step's sampled tokens into its requests' sequences and outputs; counts the tokens and
+    finished requests. `requests` is the engine's table of live requests (finished ones leave it
+    here); `grammar_mask(matchers)` fills the constrained rows' bitmask (LLMEngine's, which owns the
+    grammar compiler)."""
 
-    scheduler: Scheduler
-    sampler: Any
-    tokenizer: Any
-    speculator: Any
-    requests: dict[str, RequestState]
-    _prompt_tokens_total: int
-    _generation_tokens_total: int
-    _num_requests_finished: int
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        sampler: Any,
+        tokenizer: Any,
+        speculator: Any,
+        requests: dict[str, RequestState],
+        grammar_mask: Callable[[list[Any]], Any],
+    ) -> None:
+        self.scheduler = scheduler
+        self.block_manager = scheduler.block_manager
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.speculator = speculator
+        self.requests = requests
+        self._grammar_mask = grammar_mask
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_requests_finished = 0
 
-    if TYPE_CHECKING:
-
-        def _grammar_mask(self, matchers: list[Any]) -> Any: ...
-
-    def _process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
+    def process_window(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[RequestOutput]:
         """After a decode window: per sequence, step k's token is appended (its fed token now counts as
         computed) through the per-token stop checks; a stop drops the later steps' tokens, and their
         KV, never counted as computed, is never registered in the prefix cache. (The per-token path
@@ -89,10 +99,10 @@ class OutputProcessor:
                 finished_any = True
             req.metrics.last_token_time = now
             touched[req.request_id] = req
-        self._generation_tokens_total += num_appended
+        self.generation_tokens_total += num_appended
         return self._collect_outputs(touched, now, finished_any)
 
-    def _process_verified(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
+    def process_verified(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
         """Speculative step: append each sequence's verified tokens through the per-token stop checks;
         a stop inside the accepted run ends it there."""
         assert self.speculator is not None
@@ -110,7 +120,7 @@ class OutputProcessor:
             touched[req.request_id] = req
         return self._collect_outputs(touched, now)
 
-    def _process_samples(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
+    def process_samples(self, out: SchedulerOutput, logits: Any) -> list[RequestOutput]:
         seqs = out.sampled_seqs
         if not seqs:
             return []
@@ -138,7 +148,7 @@ class OutputProcessor:
             num_output = seq.num_output_tokens
             metrics = req.metrics
             if num_output == 1 and seq.index == 0:
-                self._prompt_tokens_total += seq.num_prompt_tokens
+                self.prompt_tokens_total += seq.num_prompt_tokens
                 metrics.num_cached_prompt_tokens = seq.num_cached_tokens
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
@@ -154,7 +164,7 @@ class OutputProcessor:
                 self.scheduler.finish(seq, status)
                 finished_any = True
             touched[req.request_id] = req
-        self._generation_tokens_total += len(seqs)
+        self.generation_tokens_total += len(seqs)
         return self._collect_outputs(touched, now, finished_any)
 
     def _append_token(
@@ -162,9 +172,9 @@ class OutputProcessor:
     ) -> bool:
         """Append one token through the stop checks; True when it finished the sequence."""
         seq.append_token(token_id)
-        self._generation_tokens_total += 1
+        self.generation_tokens_total += 1
         if seq.num_output_tokens == 1 and seq.index == 0:
-            self._prompt_tokens_total += seq.num_prompt_tokens
+            self.prompt_tokens_total += seq.num_prompt_tokens
             req.metrics.num_cached_prompt_tokens = seq.num_cached_tokens
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
@@ -207,11 +217,17 @@ class OutputProcessor:
             if finished_any and req.finished:
                 req.metrics.finished_time = now
                 del self.requests[req.request_id]
-                self._num_requests_finished += 1
+                self.num_requests_finished += 1
             elif req.params.output_kind is final_only:
                 continue  # nobody reads an unfinished FINAL_ONLY output
-            results.append(self._make_output(req))
+            results.append(self.make_output(req))
         return results
+
+    def finish_aborted(self, req: RequestState) -> RequestOutput:
+        """The final output of a request the engine aborted (its sequences already left the scheduler)."""
+        req.metrics.finished_time = time.time()
+        self.num_requests_finished += 1
+        return self.make_output(req)
 
     def _record_logprobs(
         self, req: RequestState, index: int, token_id: int, lp: dict[int, Logprob] | None
@@ -226,7 +242,7 @@ class OutputProcessor:
         if token_id in lp:
             req.cumulative_logprobs[index] += lp[token_id].logprob
 
-    def _make_output(self, req: RequestState) -> RequestOutput:
+    def make_output(self, req: RequestState) -> RequestOutput:
         completions = []
         delta = req.params.output_kind is RequestOutputKind.DELTA
         all_finished = True

@@ -2,7 +2,9 @@
 TensorParallelDriver implement (and test fakes subclass).
 
 `execute` is required. A runner that runs decode windows (multi_step.py) overrides
-`execute_multi_step` and, for asynchronous windows, `launch_multi_step`; `runs_windows` and
+`execute_multi_step` and, for asynchronous windows, `launch_multi_step` (ModelRunner and
+CudaGraphRunner hand them to the window executor they hold: runner/window_executor.py);
+a runner around another one (CudaGraphRunner, TensorParallelDriver) copies the values below from it; `runs_windows` and
 `launches_windows` say whether it did, so the engine asks the interface instead of probing attributes.
 Torch-free: the engine's batching core and its fakes use it without a device.
 """
@@ -57,25 +59,3 @@ class Runner:
 
     def close(self) -> None:
         """Release what the runner holds (tensor-parallel workers, graphs); unusable after."""
-
-
-class WrappedRunner(Runner):
-    """A runner around another one (CUDA graphs, tensor-parallel workers): what it does not define
-    itself is the wrapped runner's."""
-
-    runner: Any
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runner, name)
-
-    @property
-    def device(self) -> Any:  # type: ignore[override]
-        return self.runner.device
-
-    @property
-    def max_num_batched_tokens(self) -> int | None:  # type: ignore[override]
-        return self.runner.max_num_batched_tokens  # type: ignore[no-any-return]
-
-    @property
-    def model_config(self) -> Any:
-        return self.runner.model_config

@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.core.runner_interface import WrappedRunner
+from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.facts import (
     CUDA_GRAPH_LOGITS_MAX_BATCH,
     cuda_graph_batch_sizes,
@@ -65,16 +65,18 @@ from llmdeploy_engine.facts import (
 )
 from llmdeploy_engine.model.sampler import fast_argmax_rows
 from llmdeploy_engine.runner.decode_graph import CaptureReport, _DecodeGraph
-from llmdeploy_engine.runner.graph_inputs import PackedTables, pack_decode_inputs, spaced_rows, warm_up_batch
+from llmdeploy_engine.runner.graph_inputs import pack_decode_inputs, spaced_rows, warm_up_batch
 from llmdeploy_engine.runner.graph_windows import GraphWindows
+from llmdeploy_engine.runner.multi_step import DecodeWindow
+from llmdeploy_engine.sampling_params import SamplingParams
 
 PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")
 
 
-class CudaGraphRunner(GraphWindows, WrappedRunner):
-    """Wraps a CUDA ModelRunner; `execute` has the runner's contract. The Runner interface's values are
-    the wrapped runner's; other attributes pass through."""
+class CudaGraphRunner(Runner):
+    """Wraps a CUDA ModelRunner (`runner`); `execute` has the runner's contract and the Runner
+    interface's values are the wrapped runner's. Decode windows run on its `windows` (GraphWindows)."""
 
     multi_step_sampling = True  # execute_multi_step takes per-sequence params and a seed
 
@@ -103,6 +105,11 @@ class CudaGraphRunner(GraphWindows, WrappedRunner):
         self.multi_token_rows = multi_token_rows
         self.runner = runner
         self.block_size: int = runner.block_size
+        self.device = runner.device
+        self.num_kv_blocks: int = runner.num_kv_blocks
+        self.max_model_len: int = runner.max_model_len
+        self.max_num_batched_tokens = runner.max_num_batched_tokens
+        self.model_config = runner.model_config
         self.padding_block: int | None = getattr(runner, "padding_block", None)
         if max_blocks is None:
             self.block_buckets = cuda_graph_context_buckets(runner.max_model_len, self.block_size)
@@ -125,15 +132,33 @@ class CudaGraphRunner(GraphWindows, WrappedRunner):
         self._host_np = self._host.numpy()
         self._copied = torch.cuda.Event()
         self._logits: torch.Tensor | None = None  # shared output of the graphs that compute logits
-        # multi-step windows: their own pinned buffer (grown on demand), event and device copy
-        self._window_host = torch.zeros(0, dtype=torch.long)
-        self._window_dev: torch.Tensor | None = None
-        self._window_copied = torch.cuda.Event()
-        self._packed: PackedTables | None = None  # the last window's block tables
+        self.windows = GraphWindows(self)  # multi-step windows: their own buffers
         self.report = self._capture_all()
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
         self.warm_prefill_lens = self._warm_eager_prefill()
+
+    def execute_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """A decode window replayed from one graph (GraphWindows.run; as ModelRunner's)."""
+        return self.windows.run(batch, num_steps, params, seed)
+
+    def launch_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+        follow: DecodeWindow | None = None,
+        follow_rows: list[int] | None = None,
+    ) -> DecodeWindow:
+        """`execute_multi_step` without waiting for the ids (GraphWindows.launch)."""
+        return self.windows.launch(batch, num_steps, params, seed, follow, follow_rows)
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (before a tensor-parallel group is destroyed); execute runs eagerly

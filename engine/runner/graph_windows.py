@@ -1,78 +1,61 @@
-"""Decode windows replayed from CUDA graphs (CudaGraphRunner's multi-step half; cuda_graph_runner.py's
-docstring describes them)."""
+"""GraphWindows: CudaGraphRunner's decode-window executor, replaying one CUDA graph per step
+(cuda_graph_runner.py's docstring describes them). Batches no graph serves run the wrapped runner's
+eager window."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import Any
 
 import numpy as np
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.model.sampler import WindowSampler
 from llmdeploy_engine.runner.graph_inputs import (
     PackedTables,
     pack_decode_window,
     packed_tables,
     window_size,
 )
-from llmdeploy_engine.runner.multi_step import (
-    DecodeWindow,
-    check_decode_window,
-    check_follow_rows,
-    last_step_batch,
+from llmdeploy_engine.runner.multi_step import DecodeWindow, last_step_batch
+from llmdeploy_engine.runner.window_executor import (
+    Following,
+    Sampling,
+    WindowExecutor,
+    device_window,
+    window_outputs,
 )
-from llmdeploy_engine.runner.window_steps import device_window
-from llmdeploy_engine.sampling_params import SamplingParams
 
 
-class GraphWindows:
-    """CudaGraphRunner's window methods (a mixin: they share its graphs, buffers and wrapped runner)."""
+class GraphWindows(WindowExecutor):
+    """Runs windows on the graphs of `graphs` (a CudaGraphRunner: its `_pick`, padding block and
+    replay count); owns the windows' pinned host buffer, its device copy and event, and the last
+    window's packed block tables."""
 
-    if TYPE_CHECKING:
-        runner: Any
-        block_size: int
-        padding_block: int | None
-        num_replays: int
-        _packed: PackedTables | None
-        _window_host: torch.Tensor
-        _window_dev: torch.Tensor | None
-        _window_copied: Any
+    def __init__(self, graphs: Any) -> None:
+        # a proxy: the graph runner holds this executor, and a cycle would keep a dropped engine's
+        # graphs and KV cache until the cyclic collector runs
+        self.graphs = weakref.proxy(graphs)
+        self.block_size: int = graphs.block_size
+        # their own pinned buffer (grown on demand), event and device copy
+        self._window_host = torch.zeros(0, dtype=torch.long)
+        self._window_dev: torch.Tensor | None = None
+        self._window_copied = torch.cuda.Event()
+        self._packed: PackedTables | None = None  # the last window's block tables
 
-        def _pick(self, batch: ForwardBatch) -> Any: ...
+    def max_position(self) -> int:
+        return int(self.graphs.runner.max_model_len) - 1
 
-    @torch.inference_mode()
-    def execute_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        """A decode window (multi_step.py): num_steps steps replayed from one graph, each fed the
-        tokens the previous step chose on the device (as ModelRunner.execute_multi_step: argmax, or
-        `WindowSampler` draws after the replay); the ids [num_steps][num_seqs] after one sync.
-        Batches no graph serves run the wrapped runner's eager window."""
-        return self.launch_multi_step(batch, num_steps, params, seed).result()
-
-    @torch.inference_mode()
-    def launch_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-        follow: DecodeWindow | None = None,
-        follow_rows: list[int] | None = None,
+    def _steps(
+        self, batch: ForwardBatch, num_steps: int, cap: int, sampling: Sampling, following: Following
     ) -> DecodeWindow:
-        """`execute_multi_step` without waiting for the ids (as ModelRunner.launch_multi_step). With
-        `follow`, step 0's ids are gathered from its last step's ids on the device (padding rows take
-        row 0's source row, so they keep repeating row 0)."""
-        cap = self.runner.max_model_len - 1  # a sequence at the longest context repeats its last step
-        check_decode_window(batch, num_steps, self.block_size, cap)
-        check_follow_rows(follow, follow_rows, batch.num_seqs)
-        g = self._pick(last_step_batch(batch, num_steps, cap))
+        """num_steps steps replayed from one graph, picked for the window's last step. With `follow`,
+        step 0's ids are gathered from its last step's ids on the device (padding rows take row 0's
+        source row, so they keep repeating row 0)."""
+        (params, seed), (follow, follow_rows) = sampling, following
+        graphs = self.graphs
+        g = graphs._pick(last_step_batch(batch, num_steps, cap))
         if g is None:
-            window: DecodeWindow = self.runner.launch_multi_step(
+            window: DecodeWindow = graphs.runner.launch_multi_step(
                 batch, num_steps, params, seed, follow, follow_rows
             )
             return window
@@ -83,7 +66,9 @@ class GraphWindows:
         host = self._window_buffer(total)
         prev = self._packed if follow is not None and self._packed is not None else None
         following = (prev, follow_rows) if prev is not None and prev.window is follow else None
-        pack_decode_window(host, batch, num_steps, b, nb, self.block_size, cap, self.padding_block, following)
+        pack_decode_window(
+            host, batch, num_steps, b, nb, self.block_size, cap, graphs.padding_block, following
+        )
         if follow_rows is not None:
             host[size : size + n] = follow_rows
             host[size + n : total] = follow_rows[0]
@@ -96,8 +81,8 @@ class GraphWindows:
         self._window_copied.record()
         gather = dev[step0 : step0 + b]
         later_dev = dev[step0 + b : size].view(max(num_steps - 1, 0), 3 * b)
-        sampled = torch.empty(num_steps, n, dtype=torch.long, device=g.packed.device)
-        sampler = WindowSampler(params, self.runner.model_config.vocab_size, g.packed.device, seed)
+        vocab = graphs.runner.model_config.vocab_size
+        sampled, sampler = window_outputs(num_steps, n, params, vocab, g.packed.device, seed)
         g.packed.copy_(dev[:step0])
         if follow is not None:
             torch.index_select(follow.last_ids, 0, dev[size:total], out=g.ids)
@@ -110,9 +95,9 @@ class GraphWindows:
                 logits = g.logits[:n]
             else:
                 assert g.hidden is not None
-                logits = self.runner.model.compute_logits(g.hidden[:n])
+                logits = graphs.runner.model.compute_logits(g.hidden[:n])
             sampler.sample(logits, sampled[k])
-        self.num_replays += num_steps
+        graphs.num_replays += num_steps
         window = device_window(sampled)
         self._packed = packed_tables(window, host[4 * b : 4 * b + n * nb].reshape(n, nb), batch)
         return window

@@ -1,17 +1,13 @@
-"""ModelRunner: load the model on its device, size and allocate the paged KV cache, run forward steps.
+"""ModelRunner: one rank's model and paged KV cache on its device, running forward steps.
 
-Start-up, in order: load weights (measure their bytes), run one profiling forward pass of
-max_num_batched_tokens tokens without a KV cache (CUDA: the allocator's peak is the activation
-peak), size the KV pool with the planner's rule (`llmdeploy_engine.facts`), allocate one K and
-one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer. On CPU there is no memory to
-measure against: the KV budget is `kv_cache_memory_bytes` (default 4 GiB, as vLLM's CPU KV space).
-"""
+Start-up checks the device, dtype, quantization and tensor-parallel split (setup.py), starts the
+tensor-parallel ranks, then calls startup.py's functions in order: load the model, profile its
+memory, size the KV cache, allocate it; the runner keeps their frozen results."""
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
 from typing import Any
 
@@ -23,41 +19,32 @@ from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.kernels import kv_cache
 from llmdeploy_engine.kernels.attention import (
     build_attention_metadata,
-    build_profile_metadata,
     pack_aligned,
-    profile_batch,
 )
-from llmdeploy_engine.kernels.quant_linear import Int4Weight, QuantWeight
-from llmdeploy_engine.model.model import CausalLM
 from llmdeploy_engine.parallel.distributed import (
     SINGLE,
     ParallelState,
-    all_reduce_min,
     destroy_parallel,
     init_parallel,
 )
-from llmdeploy_engine.runner.graph_sizing import GraphSizing
+from llmdeploy_engine.runner import graph_sizing, startup
+from llmdeploy_engine.runner.multi_step import DecodeWindow
 from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
     check_quantization,
     check_tensor_parallel,
     load_model_config,
-    local_kv_heads,
     resolve_device,
     resolve_dtype,
 )
 from llmdeploy_engine.runner.startup_report import StartupReport
-from llmdeploy_engine.runner.window_steps import WindowSteps
+from llmdeploy_engine.runner.window_steps import EagerWindows
+from llmdeploy_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("llmdeploy_engine")
 
-CPU_DEFAULT_KV_CACHE_BYTES = 4 * 2**30
-# fp8 KV scale calibration (calculate_kv_scales): 512 tokens in 4 sequences
-CALIBRATION_TOKENS = 512
-CALIBRATION_SEQ_LEN = 128
 
-
-class ModelRunner(GraphSizing, WindowSteps, Runner):
+class ModelRunner(Runner):
     """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
     starts ranks 1..N-1 (`llmdeploy_engine.runner.tp_worker`), which construct theirs with `rank`/`port`.
     `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
@@ -99,6 +86,7 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_dtype = kv_cache.kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.block_size = config.block_size
+        self.windows = EagerWindows(self)  # decode windows (multi_step.py), run eagerly
         torch.manual_seed(config.seed)
         held_bytes = 0
         if self.device.type == "cuda":
@@ -130,81 +118,62 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
                 f"max_model_len {config.max_model_len} exceeds the model's context "
                 f"({self.model_config.max_position_embeddings}); lower max_model_len"
             )
-        self.model = self._load_model()
-        weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        # quantized projections hold their weights in buffers (quant_linear.py); a tied compact LM head
-        # shares its buffers with the embedding (gguf_compact.py), counted once
-        seen: set[int] = set()
-        for w in self.model.modules():
-            if isinstance(w, QuantWeight):
-                buffers = list(w.buffers())
-                shared = sum(b.numel() * b.element_size() for b in buffers if b.data_ptr() in seen)
-                seen.update(b.data_ptr() for b in buffers)
-                weights_bytes += w.stored_bytes() - shared
+        # start-up in order (startup.py): load, profile, size the KV cache, allocate it
+        loaded = startup.load_model(config, self.model_config, self.parallel, self.device, self.dtype)
+        self.model = loaded.model
         load_time_s = time.perf_counter() - start
-
         model_len = facts.requested_context_len(
             config.max_model_len, self.model_config.max_position_embeddings
         )
         self.max_num_batched_tokens = config.max_num_batched_tokens or facts.default_max_num_batched_tokens(
             model_len
         )
-        peak_activation_bytes, non_torch_bytes, total_bytes = self._profile(model_len)
+        memory = startup.profile_memory(
+            self.model,
+            config,
+            self.model_config,
+            self.parallel,
+            self.device,
+            self.kv_dtype,
+            self.max_num_batched_tokens,
+            model_len,
+        )
         if kv_cache.is_fp8(self.kv_dtype) and config.calculate_kv_scales:
-            self._calibrate_kv_scales()
-
-        mc = self.model_config
-        self.num_local_kv_heads = local_kv_heads(mc.num_key_value_heads, tp)
-        self.kv_bytes_per_token = facts.kv_bytes_per_token(  # per rank
-            mc.num_hidden_layers, self.num_local_kv_heads, mc.head_dim, self.kv_dtype.itemsize
-        )
-        graph_reserve = self._cuda_graph_reserve(model_len)
-        explicit = config.kv_cache_memory_bytes
-        if self.device.type == "cpu" and explicit is None:
-            explicit = CPU_DEFAULT_KV_CACHE_BYTES
-        kv_budget = facts.kv_cache_bytes(
-            total_bytes,
-            config.gpu_memory_utilization,
-            weights_bytes,
-            peak_activation_bytes,
-            non_torch_bytes + held_bytes,
-            cuda_graph_bytes=graph_reserve,
-            kv_cache_memory_bytes=explicit,
-        )
-        self.num_kv_blocks = facts.num_kv_blocks(kv_budget, self.kv_bytes_per_token, self.block_size)
-        if num_kv_blocks is not None:
-            self.num_kv_blocks = num_kv_blocks
-            kv_budget = num_kv_blocks * self.block_size * self.kv_bytes_per_token
-        # every rank must hold the same blocks: the smallest pool of all ranks
-        self.num_kv_blocks = all_reduce_min(self.num_kv_blocks, self.parallel, self.device)
-        if self.num_kv_blocks < 1:
-            raise ValueError(
-                f"no memory left for the KV cache (budget {kv_budget / 2**30:.2f} GiB after "
-                f"{weights_bytes / 2**30:.2f} GiB weights and {peak_activation_bytes / 2**30:.2f} GiB activations"
-                + (
-                    f", {held_bytes / 2**30:.2f} GiB this process held before the engine started"
-                    if held_bytes
-                    else ""
-                )
-                + "); raise gpu_memory_utilization or kv_cache_memory_bytes, or use a smaller model"
+            startup.calibrate_kv_scales(
+                self.model, config, self.model_config, self.device, self.kv_dtype, self.max_num_batched_tokens
             )
-        self.max_model_len = facts.max_model_len_for(
-            config.max_model_len, mc.max_position_embeddings, self.num_kv_blocks, self.block_size
+        graph_reserve = graph_sizing.cuda_graph_reserve(
+            config, self.model_config, self.device, self.dtype, self.kv_dtype, model_len
         )
-        # CUDA graphs pad a batch up to a captured size: the padding rows write and read one block of
-        # their own past the pool (the scheduler never hands it out), 2 MiB for an 8B model at 16
-        # tokens a block, inside the graphs' fixed reserve (facts.CUDA_GRAPH_FIXED_BYTES)
-        graphs = self.device.type == "cuda" and not config.enforce_eager
-        self.padding_block: int | None = self.num_kv_blocks if graphs else None
-        self.kv_caches = self._allocate_kv_cache()
+        size = startup.size_kv_cache(
+            config,
+            self.model_config,
+            self.parallel,
+            self.device,
+            self.kv_dtype,
+            loaded,
+            memory,
+            held_bytes,
+            graph_reserve,
+            num_kv_blocks,
+        )
+        self.kv_cache_size = size
+        self.num_kv_blocks = size.num_kv_blocks
+        self.num_local_kv_heads = size.num_local_kv_heads
+        self.kv_bytes_per_token = size.kv_bytes_per_token
+        self.max_model_len = size.max_model_len
+        self.padding_block: int | None = size.padding_block
+        self.kv_caches = startup.allocate_kv_cache(
+            size, self.model_config, self.block_size, self.kv_dtype, self.device
+        )
         self.startup_report = StartupReport(
             device=self.device.type,
             dtype=str(self.dtype).removeprefix("torch."),
-            weights_bytes=weights_bytes,
-            peak_activation_bytes=peak_activation_bytes,
-            non_torch_bytes=non_torch_bytes,
+            weights_bytes=loaded.weights_bytes,
+            peak_activation_bytes=memory.peak_activation_bytes,
+            non_torch_bytes=memory.non_torch_bytes,
             held_bytes=held_bytes,
-            kv_cache_bytes=kv_budget,
+            kv_cache_bytes=size.kv_cache_bytes,
             kv_bytes_per_token=self.kv_bytes_per_token,
             num_kv_blocks=self.num_kv_blocks,
             block_size=self.block_size,
@@ -241,10 +210,19 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
             tp,
             port,
             self.device,
-            self._symm_mem_bytes(),
-            self._gather_bytes(tp),
+            graph_sizing.symm_mem_bytes(self.config.max_num_seqs, self.model_config.hidden_size),
+            graph_sizing.gather_bytes(self.config.max_num_seqs, self.model_config.vocab_size, tp, self.dtype),
             self.config.tp_all_reduce,
         )
+
+    def graph_logits_rows(self) -> int:
+        """Rows up to which decode CUDA graphs compute their logits inside (graph_sizing.py)."""
+        return graph_sizing.graph_logits_rows(self.parallel, self.model_config.vocab_size, self.dtype)
+
+    @property
+    def graphs_with_tensor_parallel(self) -> bool:
+        """Whether decode steps may be captured in CUDA graphs at this tensor-parallel size."""
+        return graph_sizing.graphs_with_tensor_parallel(self.parallel)
 
     def capture_graphs_on_workers(self) -> None:
         """Tell ranks 1..N-1 to capture their CUDA graphs now (rank 0 captures right after)."""
@@ -264,133 +242,29 @@ class ModelRunner(GraphSizing, WindowSteps, Runner):
             if self.workers is not None:
                 self.workers.close()
 
-    # phase: load
-    def _load_model(self) -> CausalLM:
-        from llmdeploy_engine.loading import random_weights
-
-        mc = self.model_config
-        with torch.device("meta"):
-            model = CausalLM(mc, self.parallel).to(self.dtype)
-        model = model.to_empty(device=self.device)
-        if mc.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        model.reset_rope()
-        for layer in model.model.layers:
-            layer.self_attn.reset_kv_scales(self.device)
-        if random_weights.is_random(self.config.model):
-            random_weights.init_random_weights(model, self.config.seed)
-        elif self._compact_gguf():
-            from llmdeploy_engine.loading.gguf_compact import load_compact
-
-            counts = load_compact(model, self.config.model)
-            logger.info("GGUF weights kept compact on the CPU (tensors per kernel: %s)", counts)
-        else:
-            model.load_weights(self._checkpoint_weights())
-        repacked = sum(w.repack_tinygemm() for w in model.modules() if isinstance(w, Int4Weight))
-        if repacked:
-            logger.info(
-                "int4 weights of %d projections repacked for tinygemm (torch._weight_int4pack_mm)", repacked
-            )
-        return model.eval()
-
-    def _compact_gguf(self) -> bool:
-        from llmdeploy_engine.loading.gguf_compact import use_compact
-
-        c = self.config
-        return use_compact(c.cpu_weights, self.device, c.model, c.tensor_parallel_size)
-
-    def _checkpoint_weights(self) -> dict[str, torch.Tensor]:
-        if self.config.model.endswith(".gguf"):
-            from llmdeploy_engine.loading.gguf_loader import load_gguf
-
-            return load_gguf(self.config.model)[1]
-        from llmdeploy_engine.loading.hf_loader import load_hf
-
-        return load_hf(self.config.model)[1]
-
-    # phase: measure
-    def _profile(self, model_len: int) -> tuple[int, int, int]:
-        """(peak activation bytes, non-torch bytes, total device bytes)."""
-        if self.device.type != "cuda":
-            return 0, 0, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        n = self.max_num_batched_tokens
-        # the server's path: a prefill step of n tokens in sequences of up to model_len, its K/V written
-        # to a paged cache and attended in place (the varlen kernel, linear in the tokens). Every layer
-        # shares one scratch cache of n tokens, allocated before the baseline: the real cache is budgeted
-        # apart, so only what the step itself allocates counts as activation
-        batch = profile_batch(n, model_len, self.block_size)
-        mc = self.model_config
-        kv_heads = local_kv_heads(mc.num_key_value_heads, self.parallel.world_size)
-        scratch_blocks = sum(len(table) for table in batch.block_tables)
-        scratch_shape = (scratch_blocks, self.block_size, kv_heads, mc.head_dim)
-        scratch = (
-            torch.zeros(scratch_shape, dtype=self.kv_dtype, device=self.device),
-            torch.zeros(scratch_shape, dtype=self.kv_dtype, device=self.device),
-        )
-        ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        positions = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
-        meta = build_attention_metadata(batch, self.block_size, self.device)
-        num_rows = min(self.config.max_num_seqs, n)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        with torch.inference_mode():
-            hidden = self.model(ids, positions, meta, [scratch] * mc.num_hidden_layers)
-            self.model.compute_logits(hidden[:num_rows])
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - before
-        del scratch, meta, hidden
-        free, total = torch.cuda.mem_get_info(self.device)
-        non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
-        torch.cuda.empty_cache()
-        return peak, non_torch, total
-
-    def _calibrate_kv_scales(self) -> None:
-        """Per-layer fp8 scales from the |K| / |V| maxima of one cache-free prefill of fixed pseudo-random
-        tokens (CALIBRATION_TOKENS, in sequences of CALIBRATION_SEQ_LEN so several see position 0).
-        Runs before any CUDA graph is captured; the scale buffers are updated in place."""
-        n = min(CALIBRATION_TOKENS, self.max_num_batched_tokens)
-        gen = torch.Generator().manual_seed(self.config.seed)
-        ids = torch.randint(0, self.model_config.vocab_size, (n,), generator=gen).to(self.device)
-        positions = torch.arange(n, device=self.device) % CALIBRATION_SEQ_LEN
-        meta = build_profile_metadata(n, CALIBRATION_SEQ_LEN, self.device)
-        attns = [layer.self_attn for layer in self.model.model.layers]
-        for attn in attns:
-            attn.kv_observer = kv_cache.KVAmaxObserver(self.device)
-        try:
-            with torch.inference_mode():
-                self.model(ids, positions, meta, None)
-        finally:
-            observers = [attn.kv_observer for attn in attns]
-            for attn in attns:
-                attn.kv_observer = None
-        for attn, obs in zip(attns, observers, strict=True):
-            assert obs is not None
-            attn.k_scale.copy_(kv_cache.calibrated_scale(obs.k_amax, self.kv_dtype))
-            attn.v_scale.copy_(kv_cache.calibrated_scale(obs.v_amax, self.kv_dtype))
-        k_scales = torch.cat([a.k_scale for a in attns]).tolist()
-        v_scales = torch.cat([a.v_scale for a in attns]).tolist()
-        logger.info(
-            "fp8 KV scales from %d calibration tokens: k %.3g..%.3g, v %.3g..%.3g",
-            n, min(k_scales), max(k_scales), min(v_scales), max(v_scales),
-        )  # fmt: skip
-
-    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        mc = self.model_config
-        blocks = self.num_kv_blocks + (self.padding_block is not None)
-        shape = (blocks, self.block_size, self.num_local_kv_heads, mc.head_dim)
-        # zeros, not empty: padded context positions read slot 0 and must never hold NaN
-        return [
-            (
-                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-            )
-            for _ in range(mc.num_hidden_layers)
-        ]
-
     # phase: run
+    def execute_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """A decode window run eagerly (EagerWindows.run)."""
+        return self.windows.run(batch, num_steps, params, seed)
+
+    def launch_multi_step(
+        self,
+        batch: ForwardBatch,
+        num_steps: int,
+        params: list[SamplingParams] | None = None,
+        seed: int | None = None,
+        follow: DecodeWindow | None = None,
+        follow_rows: list[int] | None = None,
+    ) -> DecodeWindow:
+        """`execute_multi_step` without waiting for the ids (EagerWindows.launch)."""
+        return self.windows.launch(batch, num_steps, params, seed, follow, follow_rows)
+
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""

@@ -32,7 +32,7 @@ import time
 from typing import IO, Any
 
 from llmdeploy_engine.config import EngineConfig
-from llmdeploy_engine.core.runner_interface import WrappedRunner
+from llmdeploy_engine.core.runner_interface import Runner
 from llmdeploy_engine.parallel.distributed import SAFE_NCCL_ENV
 
 logger = logging.getLogger("llmdeploy_engine")
@@ -145,20 +145,22 @@ class WorkerGroup:
         return [p.pid for p in self.procs]
 
 
-class TensorParallelDriver(WrappedRunner):
+class TensorParallelDriver(Runner):
     """Rank 0's outermost runner: hands each step to the workers, then runs it here.
 
-    `execute` has ModelRunner's contract; the Runner interface's values are the wrapped runner's,
-    other attributes pass through to it.
+    `execute` has ModelRunner's contract; the Runner interface's values are the wrapped runner's.
     """
 
     def __init__(self, runner: Any, workers: WorkerGroup) -> None:
         self.runner = runner
         self.workers = workers
-
-    @property
-    def multi_step_sampling(self) -> bool:  # type: ignore[override]
-        return self.runner.multi_step_sampling
+        self.block_size: int = runner.block_size
+        self.device = runner.device
+        self.num_kv_blocks: int = runner.num_kv_blocks
+        self.max_model_len: int = runner.max_model_len
+        self.max_num_batched_tokens = runner.max_num_batched_tokens
+        self.model_config = runner.model_config
+        self.multi_step_sampling = runner.multi_step_sampling
 
     @property
     def startup_report(self) -> Any:

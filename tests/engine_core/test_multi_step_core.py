@@ -19,7 +19,7 @@ from llmdeploy_engine.core.block_manager import BlockManager
 from llmdeploy_engine.core.forward_batch import ForwardBatch
 from llmdeploy_engine.core.scheduler import Scheduler, SchedulerConfig
 from llmdeploy_engine.core.sequence import Sequence
-from llmdeploy_engine.core.window_sizing import ARRIVAL_WINDOW_STEPS, AUTO_MAX_WINDOW_STEPS, WindowSizer
+from llmdeploy_engine.core.window_sizing import ARRIVAL_WINDOW_STEPS, AUTO_MAX_WINDOW_STEPS
 from llmdeploy_engine.llm_engine import LLMEngine
 from llmdeploy_engine.outputs import RequestOutput
 from llmdeploy_engine.runner.multi_step import check_decode_window, check_follow_rows, step_batch
@@ -532,7 +532,7 @@ def test_async_scheduling_with_one_step_windows() -> None:
         run_all(eng, {0: req})
         assert not runner.windows
     eng, _ = engine(4, async_scheduling=None)
-    assert eng._async_windows
+    assert eng.window_policy.async_windows
     # auto on a CUDA runner: one-step windows (the attribute is all the policy reads)
     gpu = MultiStepFakeRunner(rule=mixing_rule)
     gpu.device = "cuda:0"  # type: ignore[attr-defined]
@@ -542,7 +542,7 @@ def test_async_scheduling_with_one_step_windows() -> None:
         tokenizer=FakeTokenizer(),
         sampler=FakeSampler(),
     )
-    assert eng._async_windows
+    assert eng.window_policy.async_windows
     final, _ = run_all(eng, {0: req})
     assert outputs(final) == outputs(ref) and gpu.windows == [1] * 11
     plain = LLMEngine(
@@ -551,7 +551,7 @@ def test_async_scheduling_with_one_step_windows() -> None:
         tokenizer=FakeTokenizer(),
         sampler=FakeSampler(),
     )
-    assert not plain._async_windows
+    assert not plain.window_policy.async_windows
     final, _ = run_all(plain, {0: req})
     assert outputs(final) == outputs(ref)
 
@@ -579,9 +579,9 @@ def test_a_request_aborted_with_its_window_in_flight() -> None:
     eng, runner = engine(4)
     eng.add_request(*keep)
     eng.add_request(*gone)
-    while eng._inflight is None or len(runner.windows) < 3:
+    while eng.windows.inflight is None or len(runner.windows) < 3:
         eng.step()
-    assert {e.seq.request_id for e in eng._inflight.out.scheduled} == {"keep", "gone"}
+    assert {e.seq.request_id for e in eng.windows.inflight.out.scheduled} == {"keep", "gone"}
     aborted = eng.abort_request("gone")
     assert aborted is not None and aborted.finished
     final, _ = run_all(eng)
@@ -652,7 +652,7 @@ def test_auto_window_length_follows_the_wait_for_ids() -> None:
 
     idle = MultiStepFakeRunner(rule=mixing_rule, max_model_len=256)
     eng = auto_engine(idle)
-    assert eng._sizer is not None and eng.num_scheduler_steps == AUTO_MAX_WINDOW_STEPS == 8
+    assert eng.window_policy.sizer is not None and eng.num_scheduler_steps == AUTO_MAX_WINDOW_STEPS == 8
     final, _ = run_all(eng, {0: req})
     assert outputs(final) == outputs(ref)
     assert idle.windows[:10] == [1] * 10  # the first decision comes after 8 observed windows
@@ -702,33 +702,12 @@ def test_auto_windows_stay_short_while_requests_arrive() -> None:
             assert max(after) <= ARRIVAL_WINDOW_STEPS, runner.windows
         else:
             assert min(after) == AUTO_MAX_WINDOW_STEPS, runner.windows
-        eng._arrived_while_decoding -= 10.0  # ARRIVAL_HOLD_S later
+        eng.window_policy.arrived_while_decoding -= 10.0  # ARRIVAL_HOLD_S later
         seen = len(runner.windows)
         while eng.has_unfinished_requests():
             final.update({o.request_id: o for o in eng.step() if o.finished})
         assert max(runner.windows[seen + 1 :]) == AUTO_MAX_WINDOW_STEPS, runner.windows
         assert outputs(final) == outputs(ref) | outputs(ref_late)
-
-
-def test_window_sizer_decisions() -> None:
-    """WindowSizer: per span of windows, the median window's share of time the host waited for ids
-    doubles the length below grow_below (up to max_steps), halves it above shrink_above (down to 1),
-    keeps it between; one outlying window does not move the median."""
-    sizer = WindowSizer(max_steps=8, span=2, grow_below=0.15, shrink_above=0.6)
-    assert sizer.steps == 1
-    seen = [sizer.observe(0.0001, 0.004) for _ in range(8)]
-    assert seen == [1, 2, 2, 4, 4, 8, 8, 8]
-    assert [sizer.observe(0.004, 0.01) for _ in range(2)] == [8, 8]  # 40 %: held
-    assert [sizer.observe(0.009, 0.01) for _ in range(4)] == [8, 4, 4, 2]  # 90 %: halved each span
-    assert [sizer.observe(0.009, 0.01) for _ in range(6)] == [2, 1, 1, 1, 1, 1]
-    assert sizer.observe(0.0, 0.0) == 1 and sizer.observe(0.0, 0.0) == 1  # no time: counted as waiting
-    with pytest.raises(AssertionError):
-        WindowSizer(grow_below=0.7, shrink_above=0.6)
-    sizer = WindowSizer(max_steps=8, span=5)  # the defaults' thresholds: grow below 0.5, shrink above 0.75
-    assert [sizer.observe(w, 0.01) for w in (0.009, 0.009, 0.0, 0.009, 0.009)] == [1] * 5  # one stall: held
-    assert [sizer.observe(w, 0.01) for w in (0.001, 0.002, 0.009, 0.003, 0.001)][-1] == 2  # median 0.2
-    sizer.steps = 4
-    assert [sizer.observe(w, 0.01) for w in (0.008, 0.009, 0.0, 0.0, 0.009)][-1] == 2  # median 0.8
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])

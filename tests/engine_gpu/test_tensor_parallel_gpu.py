@@ -228,12 +228,12 @@ def test_tp2_auto_windows_match_tp1(
     tokens are tp 1's with single steps."""
     import functools
 
-    from llmdeploy_engine.core import decode_windows
+    from llmdeploy_engine.core import window_policy
     from llmdeploy_engine.core.window_sizing import WindowSizer
 
     needs_fresh_symm_mem("auto")
     monkeypatch.setattr(
-        decode_windows,
+        window_policy,
         "WindowSizer",
         functools.partial(WindowSizer, span=2, grow_below=0.9999, shrink_above=1.0),
     )

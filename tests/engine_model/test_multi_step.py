@@ -276,18 +276,20 @@ def cpu_graph_runner(runner: ModelRunner, logits_max_batch: int, monkeypatch: py
     """A CudaGraphRunner over the CPU runner whose graphs replay eagerly (batch sizes 1, 2, 4, 8;
     context buckets of 8, 16, 32 blocks); everything else is the class's own code."""
     from llmdeploy_engine.runner import cuda_graph_runner as cgr
+    from llmdeploy_engine.runner.graph_windows import GraphWindows
 
-    class CpuGraphRunner(cgr.CudaGraphRunner):
+    class CpuGraphWindows(GraphWindows):
         def _window_buffer(self, size: int) -> Any:  # unpinned: no CUDA here
             if self._window_host.numel() < size:
                 self._window_host = torch.zeros(size, dtype=torch.long)
             return self._window_host.numpy()
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
-    g_runner = object.__new__(CpuGraphRunner)
+    g_runner = object.__new__(cgr.CudaGraphRunner)
     g_runner.runner = runner
     g_runner.multi_token_rows = True  # the CPU path has no fused decode: every shape replays
     g_runner.block_size = runner.block_size
+    g_runner.padding_block = runner.padding_block  # as __init__ takes it (None on the CPU)
     g_runner.block_buckets = (8, 16, 32)
     g_runner.batch_sizes = (1, 2, 4, 8)
     g_runner.logits_max_batch = logits_max_batch
@@ -296,9 +298,14 @@ def cpu_graph_runner(runner: ModelRunner, logits_max_batch: int, monkeypatch: py
     g_runner._host = torch.zeros(8 * (4 + 32), dtype=torch.long)
     g_runner._host_np = g_runner._host.numpy()
     g_runner._copied = _NoEvent()
-    g_runner._window_host = torch.zeros(0, dtype=torch.long)
-    g_runner._window_dev = None
-    g_runner._window_copied = _NoEvent()
+    windows = object.__new__(CpuGraphWindows)
+    windows.graphs = g_runner
+    windows.block_size = runner.block_size
+    windows._window_host = torch.zeros(0, dtype=torch.long)
+    windows._window_dev = None
+    windows._window_copied = _NoEvent()  # type: ignore[assignment]
+    windows._packed = None
+    g_runner.windows = windows
     vocab = runner.model_config.vocab_size
     g_runner._logits = torch.zeros(min(logits_max_batch, 8), vocab)
     for b in g_runner.batch_sizes:

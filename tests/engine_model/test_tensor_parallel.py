@@ -284,11 +284,13 @@ def test_workers_stopped_when_rank0_start_up_fails(
         started.append(real_start(*args))
         return started[-1]
 
-    def fail(self: ModelRunner) -> None:
+    def fail(*args: Any) -> None:
         raise RuntimeError("rank 0 failed late in start-up")
 
+    from llmdeploy_engine.runner import startup
+
     monkeypatch.setattr(tp_worker.WorkerGroup, "start", start)
-    monkeypatch.setattr(ModelRunner, "_allocate_kv_cache", fail)  # in this process only: rank 0
+    monkeypatch.setattr(startup, "allocate_kv_cache", fail)  # in this process only: rank 0
     with pytest.raises(RuntimeError, match="rank 0 failed"):
         ModelRunner(engine_config(checkpoints["llama-kv1"], 2))
     assert started and wait_gone(started[0].pids, timeout=10)
