@@ -86,7 +86,7 @@ def build_app(
             yield
         finally:
             stop_parser_pool()
-            close_grammar_pool(state)
+            await close_grammar_pool(state)
             if state.engine is not None:
                 await _shutdown(state.engine)
 

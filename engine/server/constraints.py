@@ -87,7 +87,7 @@ async def tool_call_constraint(
     return spec
 
 
-def close_grammar_pool(state: ServerState) -> None:
+async def close_grammar_pool(state: ServerState) -> None:
     pool = state.extra.pop(POOL_KEY, None)
     if isinstance(pool, GrammarPool):
-        pool.close()
+        await pool.close()

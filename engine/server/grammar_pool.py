@@ -88,6 +88,8 @@ class _Worker:
             await asyncio.wait_for(worker.answer(), WORKER_START_TIMEOUT_S)
         except BaseException:
             worker.kill()
+            with contextlib.suppress(BaseException):  # reaped before its transport is collected
+                await asyncio.wait_for(proc.wait(), 5)
             raise
         return worker
 
@@ -310,13 +312,20 @@ class GrammarPool:
         self._info_path = path
         return path
 
-    def close(self) -> None:
-        """Stop every worker (the server is going away)."""
+    async def close(self) -> None:
+        """Stop every worker and wait (briefly) until each is reaped, so no process transport outlives
+        the event loop (it would log a traceback as it is collected)."""
         self._closed = True
-        for future in self._starting:
+        starting = list(self._starting)
+        for future in starting:
             future.cancel()
-        for worker in [*self._idle, *self._busy]:
+        if starting:
+            await asyncio.wait(starting, timeout=6)
+        workers = [*self._idle, *self._busy]
+        for worker in workers:
             worker.kill()
+        if workers:
+            await asyncio.wait([asyncio.ensure_future(w.proc.wait()) for w in workers], timeout=5)
         self._idle.clear()
         self._threads.shutdown(wait=False, cancel_futures=True)
         if self._info_path is not None:
