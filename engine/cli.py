@@ -7,6 +7,7 @@ serving.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -97,12 +98,13 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     except (ValueError, OSError) as e:  # the engine's wording for a model or budget that cannot work
         print(f"llmdeploy-engine serve: error: {e}", file=sys.stderr)
         sys.exit(2)
-    app = build_app(settings, engine=engine)
     getattr(engine.tokenizer, "max_chars_per_token", None)  # computed once now, not in the first request
     try:  # the grammar compiler reads the vocabulary (~1 s): now, not in the first constrained request
         engine.grammar_compiler()
+        settings = dataclasses.replace(settings, start_grammar_workers=True)
     except Exception as e:  # no xgrammar, or a tokenizer it cannot read: constrained requests say so
         logger.info("structured outputs unavailable: %s", e)
+    app = build_app(settings, engine=engine)
     # the process that parses big request bodies starts now, not on the first big body
     threading.Thread(target=request_body.parser_pool, name="llmdeploy-parser-start", daemon=True).start()
     config_http = uvicorn_config(

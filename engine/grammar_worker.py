@@ -80,7 +80,8 @@ def main(info_path: str) -> None:
     # answers go to the original stdout; anything a library prints goes to stderr (the server's log)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    os.nice(10)  # the server's event loop and engine loop come first on a busy host
+    if os.getpriority(os.PRIO_PROCESS, 0) < 10:  # (the server lowers it as it starts the process)
+        os.setpriority(os.PRIO_PROCESS, 0, 10)  # the server's event loop and engine loop come first
     import xgrammar as xgr
 
     with open(info_path, encoding="utf-8") as f:

@@ -21,7 +21,7 @@ from fastapi.responses import PlainTextResponse, Response
 from llmdeploy_engine.server import openai_routes, tgi_routes
 from llmdeploy_engine.server.auth import APIKeyMiddleware
 from llmdeploy_engine.server.body_limit import BodyLimitMiddleware
-from llmdeploy_engine.server.constraints import close_grammar_pool
+from llmdeploy_engine.server.constraints import close_grammar_pool, start_grammar_pool
 from llmdeploy_engine.server.errors import (
     APIError,
     drop_validation_responses,
@@ -80,11 +80,13 @@ def build_app(
                 read(report, "num_kv_blocks", "?"),
                 read(report, "max_concurrency", "?"),
             )
+        if state.engine is not None and settings.start_grammar_workers:
+            await start_grammar_pool(state)
         try:
             yield
         finally:
             stop_parser_pool()
-            close_grammar_pool(state)
+            await close_grammar_pool(state)
             if state.engine is not None:
                 await _shutdown(state.engine)
 

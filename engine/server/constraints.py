@@ -10,6 +10,7 @@ compile, or one past the size or time bound, is a 400 naming the field it came f
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from fastapi import Request
@@ -20,10 +21,20 @@ from llmdeploy_engine.server.grammar_pool import ConstraintRefused, GrammarPool,
 from llmdeploy_engine.server.state import ServerState
 
 POOL_KEY = "grammar_pool"
+logger = logging.getLogger("llmdeploy_engine.server")
+
+
+async def start_grammar_pool(state: ServerState) -> None:
+    """Start the pool and its workers with the server (the workers' start-up, seconds each, then never
+    falls on a request); a failure is logged and left to the first constrained request to report."""
+    try:
+        await grammar_pool(state, None)
+    except APIError as e:
+        logger.warning("grammar workers not started: %s", e.message)
 
 
 async def grammar_pool(state: ServerState, param: str | None) -> GrammarPool:
-    """The server's pool (started on the first constrained request); 400 without xgrammar."""
+    """The server's pool (made at start-up or on the first constrained request); 400 without xgrammar."""
     pool = state.extra.get(POOL_KEY)
     if pool is None:
         compiler_of = getattr(state.ready_engine(), "grammar_compiler", None)
@@ -76,7 +87,7 @@ async def tool_call_constraint(
     return spec
 
 
-def close_grammar_pool(state: ServerState) -> None:
+async def close_grammar_pool(state: ServerState) -> None:
     pool = state.extra.pop(POOL_KEY, None)
     if isinstance(pool, GrammarPool):
-        pool.close()
+        await pool.close()

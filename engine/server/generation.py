@@ -10,6 +10,7 @@ the client disconnects; a streaming response closes its submission when its gene
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from llmdeploy_engine.outputs import RequestOutput
-from llmdeploy_engine.sampling_params import SamplingParams
+from llmdeploy_engine.sampling_params import SamplingParams, StructuredOutputsParams
 from llmdeploy_engine.server.errors import APIError, bad_request
 from llmdeploy_engine.server.state import ServerState
 
@@ -109,6 +110,13 @@ def make_params(state: ServerState, **kwargs: Any) -> SamplingParams:
         return SamplingParams(**kwargs)
     except ValueError as e:
         raise bad_request(str(e)) from e
+
+
+def constrained(parts: list[Part], constraint: StructuredOutputsParams | None) -> list[Part]:
+    """`parts` with their output held to `constraint` (compiled after the cheap checks passed)."""
+    if constraint is None:
+        return parts
+    return [(ids, dataclasses.replace(p, structured_outputs=constraint), rid) for ids, p, rid in parts]
 
 
 def check_request_size(state: ServerState, num_prompts: int, n: int, prompt_param: str) -> None:

@@ -6,10 +6,13 @@ every forced tool call's grammar is compiled here before its request reaches the
 - size: a constraint whose text passes MAX_CONSTRAINT_BYTES is refused (400) before anything compiles;
 - time: xgrammar's compile is one C++ call that cannot be interrupted, so a new constraint compiles
   first in a worker process (grammar_worker.py) that is killed when the time bound passes (400
-  naming the bound) or when the client hangs up (the route cancels the wait); a replacement starts
-  on the next job. Only a constraint that compiled there in time is compiled again here, on the
+  naming the bound) or when the client hangs up (the route cancels the wait); its replacement starts
+  at once, in the background. Only a constraint that compiled there in time is compiled again here, on the
   pool's own threads (xgrammar releases the GIL while it compiles), where the compiled grammar can be
   used: a constraint's first request costs two compiles, and the one here is bounded by the proof;
+- the event loop only starts, feeds and kills workers: each starts with the server (cli.serve) and
+  is reused job after job, at nice +10 from its first instruction (its start-up imports xgrammar
+  and torch: seconds of CPU), so on a small, busy host the server's loop wins the CPU;
 - pool: `num_workers` processes and as many threads, and at most `max_waiting` jobs wait for one
   (more: 503 with Retry-After), so hostile schemas can hold the pool for about twice the time bound
   each, and requests without a constraint never touch it (nor the default thread pool that request
@@ -45,6 +48,7 @@ COMPILE_TIMEOUT_S = 10.0
 NUM_WORKERS = 2
 MAX_WAITING = 64
 WORKER_START_TIMEOUT_S = 120.0
+WORKER_NICE = 10  # compiles (worker processes, the pool's threads) yield the CPU to the server
 TOOL_GRAMMAR_CACHE_SIZE = 256
 
 
@@ -76,11 +80,16 @@ class _Worker:
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C goes to the server, which stops its workers
         )
+        # lowered from here at once, so even its start-up (Python, xgrammar's import) yields the CPU
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, proc.pid, WORKER_NICE)
         worker = cls(proc)
         try:
             await asyncio.wait_for(worker.answer(), WORKER_START_TIMEOUT_S)
         except BaseException:
             worker.kill()
+            with contextlib.suppress(BaseException):  # reaped before its transport is collected
+                await asyncio.wait_for(proc.wait(), 5)
             raise
         return worker
 
@@ -105,7 +114,7 @@ class _Worker:
 def _lower_priority() -> None:
     """This thread (a compile) yields the CPU to the event loop and the engine loop on a busy host."""
     with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
 
 
 class GrammarPool:
@@ -126,9 +135,13 @@ class GrammarPool:
         self.max_bytes = max_bytes
         self._slots = asyncio.Semaphore(num_workers)
         self._num_waiting = 0
+        self.num_workers = num_workers
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
+        self._starting: set[asyncio.Future[_Worker]] = set()
+        self._closed = False
         self._info_path: str | None = None
+        self._info_task: asyncio.Future[str] | None = None
         self._jobs: dict[str, asyncio.Task[Any]] = {}
         self._job_waiters: dict[str, int] = {}
         self._tool_grammars: OrderedDict[str, str] = OrderedDict()
@@ -136,18 +149,49 @@ class GrammarPool:
             num_workers, thread_name_prefix="llmdeploy-grammar", initializer=_lower_priority
         )
         self.num_killed = 0
-        self._warming: asyncio.Future[None] | None = None
 
     def warm_up(self) -> None:
-        """Start one worker now, so the first constraint does not wait for a process to start."""
+        """Start every worker now (at server start), so no constraint waits for a process to start."""
+        for _ in range(self.num_workers - len(self._idle) - len(self._starting)):
+            self._start_spare()
 
-        async def start() -> None:
-            try:
-                self._idle.append(await _Worker.start(await self._info_file()))
-            except Exception as e:  # the first job starts one itself and reports what fails
-                logger.warning("could not start a grammar worker ahead of time: %s", e)
+    def _start_spare(self) -> None:
+        """Start a worker in the background; it joins the idle ones when ready (a failure is logged,
+        and the next job that finds no worker starts one itself and reports it)."""
+        if self._closed:
+            return
 
-        self._warming = asyncio.ensure_future(start())
+        async def start() -> _Worker:
+            return await _Worker.start(await self._info_file())
+
+        future = asyncio.ensure_future(start())
+        self._starting.add(future)
+
+        def started(f: asyncio.Future[_Worker]) -> None:
+            self._starting.discard(f)
+            if f.cancelled():
+                return
+            if f.exception() is not None:
+                logger.warning("could not start a grammar worker: %s", f.exception())
+            elif self._closed:
+                f.result().kill()
+            else:
+                self._idle.append(f.result())
+
+        future.add_done_callback(started)
+
+    async def _worker(self) -> _Worker:
+        """An idle worker, or the next one to finish starting (every slot has one)."""
+        while not self._idle:
+            if self._closed:
+                raise PoolBusy("the server is shutting down")
+            if not self._starting:
+                self._start_spare()
+            done, _ = await asyncio.wait(set(self._starting), return_when=asyncio.FIRST_COMPLETED)
+            for f in done:
+                if not f.cancelled() and f.exception() is not None:
+                    raise ConstraintRefused(f"the grammar compiler could not start: {f.exception()}")
+        return self._idle.pop()
 
     async def compile(self, spec: StructuredOutputsParams) -> None:
         """Compile `spec` into the engine's cache (at once when it is there already)."""
@@ -227,13 +271,14 @@ class GrammarPool:
         finally:
             self._num_waiting -= 1
         try:
-            worker = self._idle.pop() if self._idle else await _Worker.start(await self._info_file())
+            worker = await self._worker()
             self._busy.add(worker)
             try:
                 answer = await asyncio.wait_for(worker.ask(job), self.timeout_s)
             except BaseException as e:  # past the time bound, the client left, or the worker died
                 worker.kill()
                 self.num_killed += 1
+                self._start_spare()  # its replacement starts now, not when the next job comes
                 if isinstance(e, TimeoutError | asyncio.TimeoutError):
                     raise ConstraintRefused(
                         f"the constraint did not compile within {self.timeout_s:g} s; simplify it "
@@ -252,22 +297,35 @@ class GrammarPool:
         return answer
 
     async def _info_file(self) -> str:
-        if self._info_path is None:
-            text = await asyncio.get_running_loop().run_in_executor(
-                self._threads, self.compiler.tokenizer_info_json
-            )
-            fd, path = tempfile.mkstemp(prefix="llmdeploy-tokenizer-", suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            self._info_path = path
-        return self._info_path
+        """The tokenizer file the workers read (written once; workers starting together share it)."""
+        if self._info_task is None:
+            self._info_task = asyncio.ensure_future(self._write_info_file())
+        return await asyncio.shield(self._info_task)
 
-    def close(self) -> None:
-        """Stop every worker (the server is going away)."""
-        if self._warming is not None:
-            self._warming.cancel()
-        for worker in [*self._idle, *self._busy]:
+    async def _write_info_file(self) -> str:
+        text = await asyncio.get_running_loop().run_in_executor(
+            self._threads, self.compiler.tokenizer_info_json
+        )
+        fd, path = tempfile.mkstemp(prefix="llmdeploy-tokenizer-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        self._info_path = path
+        return path
+
+    async def close(self) -> None:
+        """Stop every worker and wait (briefly) until each is reaped, so no process transport outlives
+        the event loop (it would log a traceback as it is collected)."""
+        self._closed = True
+        starting = list(self._starting)
+        for future in starting:
+            future.cancel()
+        if starting:
+            await asyncio.wait(starting, timeout=6)
+        workers = [*self._idle, *self._busy]
+        for worker in workers:
             worker.kill()
+        if workers:
+            await asyncio.wait([asyncio.ensure_future(w.proc.wait()) for w in workers], timeout=5)
         self._idle.clear()
         self._threads.shutdown(wait=False, cancel_futures=True)
         if self._info_path is not None:

@@ -21,6 +21,7 @@ from llmdeploy_engine.server.generation import (
     check_model,
     check_prompt_ids,
     check_request_size,
+    constrained,
     encode,
     last_output,
     make_params,
@@ -90,10 +91,8 @@ async def _constraint(
 Prepared = tuple[list[tuple[list[int], str]], list[Part]]  # (ids, echo text) per prompt; engine parts
 
 
-def _prepare_completion(
-    state: ServerState, body: CompletionRequest, request_id: str, constraint: StructuredOutputsParams | None
-) -> Prepared:
-    """Tokenize and check every prompt (runs in a worker thread)."""
+def _prepare_completion(state: ServerState, body: CompletionRequest, request_id: str) -> Prepared:
+    """Tokenize and check every prompt (runs in a worker thread, before any grammar compiles)."""
     prompts = body.prompts()
     check_request_size(state, len(prompts), body.n, "prompt")
     inputs, parts = [], []
@@ -118,7 +117,6 @@ def _prepare_completion(
             **body.sampling_kwargs(),
             max_tokens=max_tokens,
             logprobs=body.logprobs,
-            structured_outputs=constraint,
         )
         parts.append((ids, params, f"{request_id}-{i}"))
     return inputs, parts
@@ -130,9 +128,9 @@ async def create_completion(request: Request) -> Any:
     body = await read_body(request, CompletionRequest)
     check_model(state, body.model)
     state.ready_engine()
-    constraint = await _constraint(request, state, body)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    inputs, parts = await asyncio.to_thread(_prepare_completion, state, body, request_id, constraint)
+    inputs, parts = await asyncio.to_thread(_prepare_completion, state, body, request_id)
+    parts = constrained(parts, await _constraint(request, state, body))
     tokenizer = state.ready_engine().tokenizer
     created = int(time.time())
     model = body.model or state.settings.model_name
@@ -205,9 +203,9 @@ def _prepare_chat(
     body: ChatCompletionRequest,
     request_id: str,
     tools: ToolPlan | None,
-    constraint: StructuredOutputsParams | None,
 ) -> Part:
-    """Render, tokenize and check the conversation (runs in a worker thread)."""
+    """Render, tokenize and check the conversation (runs in a worker thread, before any grammar
+    compiles: a conversation that does not fit is refused without paying for its tools' grammar)."""
     check_request_size(state, 1, body.n, "messages")
     ids = chat_prompt_ids(state, body, tools)
     max_tokens = resolve_max_tokens(
@@ -218,7 +216,6 @@ def _prepare_chat(
         **body.sampling_kwargs(),
         max_tokens=max_tokens,
         logprobs=body.num_logprobs(),
-        structured_outputs=constraint,
     )
     return ids, params, request_id
 
@@ -232,10 +229,10 @@ async def create_chat_completion(request: Request) -> Any:
     check_model(state, body.model)
     state.ready_engine()
     tools = chat_tool_plan(state, body)
-    constraint = await _constraint(request, state, body, tools)
     tool_format = tools.fmt if tools is not None else None
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    part = await asyncio.to_thread(_prepare_chat, state, body, request_id, tools, constraint)
+    part = await asyncio.to_thread(_prepare_chat, state, body, request_id, tools)
+    [part] = constrained([part], await _constraint(request, state, body, tools))
     tokenizer = state.ready_engine().tokenizer
     created = int(time.time())
     model = body.model or state.settings.model_name

@@ -41,6 +41,8 @@ class ServerSettings:
     shutdown_errors: tuple[type[BaseException], ...] = ()
     log_requests: bool = True
     grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer is a 400
+    # start the grammar workers with the server (cli.serve sets it once the engine's compiler is built)
+    start_grammar_workers: bool = False
 
     @property
     def model_name(self) -> str:

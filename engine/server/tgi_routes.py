@@ -17,6 +17,7 @@ from llmdeploy_engine.server.constraints import compile_constraint
 from llmdeploy_engine.server.errors import ERROR_RESPONSES, JSON_OR_STREAM, STREAM_ONLY, APIError, bad_request
 from llmdeploy_engine.server.generation import (
     Submission,
+    constrained,
     encode,
     last_output,
     make_params,
@@ -86,10 +87,8 @@ async def _grammar(request: Request, state: ServerState, body: TGIRequest) -> St
     return constraint
 
 
-def _prepare(
-    state: ServerState, body: TGIRequest, constraint: StructuredOutputsParams | None
-) -> tuple[list[int], Any]:
-    """Tokenize and check the request (runs in a worker thread)."""
+def _prepare(state: ServerState, body: TGIRequest) -> tuple[list[int], Any]:
+    """Tokenize and check the request (runs in a worker thread, before any grammar compiles)."""
     p = body.parameters
     ids = encode(
         state,
@@ -106,9 +105,7 @@ def _prepare(
     if p.max_new_tokens is None:
         wanted = min(wanted, max(1, int(state.ready_engine().max_model_len) - len(ids)))
     max_tokens = resolve_max_tokens(state, len(ids), wanted, "max_new_tokens", "inputs")
-    return ids, make_params(
-        state, **p.sampling_kwargs(), max_tokens=max_tokens, structured_outputs=constraint
-    )
+    return ids, make_params(state, **p.sampling_kwargs(), max_tokens=max_tokens)
 
 
 def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[str, Any]:
@@ -131,9 +128,9 @@ def _details(state: ServerState, body: TGIRequest, c: CompletionOutput) -> dict[
 async def _submit(request: Request, body: TGIRequest) -> tuple[ServerState, Submission, int]:
     state = server_state(request)
     state.ready_engine()
-    constraint = await _grammar(request, state, body)
-    ids, params = await asyncio.to_thread(_prepare, state, body, constraint)
-    return state, Submission(state, [(ids, params, f"tgi-{uuid.uuid4().hex}")]), len(ids)
+    ids, params = await asyncio.to_thread(_prepare, state, body)
+    [part] = constrained([(ids, params, f"tgi-{uuid.uuid4().hex}")], await _grammar(request, state, body))
+    return state, Submission(state, [part]), len(ids)
 
 
 async def _generate_one(request: Request, body: TGIRequest) -> dict[str, Any]:

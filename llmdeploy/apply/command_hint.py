@@ -25,3 +25,13 @@ def llmdeploy_command() -> str:
         return "llmdeploy"
     here = Path.cwd()
     return os.path.relpath(script, here) if script.is_relative_to(here) else str(script)
+
+
+def follow_up_commands(recipe_path: str, stop_note: str = "") -> str:
+    """The "See it" / "Stop it" lines `apply` prints: one command a line, so a line pasted whole runs
+    as one command (two on a line ran as one `status` with extra arguments)."""
+    cli = llmdeploy_command()
+    return (
+        f"See it:\n  {cli} status {recipe_path}\n  {cli} logs {recipe_path}\n"
+        f"Stop it{stop_note}:\n  {cli} down {recipe_path}"
+    )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from llmdeploy.apply.command_hint import llmdeploy_command
+from llmdeploy.apply.command_hint import follow_up_commands, llmdeploy_command
 from llmdeploy.apply.local_state import instance_dir
 from llmdeploy.errors import UserError
 from llmdeploy.memory.memory_plan import MemoryPlan
@@ -96,18 +96,14 @@ def apply_docker(
         return 1
     url = _url(recipe)
     if not wait:
-        echo(f"==> started; it answers at {url} once healthy (`llmdeploy status {recipe_path}`)")
+        echo(f"==> started; it answers at {url} once healthy (`{llmdeploy_command()} status {recipe_path}`)")
         return 0
     echo(f"==> {recipe.name} is up at {url}")
     from llmdeploy.smoke import smoke
 
     report = smoke(url, recipe=recipe, plan=plan)
     echo(report.render())
-    cli = llmdeploy_command()
-    echo(
-        f"See it:   {cli} status {recipe_path}    {cli} logs {recipe_path}\n"
-        f"Stop it:  {cli} down {recipe_path}   (the model-cache volume is kept)"
-    )
+    echo(follow_up_commands(str(recipe_path), " (the model-cache volume is kept)"))
     return 0 if report.ok else 1
 
 

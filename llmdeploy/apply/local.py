@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from llmdeploy.apply.command_hint import llmdeploy_command
+from llmdeploy.apply.command_hint import follow_up_commands
 from llmdeploy.apply.local_lock import port_lock, recipe_lock
 from llmdeploy.apply.local_port import check_port_free, engine_identity, healthy, is_ours, mismatch
 from llmdeploy.apply.local_state import (
@@ -110,13 +110,11 @@ def _apply_locked(recipe: Recipe, recipe_path: Path, assume_yes: bool) -> int:
     report = smoke(state.url, recipe=recipe, plan=plan, log_file=str(log_path), identity=identity)
     _echo(report.render())
     served = recipe.server.served_model_name or recipe.model.id
-    cli = llmdeploy_command()
     _echo(
         "\nCall it:\n"
         f"  curl {state.url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         f'    -d \'{{"model": "{served}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'\n'
-        f"See it:   {cli} status {recipe_path}    {cli} logs {recipe_path}\n"
-        f"Stop it:  {cli} down {recipe_path}"
+        + follow_up_commands(str(recipe_path))
     )
     return 0 if report.ok else 1
 

@@ -88,6 +88,9 @@ def parse_yaml(text: str, file: str) -> ParsedYaml:
         loader.dispose()
     if node is None:
         return ParsedYaml(None, {}, ())
+    if _expanded_size(node, _MAX_VALUES) > _MAX_VALUES:
+        line = node.start_mark.line + 1
+        return ParsedYaml(None, {}, (Problem(_TOO_MANY_VALUES, file=file, line=line, fix=_TOO_MANY_FIX),))
     builder = _Builder(loader, file)
     try:
         data = builder.build(node, (), 0)
@@ -97,6 +100,38 @@ def parse_yaml(text: str, file: str) -> ParsedYaml:
         return ParsedYaml(None, {}, tuple(builder.problems))
     builder.marks[()] = Mark(file, None)
     return ParsedYaml(data, builder.marks, tuple(builder.problems))
+
+
+_TOO_MANY_VALUES = f"the YAML expands to more than {_MAX_VALUES} values (aliases nested in aliases?)"
+_TOO_MANY_FIX = "write the values out instead of repeating anchors inside anchors"
+
+
+def _expanded_size(root: Node, limit: int) -> int:
+    """How many values `root` holds once its aliases are expanded (more than `limit`: stops counting).
+    Counted over the composed graph, each node once, so an alias bomb is refused in microseconds
+    instead of after building `limit` values; nesting past MAX_DEPTH and recursive aliases count once
+    here (building reports them)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Node, depth: int) -> int:
+        if id(node) in sizes or depth > MAX_DEPTH:
+            return sizes.get(id(node), 1)
+        sizes[id(node)] = 1
+        if isinstance(node, SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, MappingNode):
+            children = [value for _, value in node.value]
+        else:
+            children = []
+        total = 1
+        for child in children:
+            total += size(child, depth + 1)
+            if total > limit:
+                break
+        sizes[id(node)] = total
+        return total
+
+    return size(root, 0)
 
 
 def _too_deep(file: str) -> Problem:
@@ -191,8 +226,8 @@ class _Builder:
             _MAX_VALUES,
             node,
             path,
-            f"the YAML expands to more than {_MAX_VALUES} values (aliases nested in aliases?)",
-            "write the values out instead of repeating anchors inside anchors",
+            _TOO_MANY_VALUES,
+            _TOO_MANY_FIX,
         )
 
     def build(self, node: Node, path: FieldPath, depth: int) -> Any:

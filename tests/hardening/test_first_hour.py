@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from llmdeploy.apply.command_hint import llmdeploy_command
+from llmdeploy.apply.command_hint import follow_up_commands, llmdeploy_command
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.prefix) / "bin" / "llmdeploy"
 pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="llmdeploy is not installed as a console script")
 
 
-def _in_a_new_shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _in_a_new_shell(command: str, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess[str]:
     # what a new terminal has: a login PATH without the virtual environment, no VIRTUAL_ENV
-    env = {"HOME": str(Path.home()), "PATH": "/usr/bin:/bin"}
+    env = {"HOME": str(home or Path.home()), "PATH": "/usr/bin:/bin"}
     return subprocess.run(
         ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
@@ -35,6 +35,21 @@ def test_the_printed_command_works_in_a_new_shell(monkeypatch: pytest.MonkeyPatc
         done = _in_a_new_shell(f"{printed} status --help", folder)
         assert done.returncode == 0, done.stderr
         assert "Usage:" in done.stdout
+
+
+def test_each_printed_line_is_one_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each line under "See it" / "Stop it" pasted whole runs as one command (two on one line ran as
+    one `status` with extra arguments: a usage error). HOME is a fresh folder: nothing is running."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PATH", f"{SCRIPT.parent}:/usr/bin:/bin")
+    text = follow_up_commands("recipes/quickstart.yaml")
+    lines = [line.strip() for line in text.splitlines() if line.startswith("  ")]
+    assert [line.split()[1:] for line in lines] == [
+        [verb, "recipes/quickstart.yaml"] for verb in ("status", "logs", "down")
+    ]
+    for line in lines:
+        done = _in_a_new_shell(line, REPO, home=tmp_path)
+        assert done.returncode != 2 and "Usage:" not in done.stderr, (line, done.stderr)
 
 
 def test_plain_llmdeploy_when_the_login_path_finds_this_install(
