@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.core.runner_interface import Runner
+from llmdeploy_engine.core.runner_interface import WindowRunner
 from llmdeploy_engine.facts import (
     CUDA_GRAPH_LOGITS_MAX_BATCH,
     cuda_graph_batch_sizes,
@@ -67,14 +67,12 @@ from llmdeploy_engine.model.sampler import fast_argmax_rows
 from llmdeploy_engine.runner.decode_graph import CaptureReport, _DecodeGraph
 from llmdeploy_engine.runner.graph_inputs import pack_decode_inputs, spaced_rows, warm_up_batch
 from llmdeploy_engine.runner.graph_windows import GraphWindows
-from llmdeploy_engine.runner.multi_step import DecodeWindow
-from llmdeploy_engine.sampling_params import SamplingParams
 
 PREFILL_GRAPH_ROWS = (16, 32, 64, 128, 256)
 logger = logging.getLogger("llmdeploy_engine")
 
 
-class CudaGraphRunner(Runner):
+class CudaGraphRunner(WindowRunner):
     """Wraps a CUDA ModelRunner (`runner`); `execute` has the runner's contract and the Runner
     interface's values are the wrapped runner's. Decode windows run on its `windows` (GraphWindows)."""
 
@@ -104,12 +102,7 @@ class CudaGraphRunner(Runner):
             )
         self.multi_token_rows = multi_token_rows
         self.runner = runner
-        self.block_size: int = runner.block_size
-        self.device = runner.device
-        self.num_kv_blocks: int = runner.num_kv_blocks
-        self.max_model_len: int = runner.max_model_len
-        self.max_num_batched_tokens = runner.max_num_batched_tokens
-        self.model_config = runner.model_config
+        self.take_values(runner)
         self.padding_block: int | None = getattr(runner, "padding_block", None)
         if max_blocks is None:
             self.block_buckets = cuda_graph_context_buckets(runner.max_model_len, self.block_size)
@@ -137,28 +130,6 @@ class CudaGraphRunner(Runner):
         logger.info(self.report.log_line())
         self.startup_report = self._extend_startup_report()
         self.warm_prefill_lens = self._warm_eager_prefill()
-
-    def execute_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        """A decode window replayed from one graph (GraphWindows.run; as ModelRunner's)."""
-        return self.windows.run(batch, num_steps, params, seed)
-
-    def launch_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-        follow: DecodeWindow | None = None,
-        follow_rows: list[int] | None = None,
-    ) -> DecodeWindow:
-        """`execute_multi_step` without waiting for the ids (GraphWindows.launch)."""
-        return self.windows.launch(batch, num_steps, params, seed, follow, follow_rows)
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (before a tensor-parallel group is destroyed); execute runs eagerly

@@ -15,7 +15,7 @@ import torch
 from llmdeploy_engine import facts
 from llmdeploy_engine.config import EngineConfig
 from llmdeploy_engine.core.forward_batch import ForwardBatch
-from llmdeploy_engine.core.runner_interface import Runner
+from llmdeploy_engine.core.runner_interface import WindowRunner
 from llmdeploy_engine.kernels import kv_cache
 from llmdeploy_engine.kernels.attention import (
     build_attention_metadata,
@@ -28,7 +28,6 @@ from llmdeploy_engine.parallel.distributed import (
     init_parallel,
 )
 from llmdeploy_engine.runner import graph_sizing, startup
-from llmdeploy_engine.runner.multi_step import DecodeWindow
 from llmdeploy_engine.runner.setup import (
     QUANTIZATION_FLAGS,
     check_quantization,
@@ -39,12 +38,11 @@ from llmdeploy_engine.runner.setup import (
 )
 from llmdeploy_engine.runner.startup_report import StartupReport
 from llmdeploy_engine.runner.window_steps import EagerWindows
-from llmdeploy_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("llmdeploy_engine")
 
 
-class ModelRunner(Runner):
+class ModelRunner(WindowRunner):
     """One rank's model shard and KV cache. With tensor_parallel_size > 1, rank 0 (the default)
     starts ranks 1..N-1 (`llmdeploy_engine.runner.tp_worker`), which construct theirs with `rank`/`port`.
     `num_kv_blocks`: allocate exactly this many blocks instead of sizing the pool (a speculative
@@ -242,29 +240,7 @@ class ModelRunner(Runner):
             if self.workers is not None:
                 self.workers.close()
 
-    # phase: run
-    def execute_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        """A decode window run eagerly (EagerWindows.run)."""
-        return self.windows.run(batch, num_steps, params, seed)
-
-    def launch_multi_step(
-        self,
-        batch: ForwardBatch,
-        num_steps: int,
-        params: list[SamplingParams] | None = None,
-        seed: int | None = None,
-        follow: DecodeWindow | None = None,
-        follow_rows: list[int] | None = None,
-    ) -> DecodeWindow:
-        """`execute_multi_step` without waiting for the ids (EagerWindows.launch)."""
-        return self.windows.launch(batch, num_steps, params, seed, follow, follow_rows)
-
+    # phase: run (decode windows: WindowRunner hands them to self.windows)
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logit_rows()), vocab]; writes the new K/V to batch.slot_mapping."""

@@ -154,12 +154,7 @@ class TensorParallelDriver(Runner):
     def __init__(self, runner: Any, workers: WorkerGroup) -> None:
         self.runner = runner
         self.workers = workers
-        self.block_size: int = runner.block_size
-        self.device = runner.device
-        self.num_kv_blocks: int = runner.num_kv_blocks
-        self.max_model_len: int = runner.max_model_len
-        self.max_num_batched_tokens = runner.max_num_batched_tokens
-        self.model_config = runner.model_config
+        self.take_values(runner)
         self.multi_step_sampling = runner.multi_step_sampling
 
     @property
